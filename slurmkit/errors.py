@@ -1,0 +1,29 @@
+"""One exception tree for the whole project.
+
+Messages follow one shape so a user can act on them without reading code:
+``Detected: <what was found>. Requirement: <what is needed>. Fix: <how>.``
+"""
+
+from __future__ import annotations
+
+
+class SlurmkitError(Exception):
+    """Root of every error slurmkit raises on purpose."""
+
+
+class ActionableError(SlurmkitError):
+    """An error that says what was found, what is needed and how to fix it."""
+
+    def __init__(self, detected: str, requirement: str, fix: str) -> None:
+        self.detected = detected
+        self.requirement = requirement
+        self.fix = fix
+        super().__init__(f"Detected: {detected}. Requirement: {requirement}. Fix: {fix}.")
+
+
+class ConfigError(ActionableError):
+    """The composed configuration cannot work (bad resources, layout, values)."""
+
+
+class SubmissionError(SlurmkitError):
+    """Submitting the job failed; nothing was left half-submitted."""

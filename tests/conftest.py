@@ -1,0 +1,61 @@
+"""Shared fixtures.
+
+Integration fixtures never skip: CI starts the local cluster (tools/local-cluster up) before
+the suite; a missing cluster is a failure with the command that fixes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Iterator
+
+import pytest
+
+from slurmkit.testing.s3server import S3Server, start_s3_server, stop_pid
+
+CLUSTER_DIR = os.environ.get("SLURMKIT_CLUSTER_DIR", "/tmp/slurmkit-cluster")
+
+
+def load_cluster_env() -> dict[str, str] | None:
+    path = os.path.join(CLUSTER_DIR, "env.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return dict(json.load(f))
+
+
+@pytest.fixture(scope="session")
+def cluster_env() -> dict[str, str]:
+    """The environment of the running local Slurm cluster (SLURM_CONF, S3 endpoint, keys)."""
+    env = load_cluster_env()
+    if env is None:
+        pytest.fail(
+            f"no local cluster state in {CLUSTER_DIR}: run `tools/local-cluster up` first "
+            "(CI does this in .ci/run)"
+        )
+    return env
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3 server: the local cluster's if it runs, else one started for this session."""
+    env = load_cluster_env()
+    if env is not None and env.get("SLURMKIT_S3_ENDPOINT"):
+        yield S3Server(
+            endpoint=env["SLURMKIT_S3_ENDPOINT"],
+            access_key=env["AWS_ACCESS_KEY_ID"],
+            secret_key=env["AWS_SECRET_ACCESS_KEY"],
+            bucket=env["SLURMKIT_S3_BUCKET"],
+            pid=-1,
+            state_dir=CLUSTER_DIR,
+        )
+        return
+    d = str(tmp_path_factory.mktemp("s3"))
+    server = start_s3_server(d, access_key="sk" + secrets.token_hex(6),
+                             secret_key=secrets.token_hex(16))
+    try:
+        yield server
+    finally:
+        stop_pid(server.pid)
