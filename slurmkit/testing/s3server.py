@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -39,10 +40,23 @@ class S3Server:
         }
 
 
-def free_port() -> int:
+def _port_free(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port() -> int:
+    """A free loopback port whose gRPC twin (port + 10000, SeaweedFS's convention) is free too."""
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(20000, 45000)
+        if _port_free(port) and _port_free(port + 10000):
+            return port
+    raise SlurmkitError("no free loopback port pair (p, p+10000) found for the S3 server")
 
 
 def wait_s3_ready(endpoint: str, timeout_s: float = 60.0) -> None:
