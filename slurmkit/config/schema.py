@@ -1,0 +1,141 @@
+"""Structured-config dataclasses: the schema. Values live in conf/*.yaml.
+
+Each component validates its own fields in ``__post_init__`` (which OmegaConf.to_object runs),
+so the rest of the code only ever sees checked, typed objects, never a DictConfig.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from omegaconf import MISSING
+
+from slurmkit.errors import ConfigError
+from slurmkit.store.config import StoreConfig
+from slurmkit.topology.config import TopologyConfig
+from slurmkit.train.config import ModelConfig, ParallelConfig, TrainConfig
+
+CLUSTER_KINDS = ("auto", "slurm", "local")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+@dataclass
+class ClusterConfig:
+    """A site profile: what the machines are and how jobs reach them."""
+
+    name: str = MISSING
+    kind: str = "auto"  # auto: Slurm when sbatch reaches a controller, else local processes
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    gpus_per_node: int = 0  # GPUs in one node of this cluster (0: CPU only)
+    gpu_type: str | None = None  # GRES type, e.g. h100 -> --gpus-per-node=h100:8
+    cpus_per_node: int = 0  # 0: unknown, not checked
+    mem_gb_per_node: float = 0  # 0: unknown, not checked
+    gpu_mem_gb: float = 0  # memory of one GPU, for the planner
+    gpu_peak_tflops: float = 0  # dense bf16 peak of one GPU, for MFU
+    exclusive: bool = False
+    setup: list[str] = field(default_factory=list)  # shell lines run before the agents start
+    container_image: str | None = None  # pyxis --container-image
+    container_mounts: list[str] = field(default_factory=list)  # pyxis --container-mounts
+    kill_wait_s: int = 30  # Slurm's KillWait: SIGTERM -> SIGKILL
+    max_nodes: int = 0  # 0: unknown, not checked
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in CLUSTER_KINDS:
+            raise ConfigError(f"cluster.kind={self.kind!r}", f"one of {', '.join(CLUSTER_KINDS)}",
+                              "set cluster.kind=slurm or cluster.kind=local")
+        for name in ("gpus_per_node", "cpus_per_node", "max_nodes", "kill_wait_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"cluster.{name}={getattr(self, name)}", "a value >= 0",
+                                  f"fix cluster.{name} in the cluster profile")
+
+
+@dataclass
+class JobConfig:
+    """What one experiment asks of the cluster, and what it runs."""
+
+    name: str = "slurmkit"
+    nodes: int = 1
+    ranks_per_node: int | None = None  # None: the GPUs per node (1 on a CPU-only job)
+    gpus_per_node: int | None = None  # None: all of the cluster's GPUs per node
+    cpus_per_task: int | None = None  # the node agent's CPUs; None: the cluster's cpus_per_node
+    mem_gb: float | None = None  # per node; None: Slurm's default (or all with exclusive)
+    time: str = "01:00:00"  # Slurm time limit: MM, HH:MM:SS, D-HH:MM:SS
+    signal_lead_s: int = 120  # --signal=B:USR1@lead: warning before the time limit
+    requeue: bool = True
+    exclude: list[str] = field(default_factory=list)
+    singleton: bool = True  # --dependency=singleton with a stable job name
+    command: list[str] = field(default_factory=lambda: ["python", "-m", "slurmkit.examples.allreduce"])
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise ConfigError(f"job.nodes={self.nodes}", "at least 1 node", "set job.nodes=1 or more")
+        if self.ranks_per_node is not None and self.ranks_per_node < 1:
+            raise ConfigError(f"job.ranks_per_node={self.ranks_per_node}", "at least 1 rank per node",
+                              "set job.ranks_per_node=1 or more, or null to use the GPUs per node")
+        if self.gpus_per_node is not None and self.gpus_per_node < 0:
+            raise ConfigError(f"job.gpus_per_node={self.gpus_per_node}", "a value >= 0",
+                              "set job.gpus_per_node=0 or more")
+        if not _NAME_RE.match(self.name):
+            raise ConfigError(f"job.name={self.name!r}",
+                              "1-128 characters of letters, digits, '.', '_' or '-' starting with a "
+                              "letter or digit (it names the run directory and the Slurm job)",
+                              "choose a name such as job.name=llama70b-pretrain")
+        if not self.command:
+            raise ConfigError("job.command is empty", "a command to run on every rank",
+                              "set job.command=[python,-m,slurmkit.train]")
+        if self.signal_lead_s < 0:
+            raise ConfigError(f"job.signal_lead_s={self.signal_lead_s}", "a value >= 0",
+                              "set job.signal_lead_s=120")
+
+
+@dataclass
+class SubmitConfig:
+    dry_run: bool = False  # print the exact sbatch script, submit nothing
+    emit: str = ""  # "sbatch": write a standalone sbatch script into the run directory
+    run_root: str = "runs"  # run directories are created below this (a shared file system)
+    wait: bool = False  # block until the job ends (and exit with its status)
+    timeout_s: float = 0  # with wait: give up after this long (0: no limit)
+
+    def __post_init__(self) -> None:
+        if self.emit not in ("", "sbatch"):
+            raise ConfigError(f"submit.emit={self.emit!r}", "'' or 'sbatch'",
+                              "set submit.emit=sbatch to write a standalone script")
+
+
+@dataclass
+class SupervisorConfig:
+    enabled: bool = True
+    max_restarts: int = 5  # restarts inside one allocation before requeueing
+    max_restarts_without_progress: int = 3  # then stop with exit code 93
+    heartbeat_timeout_s: float = 60.0  # no step advance for this long: a hang
+    startup_timeout_s: float = 300.0  # first heartbeat must come within this
+    spare_nodes: int = 0  # allocate nodes + spare_nodes, train on nodes
+    poll_interval_s: float = 0.5
+    requeue_on_node_loss: bool = True
+
+    def __post_init__(self) -> None:
+        if self.spare_nodes < 0:
+            raise ConfigError(f"supervisor.spare_nodes={self.spare_nodes}", "a value >= 0",
+                              "set supervisor.spare_nodes=0 or more")
+        if self.heartbeat_timeout_s <= 0:
+            raise ConfigError(f"supervisor.heartbeat_timeout_s={self.heartbeat_timeout_s}",
+                              "a positive number of seconds", "set supervisor.heartbeat_timeout_s=60")
+
+
+@dataclass
+class SlurmkitConfig:
+    cluster: ClusterConfig = MISSING
+    job: JobConfig = field(default_factory=JobConfig)
+    submit: SubmitConfig = field(default_factory=SubmitConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
