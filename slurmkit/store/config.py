@@ -1,13 +1,91 @@
-"""Schema of the checkpoint store config (conf/store/). Owned by the store package."""
+"""Schema of the checkpoint store config (conf/store/). Owned by the store package.
+
+Credentials never live here: the object tier reads AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
+and SLURMKIT_S3_ENDPOINT (or AWS_ENDPOINT_URL) from the environment mapping handed to the
+store, or uses the named AWS profile.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from slurmkit.errors import ConfigError
+
+BUSY_POLICIES = ("wait", "skip")
+CHECKSUMS = ("sha256", "crc32")
+
 
 @dataclass
 class StoreConfig:
     # fsspec URIs; "" disables a tier. Environment variables ($SLURM_JOB_ID, $USER) expand.
+    # nvme_uri gets one sub-directory per node (the node name) appended.
     nvme_uri: str = ""
     lustre_uri: str = ""
     object_uri: str = ""
+    # Promotion policy, counted in completed saves of this process (1 = every save, 0 = never).
+    lustre_every_saves: int = 1
+    object_every_saves: int = 0
+    # Also promote to the object tier when this many minutes passed since the last one (0 = off).
+    object_every_min: float = 0.0
+    # Retention: number of newest verified steps kept on each tier (at least 1).
+    keep_nvme: int = 2
+    keep_lustre: int = 3
+    keep_object: int = 5
+    # What save() does while the previous save of this rank is still writing: wait or skip.
+    busy_policy: str = "wait"
+    # Files one rank copies at the same time during a promotion (bounded concurrency).
+    max_concurrent_copies: int = 4
+    # DCP writer threads per rank = files per rank per checkpoint (more files copy in parallel).
+    write_threads: int = 2
+    # Promotions of rank r start (r % stagger_slots) * stagger_s seconds late (0 = no stagger).
+    stagger_s: float = 0.0
+    stagger_slots: int = 8
+    # Retries of one promotion (tenacity, exponential backoff from retry_initial_s to retry_max_s).
+    retry_attempts: int = 5
+    retry_initial_s: float = 1.0
+    retry_max_s: float = 60.0
+    # After a failed promotion round, the pending queue is retried this often (seconds).
+    retry_pending_s: float = 60.0
+    # Rank 0 waits this long for other ranks' files before committing a promotion (seconds).
+    commit_timeout_s: float = 600.0
+    # Checksum of every file in the manifest: sha256 or crc32 (faster, still catches bit flips).
+    checksum: str = "sha256"
+    # AWS profile for the object tier ("" = credentials from the environment mapping).
+    s3_profile: str = ""
+    # Local directory used when no tier is a local path ("" = the system temp directory).
+    scratch_dir: str = ""
+
+    def __post_init__(self) -> None:
+        if not (self.nvme_uri or self.lustre_uri or self.object_uri):
+            raise ConfigError(
+                detected="store with no tier (nvme_uri, lustre_uri and object_uri all empty)",
+                requirement="at least one checkpoint tier",
+                fix="set store.nvme_uri, store.lustre_uri or store.object_uri (or use store=default)",
+            )
+        if self.busy_policy not in BUSY_POLICIES:
+            raise ConfigError(
+                detected=f"store.busy_policy={self.busy_policy!r}",
+                requirement=f"one of {BUSY_POLICIES}", fix="set store.busy_policy=wait",
+            )
+        if self.checksum not in CHECKSUMS:
+            raise ConfigError(
+                detected=f"store.checksum={self.checksum!r}",
+                requirement=f"one of {CHECKSUMS}", fix="set store.checksum=sha256",
+            )
+        for name in ("keep_nvme", "keep_lustre", "keep_object", "max_concurrent_copies",
+                     "write_threads", "retry_attempts", "stagger_slots"):
+            if getattr(self, name) < 1:
+                raise ConfigError(detected=f"store.{name}={getattr(self, name)}",
+                                  requirement=f"store.{name} >= 1", fix=f"set store.{name}=1")
+        for name in ("lustre_every_saves", "object_every_saves"):
+            if getattr(self, name) < 0:
+                raise ConfigError(detected=f"store.{name}={getattr(self, name)}",
+                                  requirement=f"store.{name} >= 0 (0 = never)",
+                                  fix=f"set store.{name}=0")
+        for secret_marker in ("@", "aws_secret", "access_key"):
+            if secret_marker in self.object_uri.lower():
+                raise ConfigError(
+                    detected="credentials inside store.object_uri",
+                    requirement="S3 credentials come from the environment or a profile",
+                    fix="export AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or set store.s3_profile",
+                )

@@ -1,0 +1,117 @@
+"""What a tier holds: committed steps, their manifests, and whether they verify."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from slurmkit.store.manifest import (
+    LATEST,
+    MANIFEST,
+    FileEntry,
+    Manifest,
+    ManifestError,
+    hash_stream,
+    parse_step_dir,
+    step_dir,
+)
+from slurmkit.store.tier import Tier, TierError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepStatus:
+    """One step on one tier: its manifest if it parsed, and why it does not verify (or None)."""
+
+    step: int
+    tier: Tier
+    manifest: Manifest | None
+    problem: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None and self.manifest is not None
+
+
+def list_steps(tier: Tier) -> list[int]:
+    """Steps with a step directory on the tier (committed or not), newest first."""
+    steps = [parse_step_dir(n) for n in tier.ls("")]
+    return sorted((s for s in steps if s is not None), reverse=True)
+
+
+def read_manifest(tier: Tier, step: int) -> Manifest:
+    rel = f"{step_dir(step)}/{MANIFEST}"
+    if not tier.exists(rel):
+        raise ManifestError("no manifest (save incomplete or manifest deleted)")
+    with tier.open(rel, "rb") as f:
+        data = f.read()
+    m = Manifest.from_json(data)
+    if m.step != step:
+        raise ManifestError(f"manifest says step {m.step}, directory says {step}")
+    return m
+
+
+def check_step(tier: Tier, step: int, *, deep: bool,
+               files: Callable[[Manifest], list[FileEntry]] | None = None,
+               on_bytes: Callable[[int], None] | None = None) -> StepStatus:
+    """Manifest self-check, then every file's presence and size; checksums too when ``deep``.
+
+    ``files`` narrows which manifest entries must be here (a node's NVMe holds its own).
+    """
+    try:
+        m = read_manifest(tier, step)
+    except (ManifestError, TierError) as exc:
+        return StepStatus(step, tier, None, str(exc))
+    entries = files(m) if files is not None else m.files
+    for e in entries:
+        problem = check_file(tier, step, e, m.checksum_algo, deep=deep, on_bytes=on_bytes)
+        if problem is not None:
+            return StepStatus(step, tier, m, problem)
+    return StepStatus(step, tier, m, None)
+
+
+def check_file(tier: Tier, step: int, e: FileEntry, algo: str, *, deep: bool,
+               on_bytes: Callable[[int], None] | None = None) -> str | None:
+    """Why ``e`` does not verify on ``tier`` (None when it does)."""
+    rel = f"{step_dir(step)}/{e.name}"
+    try:
+        if not tier.exists(rel):
+            return f"missing shard {e.name}"
+        size = tier.size(rel)
+        if size != e.size:
+            return f"shard {e.name} has {size} bytes, manifest says {e.size} (truncated?)"
+        if deep:
+            with tier.open(rel, "rb") as f:
+                digest, _ = hash_stream(f, algo, on_bytes)
+            if digest != e.checksum:
+                return f"checksum mismatch in {e.name}"
+    except TierError as exc:
+        return str(exc)
+    return None
+
+
+def scan(tier: Tier, *, deep: bool) -> list[StepStatus]:
+    """Status of every step directory on the tier, newest first."""
+    return [check_step(tier, s, deep=deep) for s in list_steps(tier)]
+
+
+def read_latest(tier: Tier) -> int | None:
+    try:
+        if not tier.exists(LATEST):
+            return None
+        with tier.open(LATEST, "rb") as f:
+            return int(json.loads(f.read())["step"])
+    except (TierError, ValueError, KeyError, TypeError) as exc:
+        log.warning("unreadable %s on %s: %s", LATEST, tier.uri, exc)
+        return None
+
+
+def write_latest(tier: Tier, step: int) -> None:
+    """Move the latest pointer forward (never back: a late promotion must not rewind it)."""
+    current = read_latest(tier)
+    if current is not None and current >= step:
+        return
+    tier.write_atomic(LATEST, json.dumps({"step": step}).encode())

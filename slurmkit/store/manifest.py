@@ -1,0 +1,141 @@
+"""The checkpoint manifest: the commit record of one step on one tier.
+
+Layout on every tier root::
+
+    step_0000000100/            one committed step (DCP files + manifest.json)
+    step_0000000100/manifest.json   written last, atomically; carries its own checksum
+    latest.json                 {"step": N}; moves only after N's manifest verified
+    .partial/                   steps being written (rename-capable tiers only)
+
+A step without a manifest that verifies does not exist for restore.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import zlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import IO, Any
+
+from slurmkit.errors import SlurmkitError
+
+FORMAT = "slurmkit-ckpt/1"
+MANIFEST = "manifest.json"
+LATEST = "latest.json"
+PARTIAL = ".partial"
+QUEUE_DIR = ".queue"
+_STEP_RE = re.compile(r"^step_(\d{10})$")
+_CHUNK = 8 << 20  # bytes per read while hashing
+
+
+class ManifestError(SlurmkitError):
+    """A manifest is missing, malformed, or its own checksum does not match."""
+
+
+def step_dir(step: int) -> str:
+    return f"step_{step:010d}"
+
+
+def parse_step_dir(name: str) -> int | None:
+    m = _STEP_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+class Hasher:
+    """Incremental checksum by algorithm name (sha256 or crc32)."""
+
+    def __init__(self, algo: str) -> None:
+        self.algo = algo
+        self._sha = hashlib.sha256() if algo == "sha256" else None
+        self._crc = 0
+        if algo not in ("sha256", "crc32"):
+            raise ManifestError(f"unknown checksum algorithm {algo!r}")
+
+    def update(self, data: bytes | memoryview) -> None:
+        if self._sha is not None:
+            self._sha.update(data)
+        else:
+            self._crc = zlib.crc32(data, self._crc)
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest() if self._sha is not None else f"{self._crc:08x}"
+
+
+def hash_stream(f: IO[bytes], algo: str, on_bytes: Callable[[int], None] | None = None
+                ) -> tuple[str, int]:
+    """Checksum and byte count of a stream read to its end."""
+    h = Hasher(algo)
+    n = 0
+    while chunk := f.read(_CHUNK):
+        h.update(chunk)
+        n += len(chunk)
+        if on_bytes is not None:
+            on_bytes(len(chunk))
+    return h.hexdigest(), n
+
+
+def hash_file(path: str, algo: str) -> tuple[str, int]:
+    with open(path, "rb", buffering=0) as f:
+        return hash_stream(f, algo)  # type: ignore[arg-type]
+
+
+@dataclass
+class FileEntry:
+    name: str
+    size: int
+    checksum: str
+    rank: int  # the rank that wrote it (and copies it during promotions)
+
+
+@dataclass
+class Manifest:
+    step: int
+    world_size: int
+    files: list[FileEntry]
+    checksum_algo: str
+    config_hash: str = ""
+    created_unix: float = 0.0
+    tier: str = ""
+    promote_to: list[str] = field(default_factory=list)
+    format: str = FORMAT
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_json(self) -> bytes:
+        body = asdict(self)
+        body["manifest_checksum"] = _self_checksum(body)
+        return json.dumps(body, indent=1, sort_keys=True).encode()
+
+    def with_tier(self, tier: str) -> Manifest:
+        d = asdict(self)
+        d["files"] = [FileEntry(**f) for f in d["files"]]
+        d["tier"] = tier
+        return Manifest(**d)
+
+    @staticmethod
+    def from_json(data: bytes) -> Manifest:
+        """Parse and check the manifest's own checksum; raise ManifestError if anything is off."""
+        try:
+            body = json.loads(data)
+            claimed = body.pop("manifest_checksum")
+            if claimed != _self_checksum(body):
+                raise ManifestError("manifest checksum mismatch (manifest corrupted)")
+            if body.get("format") != FORMAT:
+                raise ManifestError(f"unknown manifest format {body.get('format')!r}")
+            body["files"] = [FileEntry(**f) for f in body["files"]]
+            return Manifest(**body)
+        except ManifestError:
+            raise
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ManifestError(f"malformed manifest: {exc}") from exc
+
+
+def _self_checksum(body: dict[str, Any]) -> str:
+    canon = json.dumps({k: v for k, v in body.items() if k != "manifest_checksum"},
+                       sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()

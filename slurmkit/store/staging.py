@@ -1,0 +1,147 @@
+"""State dicts <-> flat DCP state, and the reusable snapshot buffers.
+
+Supported state: nested dicts (keys str or int) whose leaves are
+  * tensors (any dtype, CPU or CUDA; DTensor shards too): saved by DCP, loaded in place;
+  * JSON values (None, bool, int, float, str, lists/tuples/dicts of these; ``bytes``):
+    encoded by us as a JSON uint8 tensor, so DCP never pickles (or unpickles) an object.
+    Tuples come back as lists. Tensors inside lists are not supported (use dicts).
+A plain tensor is treated as replicated across ranks (DCP keeps one copy); per-rank data
+must be keyed by rank or stored as a DTensor.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from slurmkit.errors import ConfigError
+
+JSON_PREFIX = "__json__."
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return type(t).__name__ == "DTensor"
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, bytes):
+        return {"__bytes__": base64.b64encode(v).decode()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    raise ConfigError(
+        detected=f"a checkpoint state value of type {type(v).__name__}",
+        requirement="tensors, dicts, or JSON values (None/bool/int/float/str/list/bytes)",
+        fix="convert it to a tensor or a JSON value before store.save()",
+    )
+
+
+def _unjson(v: Any) -> Any:
+    if isinstance(v, dict):
+        if set(v) == {"__bytes__"}:
+            return base64.b64decode(v["__bytes__"])
+        return {k: _unjson(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_unjson(x) for x in v]
+    return v
+
+
+def walk(state: dict[Any, Any], prefix: str = "") -> Iterator[tuple[str, dict[Any, Any], Any]]:
+    """Yield (flat key, parent dict, key in parent) for every leaf of a nested dict."""
+    for k, v in state.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v and not _all_json(v):
+            yield from walk(v, key + ".")
+        else:
+            yield key, state, k
+
+
+def _all_json(d: dict[Any, Any]) -> bool:
+    return not any(isinstance(v, torch.Tensor) or isinstance(v, dict) and not _all_json(v)
+                   for v in d.values())
+
+
+def encode_json(v: Any) -> torch.Tensor:
+    data = json.dumps(_jsonable(v), separators=(",", ":")).encode()
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def decode_json(t: torch.Tensor) -> Any:
+    return _unjson(json.loads(bytes(t.numpy().tobytes())))
+
+
+class StagingBuffers:
+    """CPU copies of a state's tensors, reused across saves while shapes stay the same.
+
+    Reuse matters: allocating (and page-faulting) a fresh 1 GiB each save costs about as much
+    as the copy itself. Buffers are pinned when the source lives on an accelerator.
+    """
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, torch.Tensor] = {}
+        self.allocated_bytes = 0
+
+    def _buffer_for(self, key: str, src: torch.Tensor) -> torch.Tensor:
+        buf = self._bufs.get(key)
+        if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
+            pin = src.device.type != "cpu" and torch.cuda.is_available()
+            buf = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=pin)
+            self._bufs[key] = buf
+            self.allocated_bytes += buf.numel() * buf.element_size()
+        return buf
+
+    def snapshot(self, state: dict[Any, Any]) -> dict[str, Any]:
+        """Copy ``state`` into the buffers; return the flat DCP state dict that points at them."""
+        flat: dict[str, Any] = {}
+        needs_sync = False
+        for key, parent, k in walk(state):
+            v = parent[k]
+            if isinstance(v, torch.Tensor):
+                local = v.to_local() if _is_dtensor(v) else v  # type: ignore[attr-defined]
+                buf = self._buffer_for(key, local)
+                buf.copy_(local.detach(), non_blocking=local.device.type != "cpu")
+                needs_sync = needs_sync or local.device.type != "cpu"
+                flat[key] = _rewrap(v, buf) if _is_dtensor(v) else buf
+            else:
+                flat[JSON_PREFIX + key] = encode_json(v)
+        if needs_sync:
+            torch.cuda.synchronize()
+        if len(flat) != sum(1 for _ in walk(state)):
+            raise ConfigError(detected="two state keys flatten to the same name",
+                              requirement="unique dotted key paths",
+                              fix="rename keys that contain dots")
+        return flat
+
+
+def _rewrap(dt: Any, local: torch.Tensor) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(local, dt.device_mesh, dt.placements, run_check=False,
+                              shape=dt.shape, stride=dt.stride())
+
+
+def load_targets(template: dict[Any, Any], json_sizes: dict[str, int]) -> dict[str, Any]:
+    """The flat DCP state to load into: template tensors themselves, JSON placeholders."""
+    flat: dict[str, Any] = {}
+    for key, parent, k in walk(template):
+        v = parent[k]
+        if isinstance(v, torch.Tensor):
+            flat[key] = v
+        elif JSON_PREFIX + key in json_sizes:
+            flat[JSON_PREFIX + key] = torch.empty(json_sizes[JSON_PREFIX + key], dtype=torch.uint8)
+    return flat
+
+
+def apply_json(template: dict[Any, Any], flat: dict[str, Any]) -> None:
+    """Write the loaded JSON values back into the template's dicts (tensors are in place)."""
+    for key, parent, k in walk(template):
+        t = flat.get(JSON_PREFIX + key)
+        if t is not None and not isinstance(parent[k], torch.Tensor):
+            parent[k] = decode_json(t)

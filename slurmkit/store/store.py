@@ -1,0 +1,280 @@
+"""CheckpointStore: the API the trainer and the supervisor call.
+
+Threads of one rank: the training thread (``save`` snapshots and returns), one background
+writer (DCP to the primary tier, commit), one promoter (slower tiers, retention). With a
+process group, the store owns two gloo groups made at init (a collective call on every
+rank): one for the writer, one for the training thread's decisions and for restore.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from slurmkit.errors import ConfigError, SlurmkitError
+from slurmkit.store.catalog import check_step, list_steps
+from slurmkit.store.config import StoreConfig
+from slurmkit.store.coord import Coordinator
+from slurmkit.store.manifest import QUEUE_DIR, Manifest
+from slurmkit.store.promoter import Promoter, error_fields
+from slurmkit.store.queue import PromotionQueue, referenced_steps
+from slurmkit.store.restore import RestoreResult, restore_newest
+from slurmkit.store.retention import gc_tier
+from slurmkit.store.staging import StagingBuffers
+from slurmkit.store.tier import FsspecTier, Tier, expand_env, make_tier
+from slurmkit.store.writer import PrimaryWriter, tier_lock
+
+log = logging.getLogger(__name__)
+Event = dict[str, Any]
+
+
+class SaveHandle:
+    """The future of one save. ``blocking_s``: seconds save() held the training thread."""
+
+    def __init__(self, step: int, future: Future[Manifest | None] | None, blocking_s: float,
+                 skipped: bool = False) -> None:
+        self.step = step
+        self.blocking_s = blocking_s
+        self.skipped = skipped
+        self._future = future
+
+    def done(self) -> bool:
+        return self._future is None or self._future.done()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the primary-tier commit. True: committed; False: skipped or failed (the
+        failure was reported as a ``ckpt_failed`` event). Raises TimeoutError on timeout."""
+        if self._future is None:
+            return False
+        return self._future.result(timeout) is not None
+
+
+class CheckpointStore:
+    def __init__(self, cfg: StoreConfig, tiers: list[FsspecTier], primary: FsspecTier, *,
+                 rank: int, world_size: int, node: str, config_hash: str,
+                 on_event: Callable[[Event], None] | None, fg: Coordinator, bg: Coordinator,
+                 token: str, clock: Callable[[], float], sleep: Callable[[float], None]) -> None:
+        self.cfg = cfg
+        self.tiers = tiers  # restorable tiers, fastest first
+        self.primary = primary
+        self.rank, self.world_size, self.node = rank, world_size, node
+        self.fg, self.bg = fg, bg
+        self.clock = clock
+        self._on_event = on_event
+        self._staging = StagingBuffers()
+        self._writer = PrimaryWriter(primary, bg, algo=cfg.checksum,
+                                     write_threads=cfg.write_threads, config_hash=config_hash,
+                                     clock=clock, token=token)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slurmkit-ckpt")
+        self._inflight: SaveHandle | None = None
+        self._saves = 0
+        self._last_object = clock()
+        self._closed = False
+        self._lock = threading.Lock()
+        qroot = primary.local_path(QUEUE_DIR)
+        self._queue_dir = qroot
+        self._queue = PromotionQueue(os.path.join(qroot, f"rank_{rank}.json") if qroot else None)
+        all_tiers = [primary] + [t for t in tiers if t is not primary]
+        self._promoter = Promoter(
+            tiers=all_tiers, queue=self._queue, rank=rank, world_size=world_size,
+            emit=self._emit, gc=self._gc, retry_attempts=cfg.retry_attempts,
+            retry_initial_s=cfg.retry_initial_s, retry_max_s=cfg.retry_max_s,
+            retry_pending_s=cfg.retry_pending_s, commit_timeout_s=cfg.commit_timeout_s,
+            max_workers=cfg.max_concurrent_copies,
+            stagger_delay_s=(rank % cfg.stagger_slots) * cfg.stagger_s, clock=clock, sleep=sleep)
+        if self._queue.entries():
+            log.info("resuming %d pending promotions", len(self._queue.entries()))
+            self._promoter.wake()
+
+    @classmethod
+    def from_config(cls, cfg: StoreConfig, *, rank: int, world_size: int, node: str,
+                    env: Mapping[str, str], config_hash: str = "",
+                    on_event: Callable[[Event], None] | None = None,
+                    clock: Callable[[], float] = time.time,
+                    sleep: Callable[[float], None] = time.sleep) -> CheckpointStore:
+        """Build the store. With world_size > 1 every rank must call this (it makes groups)."""
+        fg, bg = _coordinators(rank, world_size)
+        token = fg.broadcast_json(secrets.token_hex(4))
+        tiers: list[FsspecTier] = []
+        if cfg.nvme_uri:
+            tiers.append(make_tier("nvme", f"{cfg.nvme_uri.rstrip('/')}/{node}", env))
+        if cfg.lustre_uri:
+            tiers.append(make_tier("lustre", cfg.lustre_uri, env))
+        if cfg.object_uri:
+            tiers.append(make_tier("object", cfg.object_uri, env, cfg.s3_profile))
+        primary = next((t for t in tiers if t.local_path("") is not None), None)
+        if primary is None:  # no local tier: DCP writes to a node-local scratch directory
+            base = expand_env(cfg.scratch_dir, env) if cfg.scratch_dir else tempfile.gettempdir()
+            primary = make_tier("scratch", os.path.join(base, f"slurmkit-{token}", node), env)
+        return cls(cfg, tiers, primary, rank=rank, world_size=world_size, node=node,
+                   config_hash=config_hash, on_event=on_event, fg=fg, bg=bg, token=token,
+                   clock=clock, sleep=sleep)
+
+    def _emit(self, event: Event) -> None:
+        event = {**event, "rank": self.rank, "node": self.node, "time": self.clock()}
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(event)
+        except Exception:  # a broken event sink must not break checkpointing
+            log.exception("on_event callback failed for %s", event.get("event"))
+
+    # -- save -------------------------------------------------------------------------
+    def save(self, step: int, state: dict[str, Any]) -> SaveHandle:
+        """Snapshot ``state`` and return; the write and the promotions run in the background."""
+        if self._closed:
+            raise SlurmkitError("CheckpointStore.save() after close()")
+        t0 = time.perf_counter()
+        prev = self._inflight
+        if self.fg.any_true(prev is not None and not prev.done()):
+            if self.cfg.busy_policy == "skip":
+                log.warning("skipping save of step %d: the previous save is still writing", step)
+                self._emit({"event": "ckpt_skipped", "step": step, "phase": "save",
+                            "reason": "previous save still in flight (busy_policy=skip)"})
+                return SaveHandle(step, None, time.perf_counter() - t0, skipped=True)
+            if prev is not None:
+                prev.wait()
+            waited = time.perf_counter() - t0
+            log.info("save of step %d waited %.2f s for the previous save", step, waited)
+            self._emit({"event": "ckpt_waited", "step": step, "waited_s": round(waited, 3),
+                        "reason": "previous save still in flight (busy_policy=wait)"})
+        flat = self._staging.snapshot(state)
+        blocking = time.perf_counter() - t0
+        fut = self._pool.submit(self._persist, step, flat)
+        self._inflight = SaveHandle(step, fut, blocking)
+        return self._inflight
+
+    def _decide(self, step: int) -> list[str]:
+        """Rank 0 only: where this save gets promoted (broadcast in the manifest)."""
+        self._saves += 1
+        names = {t.name for t in self.tiers}
+        dests = []
+        if self.primary.name == "scratch" and self.tiers:
+            dests.append(self.tiers[0].name)
+        every = self.cfg.lustre_every_saves
+        if "lustre" in names and self.primary.name != "lustre" and every \
+                and self._saves % every == 0:
+            dests.append("lustre")
+        every, minutes = self.cfg.object_every_saves, self.cfg.object_every_min
+        due = bool(every and self._saves % every == 0) or bool(
+            minutes and self.clock() - self._last_object >= minutes * 60)
+        if "object" in names and self.primary.name != "object" and due:
+            self._last_object = self.clock()
+            dests.append("object")
+        return sorted(set(dests), key=dests.index)
+
+    def _persist(self, step: int, flat: dict[str, Any]) -> Manifest | None:
+        t0 = time.perf_counter()
+        try:
+            m = self._writer.write(step, self._saves_seq(), flat, self._decide)
+        except Exception as exc:  # the writer thread reports every failure as an event
+            log.error("checkpoint step %d failed on %s: %s", step, self.primary.uri, exc)
+            self._emit({"event": "ckpt_failed", "step": step, "tier": self.primary.name,
+                        "uri": self.primary.uri, "phase": "save", **error_fields(exc)})
+            return None
+        seconds = time.perf_counter() - t0
+        if self.rank == 0:
+            self._emit({"event": "ckpt_saved", "step": step, "tier": self.primary.name,
+                        "uri": self.primary.uri, "bytes": m.total_bytes,
+                        "seconds": round(seconds, 3), "promote_to": m.promote_to})
+        for dest in m.promote_to:
+            self._queue.add(step, dest)
+        self._gc(self.primary)
+        self._promoter.wake()
+        return m
+
+    def _saves_seq(self) -> int:
+        with self._lock:
+            self._seq = getattr(self, "_seq", 0) + 1
+            return self._seq
+
+    # -- retention --------------------------------------------------------------------
+    def _keep(self, tier: Tier) -> int:
+        return {"nvme": self.cfg.keep_nvme, "lustre": self.cfg.keep_lustre,
+                "object": self.cfg.keep_object}.get(tier.name, 1)
+
+    def _gc(self, tier: Tier) -> None:
+        """Retention on one tier: node-local tiers by every rank (locked), shared by rank 0."""
+        shared = tier.name in ("lustre", "object") and tier is not self.primary
+        if shared and self.rank != 0:
+            return
+        protected = referenced_steps(self._queue_dir)
+        if self._promoter.active is not None:
+            protected.add(self._promoter.active)
+        try:
+            with tier_lock(None if shared else tier):
+                gc_tier(tier, self._keep(tier), protected)
+        except SlurmkitError as exc:
+            log.error("retention on %s failed: %s", tier.uri, exc)
+
+    # -- waiting, restore, queries ----------------------------------------------------
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for this rank's in-flight save and for its promotions to settle (done, or
+        failed and queued for a later retry)."""
+        if self._inflight is not None:
+            self._inflight.wait(timeout)
+        self._promoter.wait_idle(timeout)
+
+    def pending_promotions(self) -> list[tuple[int, str]]:
+        return self._queue.entries()
+
+    def restore(self, template_state: dict[str, Any]) -> RestoreResult | None:
+        """Load the newest step that verifies on any tier into ``template_state`` (in place)."""
+        if self._inflight is not None:
+            self._inflight.wait()
+        scratch = self.primary.local_path(".restore") or tempfile.mkdtemp()
+        return restore_newest(template_state, self.tiers or [self.primary], self.fg,
+                              scratch, self._emit)
+
+    def latest_verified(self) -> int | None:
+        """Newest step whose manifest and file sizes verify on any tier (no checksum pass)."""
+        best: int | None = None
+        for t in self.tiers:
+            for s in list_steps(t):
+                if best is not None and s <= best:
+                    break
+                if check_step(t, s, deep=False).ok:
+                    best = s
+                    break
+        return best
+
+    def close(self) -> None:
+        """Finish the in-flight save, stop the workers; pending promotions stay queued."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._inflight is not None:
+            self._inflight.wait()
+        self._pool.shutdown(wait=True)
+        self._promoter.wait_idle(timeout=None)
+        self._promoter.stop()
+
+
+def _coordinators(rank: int, world_size: int) -> tuple[Coordinator, Coordinator]:
+    if world_size <= 1:
+        return Coordinator(None, rank, 1), Coordinator(None, rank, 1)
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise ConfigError(
+            detected=f"world_size={world_size} but torch.distributed is not initialized",
+            requirement="a process group before CheckpointStore.from_config on every rank",
+            fix="call torch.distributed.init_process_group() first (or use world_size=1)",
+        )
+    if dist.get_world_size() != world_size or dist.get_rank() != rank:
+        raise ConfigError(
+            detected=f"rank/world_size {rank}/{world_size} but the process group says "
+                     f"{dist.get_rank()}/{dist.get_world_size()}",
+            requirement="the store's rank and world size match torch.distributed",
+            fix="pass rank=dist.get_rank(), world_size=dist.get_world_size()",
+        )
+    fg = dist.new_group(backend="gloo")
+    bg = dist.new_group(backend="gloo")
+    return Coordinator(fg, rank, world_size), Coordinator(bg, rank, world_size)

@@ -1,0 +1,146 @@
+"""Persist one snapshot to the primary (fastest local) tier and commit it.
+
+Order: DCP writes every rank's shard files into ``.partial/step_N.<token>/``; each rank fsyncs
+and checksums its own files (both at once: the hash reads the page cache while the disk
+flushes); rank 0 gathers the per-rank records over the writer's gloo group, builds the
+manifest and broadcasts it; the directory is renamed to ``step_N``; the manifest is written
+last, atomically, read back and verified; only then ``latest.json`` moves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from typing import Any
+
+import torch.distributed.checkpoint as dcp
+
+from slurmkit.store.catalog import check_step, write_latest
+from slurmkit.store.coord import Coordinator
+from slurmkit.store.manifest import (
+    MANIFEST,
+    PARTIAL,
+    FileEntry,
+    Manifest,
+    hash_file,
+    step_dir,
+)
+from slurmkit.store.tier import FsspecTier, Tier, TierError, fsync_dir
+
+METADATA = ".metadata"
+
+
+@contextlib.contextmanager
+def tier_lock(tier: Tier | None) -> Iterator[None]:
+    """Serialise commits of the ranks that share one local directory (one node's NVMe)."""
+    root = tier.local_path("") if tier is not None else None
+    if root is None:
+        yield
+        return
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, ".lock"), "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def own_files(directory: str, rank: int) -> list[str]:
+    """The files DCP wrote for ``rank`` in ``directory`` (rank 0 also owns .metadata)."""
+    pat = re.compile(rf"^__{rank}_\d+\.distcp$")
+    names = [n for n in os.listdir(directory) if pat.match(n)]
+    if rank == 0 and os.path.exists(os.path.join(directory, METADATA)):
+        names.append(METADATA)
+    return sorted(names)
+
+
+def seal_files(directory: str, names: list[str], rank: int, algo: str) -> list[FileEntry]:
+    """fsync and checksum files concurrently (hashlib and fsync both release the GIL)."""
+    paths = [os.path.join(directory, n) for n in names]
+    with ThreadPoolExecutor(max_workers=max(2, len(paths) + 1)) as pool:
+        syncs = [pool.submit(_fsync, p) for p in paths]
+        hashes = [pool.submit(hash_file, p, algo) for p in paths]
+        for s in syncs:
+            s.result()
+        entries = []
+        for name, h in zip(names, hashes):
+            digest, size = h.result()
+            entries.append(FileEntry(name=name, size=size, checksum=digest, rank=rank))
+    fsync_dir(directory)
+    return entries
+
+
+class PrimaryWriter:
+    """Writes snapshots to one local tier; lives in the store's background save thread."""
+
+    def __init__(self, tier: FsspecTier, coord: Coordinator, *, algo: str, write_threads: int,
+                 config_hash: str, clock: Callable[[], float], token: str) -> None:
+        if tier.local_path("") is None:
+            raise TierError(f"primary tier {tier.uri} is not a local path")
+        self.tier = tier
+        self.coord = coord
+        self.algo = algo
+        self.write_threads = write_threads
+        self.config_hash = config_hash
+        self.clock = clock
+        self.token = token
+
+    def write(self, step: int, seq: int, flat: dict[str, Any],
+              decide: Callable[[int], list[str]]) -> Manifest:
+        """Write, seal, build the manifest (rank 0 decides promotions), commit. Collective."""
+        partial = f"{PARTIAL}/{step_dir(step)}.{self.token}-{seq}"
+        directory = self.tier.local_path(partial)
+        if directory is None:
+            raise TierError(f"primary tier {self.tier.uri} is not a local path")
+        os.makedirs(directory, exist_ok=True)
+        writer = dcp.FileSystemWriter(directory, single_file_per_rank=True, sync_files=False,
+                                      thread_count=self.write_threads)
+        dist = self.coord.distributed
+        dcp.save(flat, storage_writer=writer, process_group=self.coord.group if dist else None,
+                 no_dist=not dist)
+        mine = seal_files(directory, own_files(directory, self.coord.rank), self.coord.rank,
+                          self.algo)
+        records = self.coord.all_gather_json([asdict(e) for e in mine])
+        body: Any = None
+        if self.coord.rank == 0:
+            files = [FileEntry(**e) for per_rank in records for e in per_rank]
+            m = Manifest(step=step, world_size=self.coord.world_size, files=files,
+                         checksum_algo=self.algo, config_hash=self.config_hash,
+                         created_unix=self.clock(), tier=self.tier.name,
+                         promote_to=decide(step))
+            body = m.to_json().decode()
+        manifest = Manifest.from_json(self.coord.broadcast_json(body).encode())
+        self.commit(partial, manifest)
+        return manifest
+
+    def commit(self, partial: str, manifest: Manifest) -> None:
+        """Rename the partial directory into place, write the manifest last, verify, move latest."""
+        final = step_dir(manifest.step)
+        rank = self.coord.rank
+        with tier_lock(self.tier):
+            if self.tier.exists(partial):
+                if self.tier.exists(final):  # an older save of the same step (after a restart)
+                    self.tier.rm(final, recursive=True)
+                self.tier.commit(partial, final)
+                fsync_dir(os.path.dirname(self.tier.local_path(final) or "."))
+            self.tier.write_atomic(f"{final}/{MANIFEST}", manifest.to_json())
+        status = check_step(self.tier, manifest.step, deep=False,
+                            files=lambda m: [f for f in m.files if f.rank == rank])
+        if not status.ok:
+            raise TierError(f"step {manifest.step} on {self.tier.uri} did not verify after "
+                            f"commit: {status.problem}")
+        write_latest(self.tier, manifest.step)
