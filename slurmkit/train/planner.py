@@ -289,7 +289,7 @@ def suggest_fixes(model: ModelConfig, parallel: ParallelConfig, train: TrainConf
 def _combined_fix(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
                   hw: Hardware) -> list[str]:
     """No single change suffices: shard + recompute, then add tensor parallel, then nodes."""
-    steps = []
+    steps: list[str] = []
     p = parallel
     if p.strategy == "ddp":
         p, steps = replace(p, strategy="fsdp"), [*steps, "parallel.strategy=fsdp"]

@@ -1,0 +1,118 @@
+"""Process group, device and model wrapping (DDP or FSDP2), and a full-parameter digest.
+
+gloo on the CPU, NCCL on a GPU (one device per local rank). Tensor and pipeline parallelism
+are planned by ``slurmkit.train.planner`` but not implemented by this reference trainer: a
+layout asking for them fails at start with a clear error instead of training something else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import warnings
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import cast
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from slurmkit.errors import ConfigError
+from slurmkit.train.config import ParallelConfig, TrainConfig
+from slurmkit.train.model import Transformer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where this rank computes."""
+
+    device: torch.device
+    backend: str  # "gloo" or "nccl"
+    compute_dtype: torch.dtype  # bf16 on GPU when configured, else fp32
+
+
+def select_runtime(train: TrainConfig, local_rank: int, *, cuda: bool | None = None) -> Runtime:
+    """GPU ``local_rank`` with NCCL when CUDA is available, else the CPU with gloo."""
+    use_cuda = torch.cuda.is_available() if cuda is None else cuda
+    if use_cuda:
+        dtype = torch.bfloat16 if train.dtype == "bf16" else torch.float32
+        return Runtime(torch.device("cuda", local_rank), "nccl", dtype)
+    return Runtime(torch.device("cpu"), "gloo", torch.float32)
+
+
+def init_distributed(runtime: Runtime, parallel: ParallelConfig) -> None:
+    """Join the process group from the torchrun-style environment (MASTER_ADDR/PORT, RANK)."""
+    if runtime.device.type == "cuda":
+        torch.cuda.set_device(runtime.device)
+    dist.init_process_group(
+        runtime.backend,
+        timeout=timedelta(seconds=parallel.pg_timeout_s),
+        device_id=runtime.device if runtime.device.type == "cuda" else None,
+    )
+
+
+def require_supported(parallel: ParallelConfig) -> None:
+    """The reference trainer runs data parallelism only (DDP or FSDP2)."""
+    for name, degree in (("tensor", parallel.tensor), ("pipeline", parallel.pipeline)):
+        if degree > 1:
+            raise ConfigError(
+                detected=f"parallel.{name}={degree}",
+                requirement=f"the reference trainer (slurmkit.train) implements data "
+                            f"parallelism only (DDP/FSDP2); {name} parallel is planned, not run",
+                fix=f"set parallel.{name}=1 and use parallel.strategy=fsdp with activation "
+                    "checkpointing, or run your own trainer under the same agent and store",
+            )
+
+
+def wrap(model: Transformer, strategy: str, runtime: Runtime,
+         parallel: ParallelConfig) -> nn.Module:
+    """DDP (replicated) or FSDP2 (each block sharded, then the root) over all ranks."""
+    if strategy == "ddp":
+        ids = [runtime.device.index] if runtime.device.type == "cuda" else None
+        # The rotary table is a deterministic buffer: syncing it is waste. torch 2.13 marks
+        # broadcast_buffers deprecated, but its replacement still syncs at init.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+    if strategy != "fsdp":
+        raise ConfigError(detected=f"strategy {strategy!r}", requirement="ddp or fsdp",
+                          fix="set parallel.strategy to ddp, fsdp or auto")
+    mesh = init_device_mesh(runtime.device.type, (dist.get_world_size(),))
+    policy = MixedPrecisionPolicy(param_dtype=runtime.compute_dtype, reduce_dtype=torch.float32)
+    for block in model.layers:
+        fully_shard(block, mesh=mesh, mp_policy=policy,
+                    reshard_after_forward=parallel.reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy,
+                reshard_after_forward=parallel.reshard_after_forward)
+    return model
+
+
+def unwrap(module: nn.Module) -> Transformer:
+    """The Transformer inside a DDP wrapper (FSDP2 shards in place, nothing to unwrap)."""
+    inner = module.module if isinstance(module, DistributedDataParallel) else module
+    return cast(Transformer, inner)
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: all-gathers a DTensor shard (a collective: every rank must call)."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def param_digest(model: Transformer) -> str:
+    """sha256 over (name, dtype, shape, bytes) of every parameter in sorted name order.
+
+    Every rank must call it (FSDP shards are gathered); all ranks return the same digest.
+    """
+    h = hashlib.sha256()
+    for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+        full = full_tensor(param.detach()).cpu().contiguous()
+        h.update(f"{name}:{full.dtype}:{tuple(full.shape)}\n".encode())
+        h.update(full.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

@@ -1,0 +1,275 @@
+"""The reference training loop: restore, step, heartbeat, checkpoint, stop on signal, finish.
+
+One optimizer step: fault hook -> forward/backward over the accumulation slots -> clip ->
+AdamW -> one all-reduce carrying (loss, stop flag) so every rank agrees on the step to stop at
+-> heartbeat -> checkpoint (async through the store) -> metrics. A stop request ends the run
+at that step boundary with a durable checkpoint and ``EXIT_CHECKPOINTED_ON_SIGNAL``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from slurmkit.train.config import ModelConfig, ParallelConfig, TrainConfig
+from slurmkit.train.data import MemmapTokens, ShardedLoader, SyntheticTokens, TokenSource
+from slurmkit.train.faults import FaultInjector
+from slurmkit.train.flops import flops_per_token
+from slurmkit.train.heartbeat import Heartbeat
+from slurmkit.train.metrics import MetricsWriter, step_metrics
+from slurmkit.train.model import Transformer, loss_fn
+from slurmkit.train.parallel import Runtime, param_digest, require_supported, unwrap, wrap
+from slurmkit.train.schedule import WarmupCosine
+from slurmkit.train.signals import EXIT_CHECKPOINTED_ON_SIGNAL, StopRequest
+from slurmkit.train.state import apply_state, capture_state
+
+log = logging.getLogger(__name__)
+
+
+class SaveHandle(Protocol):
+    blocking_s: float
+
+    def wait(self) -> Any: ...
+
+
+class Store(Protocol):
+    """The part of slurmkit.store.CheckpointStore the trainer uses."""
+
+    def save(self, step: int, state: dict[str, Any]) -> SaveHandle: ...
+    def restore(self, template: dict[str, Any]) -> Any: ...
+    def wait(self) -> Any: ...
+    def close(self) -> Any: ...
+
+
+class EventSink(Protocol):
+    def append(self, event: str, **fields: Any) -> Any: ...
+
+
+@dataclass
+class RankContext:
+    """Who this rank is and where its run lives (read from the environment at the entry)."""
+
+    rank: int
+    world_size: int
+    generation: int = 0
+    run_dir: str | None = None
+    peak_tflops: float = 0.5  # per device, for MFU
+    step_delay_s: float = 0.0  # SLURMKIT_STEP_DELAY_S: sleep before every step
+
+
+class Trainer:
+    """Runs the loop for one process; ``run()`` returns the process exit code."""
+
+    def __init__(self, model_cfg: ModelConfig, parallel_cfg: ParallelConfig,
+                 train_cfg: TrainConfig, *, ctx: RankContext, runtime: Runtime, strategy: str,
+                 store: Store | None, stop: StopRequest, ledger: EventSink | None = None,
+                 heartbeat: Heartbeat | None = None, faults: FaultInjector | None = None,
+                 clock: Callable[[], float] = time.perf_counter,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        require_supported(parallel_cfg)
+        self.m, self.p, self.t = model_cfg, parallel_cfg, train_cfg
+        self.ctx, self.runtime, self.strategy = ctx, runtime, strategy
+        self.store, self.stop, self.ledger = store, stop, ledger
+        self.heartbeat, self.faults = heartbeat, faults
+        self._clock, self._sleep = clock, sleep
+        self.dp = ctx.world_size  # data parallel only (tensor = pipeline = 1)
+        self.global_batch = train_cfg.global_batch or train_cfg.micro_batch * self.dp
+        self.flops_token = flops_per_token(model_cfg, train_cfg.seq_len)
+        self._build()
+
+    # ---- construction -------------------------------------------------------------------
+    def _build(self) -> None:
+        torch.manual_seed(self.t.seed)  # identical init on every rank before sharding
+        base = Transformer(self.m, activation_checkpointing=self.p.activation_checkpointing)
+        self.model: nn.Module = wrap(base.to(self.runtime.device), self.strategy, self.runtime,
+                                     self.p)
+        self.optimizer = self._new_optimizer()
+        self.scheduler = WarmupCosine(self.optimizer, lr=self.t.lr,
+                                      warmup_steps=self.t.warmup_steps,
+                                      total_steps=self.t.steps, min_lr_ratio=self.t.min_lr_ratio)
+        self.loader = ShardedLoader(self._source(), micro_batch=self.t.micro_batch,
+                                    global_batch=self.global_batch, dp_rank=self.ctx.rank,
+                                    dp_size=self.dp)
+
+    def _new_optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.model.parameters(), lr=self.t.lr,
+                                 betas=(self.t.beta1, self.t.beta2), eps=self.t.eps,
+                                 weight_decay=self.t.weight_decay)
+
+    def _source(self) -> TokenSource:
+        if self.t.data == "memmap":
+            return MemmapTokens(self.t.data_path, dtype=self.t.data_dtype,
+                                seq_len=self.t.seq_len, vocab_size=self.m.vocab_size)
+        return SyntheticTokens(seed=self.t.seed, vocab_size=self.m.vocab_size,
+                               seq_len=self.t.seq_len)
+
+    # ---- checkpoints --------------------------------------------------------------------
+    def restore(self) -> int:
+        """Load the newest verified checkpoint; returns the step to continue after."""
+        if self.store is None:
+            return 0
+        template = capture_state(self.model, self.optimizer, self.scheduler, self.loader,
+                                 step=0, device=self.runtime.device)
+        result = self.store.restore(template)
+        if result is None:
+            # Building the template ran one zero-lr step to materialise AdamW's state;
+            # a fresh optimizer keeps a fresh run identical to one that never looked.
+            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer = self._new_optimizer()
+            self.scheduler.optimizer = self.optimizer
+            return 0
+        step = apply_state(template, self.model, self.optimizer, self.scheduler, self.loader,
+                           rank=self.ctx.rank)
+        self._event("train_resumed", step=step, tier=getattr(result, "tier", None),
+                    generation=self.ctx.generation)
+        log.info("rank %d resumed from step %d (tier %s)", self.ctx.rank, step,
+                 getattr(result, "tier", None))
+        return step
+
+    def _save(self, step: int) -> tuple[float, SaveHandle | None]:
+        """Hand the state to the store; returns (seconds training was blocked, handle)."""
+        if self.store is None:
+            return 0.0, None
+        start = self._clock()
+        state = capture_state(self.model, self.optimizer, self.scheduler, self.loader,
+                              step=step, device=self.runtime.device)
+        handle = self.store.save(step, state)
+        return self._clock() - start, handle
+
+    # ---- one step -----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _grad_sync(self, enabled: bool) -> Iterator[None]:
+        """Skip the gradient all-reduce on all but the last accumulation slot."""
+        if isinstance(self.model, DistributedDataParallel) and not enabled:
+            with self.model.no_sync():
+                yield
+            return
+        setter = getattr(self.model, "set_requires_gradient_sync", None)  # FSDP2
+        if setter is not None:
+            setter(enabled)
+        yield
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        # FSDP2 casts parameters itself; DDP on a GPU needs autocast for bf16 compute.
+        if self.strategy == "ddp" and self.runtime.compute_dtype != torch.float32:
+            return torch.autocast(self.runtime.device.type, dtype=self.runtime.compute_dtype)
+        return contextlib.nullcontext()
+
+    def train_step(self) -> tuple[float, float]:
+        """One optimizer step on this rank; returns (local mean loss, lr)."""
+        lr = self.scheduler.apply()
+        slots = self.loader.next_step()
+        total = torch.zeros((), device=self.runtime.device)
+        for i, (inputs, targets) in enumerate(slots):
+            inputs = inputs.to(self.runtime.device, non_blocking=True)
+            targets = targets.to(self.runtime.device, non_blocking=True)
+            with self._grad_sync(i == len(slots) - 1), self._autocast():
+                loss = loss_fn(self.model(inputs), targets) / len(slots)
+                loss.backward()
+            total += loss.detach()
+        if self.t.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.t.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.advance()
+        return float(total), lr
+
+    def _agree(self, loss: float) -> tuple[float, bool]:
+        """All ranks: (mean loss, whether any rank was asked to stop) in one all-reduce."""
+        buf = torch.tensor([loss, 1.0 if self.stop.requested else 0.0],
+                           dtype=torch.float64, device=self.runtime.device)
+        if dist.is_initialized():
+            dist.all_reduce(buf)
+        return float(buf[0]) / self.ctx.world_size, bool(buf[1] > 0)
+
+    # ---- the run ------------------------------------------------------------------------
+    def run(self) -> int:
+        """Restore, train to ``train.steps`` or a stop request; returns the exit code."""
+        start = self.restore()
+        self._event("train_started", step=start, generation=self.ctx.generation,
+                    world_size=self.ctx.world_size, strategy=self.strategy)
+        writer = self._metrics_writer()
+        handle: SaveHandle | None = None
+        try:
+            for step in range(start + 1, self.t.steps + 1):
+                stopped, handle = self._one_step(step, writer, handle)
+                if stopped:
+                    return self._stop(step, handle)
+            if handle is not None:
+                handle.wait()
+            if self.store is not None:
+                self.store.wait()
+            self._finish(self.t.steps)
+            return 0
+        finally:
+            if writer is not None:
+                writer.close()
+
+    def _one_step(self, step: int, writer: MetricsWriter | None,
+                  handle: SaveHandle | None) -> tuple[bool, SaveHandle | None]:
+        if self.faults is not None:
+            self.faults.before_step(step)
+        if self.ctx.step_delay_s > 0:
+            self._sleep(self.ctx.step_delay_s)
+        began = self._clock()
+        local_loss, lr = self.train_step()
+        loss, stop_requested = self._agree(local_loss)
+        if self.heartbeat is not None:
+            self.heartbeat.beat(step)
+        stop = (stop_requested or step == self.t.stop_at_step) and step < self.t.steps
+        interval = self.t.ckpt_interval_steps
+        due = (stop or (interval > 0 and step % interval == 0)
+               or (step == self.t.steps and self.t.ckpt_at_end))
+        blocking = 0.0
+        if due:
+            blocking, new_handle = self._save(step)
+            handle = new_handle or handle
+        if writer is not None:
+            writer.write(step_metrics(
+                step=step, loss=loss, lr=lr, step_time_s=self._clock() - began,
+                tokens=self.global_batch * self.t.seq_len, world_size=self.ctx.world_size,
+                flops_per_token=self.flops_token, peak_tflops=self.ctx.peak_tflops,
+                ckpt_blocking_s=blocking, generation=self.ctx.generation))
+        return stop, handle
+
+    def _stop(self, step: int, handle: SaveHandle | None) -> int:
+        """Wait until the stop checkpoint is durable, record it, return exit code 95."""
+        if handle is not None:
+            handle.wait()
+        self._event("train_stopped", step=step, signal=self.stop.signum,
+                    generation=self.ctx.generation)
+        log.info("rank %d stopped at step %d with a durable checkpoint", self.ctx.rank, step)
+        return EXIT_CHECKPOINTED_ON_SIGNAL
+
+    def _finish(self, step: int) -> None:
+        digest = param_digest(unwrap(self.model))  # collective under FSDP
+        if self.ctx.rank != 0:
+            return
+        if self.ctx.run_dir:
+            record = {"step": step, "param_sha256": digest, "world_size": self.ctx.world_size}
+            path = os.path.join(self.ctx.run_dir, "final.json")
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                json.dump(record, f)
+            os.replace(path + ".tmp", path)
+        self._event("train_finished", step=step, param_sha256=digest,
+                    generation=self.ctx.generation)
+
+    def _metrics_writer(self) -> MetricsWriter | None:
+        if self.ctx.rank != 0 or not self.ctx.run_dir:
+            return None
+        return MetricsWriter(os.path.join(self.ctx.run_dir, "metrics.jsonl"))
+
+    def _event(self, event: str, **fields: Any) -> None:
+        if self.ledger is not None and self.ctx.rank == 0:
+            self.ledger.append(event, **fields)
