@@ -14,11 +14,15 @@ class SlurmkitError(Exception):
 class ActionableError(SlurmkitError):
     """An error that says what was found, what is needed and how to fix it."""
 
-    def __init__(self, detected: str, requirement: str, fix: str) -> None:
+    def __init__(self, detected: str, requirement: str | None = None, fix: str | None = None) -> None:
         self.detected = detected
-        self.requirement = requirement
-        self.fix = fix
-        super().__init__(f"Detected: {detected}. Requirement: {requirement}. Fix: {fix}.")
+        self.requirement = requirement or ""
+        self.fix = fix or ""
+        if requirement is None and fix is None:
+            # Re-raised by a library (OmegaConf rebuilds exceptions from their message alone).
+            super().__init__(detected)
+        else:
+            super().__init__(f"Detected: {detected}. Requirement: {requirement}. Fix: {fix}.")
 
 
 class ConfigError(ActionableError):

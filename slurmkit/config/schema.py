@@ -136,6 +136,6 @@ class SlurmkitConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    store: StoreConfig = field(default_factory=StoreConfig)
+    store: StoreConfig = MISSING  # its default instance is invalid (no tier): conf/store/ fills it
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)

@@ -1,0 +1,119 @@
+"""JobSpec: the composed config reduced to exactly what the batch script needs, validated."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from slurmkit.config.schema import SlurmkitConfig
+from slurmkit.errors import ConfigError
+from slurmkit.slurm.hostlist import compress_hostlist, expand_hostlist
+from slurmkit.slurm.timelimit import format_time_limit, parse_time_limit
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One Slurm job: one node agent task per node, which starts the node's ranks."""
+
+    name: str
+    run_dir: str  # absolute; on a file system every node sees
+    nodes: int  # allocated, spares included
+    train_nodes: int  # nodes that run ranks
+    ranks_per_node: int
+    gpus_per_node: int
+    gpu_type: str | None
+    cpus_per_task: int | None
+    mem_gb: float | None
+    time_limit: str  # Slurm format, e.g. 2-00:00:00
+    time_limit_s: int | None  # None: UNLIMITED
+    signal_lead_s: int
+    requeue: bool
+    exclusive: bool
+    exclude: tuple[str, ...]
+    singleton: bool
+    partition: str | None
+    account: str | None
+    qos: str | None
+    constraint: str | None
+    container_image: str | None
+    container_mounts: tuple[str, ...]
+    setup: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]  # sorted (name, value)
+    srun_args: tuple[str, ...]
+
+    @property
+    def world_size(self) -> int:
+        return self.train_nodes * self.ranks_per_node
+
+
+def _check_env_names(env: dict[str, str]) -> None:
+    for key in env:
+        if not key.replace("_", "a").isalnum() or key[0].isdigit():
+            raise ConfigError(f"environment variable name {key!r}",
+                              "names of letters, digits and '_' not starting with a digit",
+                              "rename it in job.env / cluster.env")
+
+
+def _gpus_per_node(cfg: SlurmkitConfig) -> int:
+    cluster_gpus = cfg.cluster.gpus_per_node
+    gpus = cluster_gpus if cfg.job.gpus_per_node is None else cfg.job.gpus_per_node
+    if cluster_gpus and gpus > cluster_gpus:
+        raise ConfigError(
+            f"job.gpus_per_node={gpus} on cluster '{cfg.cluster.name}' whose nodes have {cluster_gpus} GPUs",
+            f"at most {cluster_gpus} GPUs per node",
+            f"set job.gpus_per_node={cluster_gpus} and raise job.nodes instead")
+    return gpus
+
+
+def _check_resources(cfg: SlurmkitConfig, nodes: int, cpus: int | None) -> None:
+    c, j = cfg.cluster, cfg.job
+    if c.max_nodes and nodes > c.max_nodes:
+        raise ConfigError(
+            f"{nodes} nodes ({j.nodes} + {cfg.supervisor.spare_nodes} spare) on cluster '{c.name}' "
+            f"with {c.max_nodes} nodes", f"at most {c.max_nodes} nodes",
+            "lower job.nodes or supervisor.spare_nodes")
+    if cpus is not None and c.cpus_per_node and cpus > c.cpus_per_node:
+        raise ConfigError(f"job.cpus_per_task={cpus} on nodes with {c.cpus_per_node} CPUs",
+                          f"at most {c.cpus_per_node}", f"set job.cpus_per_task={c.cpus_per_node}")
+    if j.mem_gb is not None and c.mem_gb_per_node and j.mem_gb > c.mem_gb_per_node:
+        raise ConfigError(f"job.mem_gb={j.mem_gb} on nodes with {c.mem_gb_per_node} GB",
+                          f"at most {c.mem_gb_per_node} GB per node",
+                          f"set job.mem_gb={c.mem_gb_per_node} or less")
+
+
+def build_jobspec(cfg: SlurmkitConfig, run_dir: str, srun_args: list[str] | None = None) -> JobSpec:
+    """Validate ``cfg`` against its cluster and reduce it to a JobSpec. Raises ConfigError."""
+    j, c = cfg.job, cfg.cluster
+    gpus = _gpus_per_node(cfg)
+    ranks = j.ranks_per_node if j.ranks_per_node is not None else max(gpus, 1)
+    if gpus and ranks > gpus and ranks % gpus:
+        raise ConfigError(f"job.ranks_per_node={ranks} with {gpus} GPUs per node",
+                          "ranks per node equal to, a divisor of, or a multiple of the GPUs",
+                          f"set job.ranks_per_node={gpus}")
+    seconds = parse_time_limit(j.time)
+    if seconds is not None and seconds <= j.signal_lead_s:
+        raise ConfigError(f"job.time={j.time!r} ({seconds} s) with job.signal_lead_s={j.signal_lead_s}",
+                          "a time limit longer than the warning lead",
+                          "raise job.time or lower job.signal_lead_s")
+    nodes = j.nodes + cfg.supervisor.spare_nodes
+    cpus = j.cpus_per_task if j.cpus_per_task is not None else (c.cpus_per_node or None)
+    _check_resources(cfg, nodes, cpus)
+    exclude: list[str] = []
+    for expr in j.exclude:
+        exclude.extend(expand_hostlist(expr))
+    env = {**c.env, **j.env}
+    _check_env_names(env)
+    return JobSpec(
+        name=j.name, run_dir=os.path.abspath(run_dir), nodes=nodes, train_nodes=j.nodes,
+        ranks_per_node=ranks, gpus_per_node=gpus, gpu_type=c.gpu_type, cpus_per_task=cpus,
+        mem_gb=j.mem_gb, time_limit=format_time_limit(seconds), time_limit_s=seconds,
+        signal_lead_s=j.signal_lead_s, requeue=j.requeue, exclusive=c.exclusive,
+        exclude=tuple(sorted(set(exclude))), singleton=j.singleton, partition=c.partition,
+        account=c.account, qos=c.qos, constraint=c.constraint, container_image=c.container_image,
+        container_mounts=tuple(c.container_mounts), setup=tuple(c.setup),
+        env=tuple(sorted(env.items())), srun_args=tuple(srun_args or ()),
+    )
+
+
+def exclude_expr(spec: JobSpec) -> str | None:
+    return compress_hostlist(spec.exclude) if spec.exclude else None

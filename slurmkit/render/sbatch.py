@@ -1,0 +1,122 @@
+"""JobSpec -> submitit SlurmExecutor parameters, the script submitit will submit, and a
+standalone sbatch script. Pure functions over a JobSpec; golden files pin the output."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from typing import Any
+
+import jinja2
+import submitit
+from submitit.slurm.slurm import SlurmExecutor
+
+from slurmkit.render.jobspec import JobSpec, exclude_expr
+
+TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                            "sbatch_templates")
+AGENT_MODULE = "slurmkit.launch"
+
+
+def _env(template_dir: str | None = None) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(template_dir or TEMPLATE_DIR),
+        autoescape=False,  # shell, not HTML: quoting is done explicitly with the `q` filter
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters["q"] = lambda v: shlex.quote(str(v))
+    return env
+
+
+def _mem(mem_gb: float) -> str:
+    return f"{int(mem_gb)}G" if mem_gb == int(mem_gb) else f"{int(mem_gb * 1024)}M"
+
+
+def setup_lines(spec: JobSpec) -> list[str]:
+    text = _env().get_template("setup.sh.j2").render(spec=spec)
+    return [ln for ln in text.splitlines() if ln.strip()]
+
+
+def srun_args(spec: JobSpec) -> list[str]:
+    """Arguments of the srun that starts one node agent per node."""
+    args = ["--kill-on-bad-exit=0", *spec.srun_args]
+    if spec.container_image:
+        args.append(f"--container-image={spec.container_image}")
+        if spec.container_mounts:
+            args.append(f"--container-mounts={','.join(spec.container_mounts)}")
+    return args
+
+
+def executor_parameters(spec: JobSpec) -> dict[str, Any]:
+    """Parameters for submitit's SlurmExecutor.update_parameters (names as submitit spells them)."""
+    extra: dict[str, Any] = {"time": spec.time_limit, "signal": f"B:USR1@{spec.signal_lead_s}"}
+    extra["requeue" if spec.requeue else "no-requeue"] = True
+    params: dict[str, Any] = {
+        "job_name": spec.name, "nodes": spec.nodes, "ntasks_per_node": 1,
+        "stderr_to_stdout": True, "setup": setup_lines(spec), "srun_args": srun_args(spec),
+        "wckey": "slurmkit", "additional_parameters": extra,
+    }
+    if spec.gpus_per_node:
+        params["gpus_per_node"] = f"{spec.gpu_type}:{spec.gpus_per_node}" if spec.gpu_type else spec.gpus_per_node
+    if spec.cpus_per_task:
+        params["cpus_per_task"] = spec.cpus_per_task
+    if spec.mem_gb is not None:
+        extra["mem"] = _mem(spec.mem_gb)
+    if spec.exclusive:
+        params["exclusive"] = True
+    if spec.singleton:
+        params["dependency"] = "singleton"
+    expr = exclude_expr(spec)
+    if expr:
+        params["exclude"] = expr
+    for key in ("partition", "account", "qos", "constraint"):
+        if getattr(spec, key):
+            params[key] = getattr(spec, key)
+    return params
+
+
+class SlurmkitExecutor(SlurmExecutor):
+    """submitit's SlurmExecutor whose script can take the time-limit warning while srun runs."""
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        text = super()._make_submission_file_text(command, uid)
+        return wrap_srun_line(text)
+
+
+def wrap_srun_line(script: str) -> str:
+    lines = script.splitlines()
+    idx = [i for i, ln in enumerate(lines) if ln.startswith("srun ")]
+    if len(idx) != 1:
+        raise RuntimeError(f"expected one srun line in submitit's script, found {len(idx)}")
+    wrapped = _env().get_template("forward_signal.sh.j2").render(srun_line=lines[idx[0]]).rstrip("\n")
+    lines[idx[0]] = wrapped
+    return "\n".join(lines) + "\n"
+
+
+def make_executor(spec: JobSpec, python: str | None = None) -> SlurmkitExecutor:
+    ex = SlurmkitExecutor(folder=os.path.join(spec.run_dir, "submitit"), python=python)
+    ex.update_parameters(**executor_parameters(spec))
+    return ex
+
+
+def render_submitit_script(spec: JobSpec, python: str | None = None) -> str:
+    """The exact script ``make_executor(spec).submit(...)`` hands to sbatch."""
+    ex = make_executor(spec, python=python)
+    return ex._make_submission_file_text(ex._submitit_command_str, "dryrun")
+
+
+def render_standalone(spec: JobSpec, script_path: str, python: str | None = None) -> str:
+    """A self-contained sbatch script (no submitit pickles) for centers that use plain sbatch."""
+    py = python or sys.executable
+    srun = ["srun", "--unbuffered", "--ntasks-per-node=1",
+            "--output", os.path.join(spec.run_dir, "logs", "%j_agent_%n.out"), *srun_args(spec),
+            py, "-u", "-m", AGENT_MODULE, spec.run_dir]
+    return _env().get_template("standalone.sbatch.j2").render(
+        spec=spec, script_path=script_path, mem=_mem(spec.mem_gb) if spec.mem_gb is not None else "",
+        exclude=exclude_expr(spec) or "", srun_cmd=shlex.join(srun))
+
+
+__all__ = ["executor_parameters", "make_executor", "render_standalone", "render_submitit_script",
+           "setup_lines", "srun_args", "submitit"]

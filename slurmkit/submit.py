@@ -1,0 +1,195 @@
+"""`python -m slurmkit.submit +exp=NAME [cluster=NAME] [key=value ...]`
+
+Compose the config, validate it, freeze it into a new run directory, render the job through
+submitit and submit it: to Slurm when a controller answers (cluster=auto), else as local
+processes. Returns as soon as the job is queued and prints where to follow it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+import shutil
+import sys
+import time
+from collections.abc import Callable, Mapping
+
+from rich.console import Console
+
+from slurmkit.config import SlurmkitConfig, compose, config_hash, to_yaml
+from slurmkit.errors import ConfigError, SlurmkitError, SubmissionError
+from slurmkit.render import JobSpec, build_jobspec, make_executor, render_standalone, render_submitit_script
+from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
+
+USAGE = __doc__ or ""
+
+
+def slurm_reachable(env: Mapping[str, str], timeout_s: float = 5.0) -> bool:
+    """True when `sbatch` exists and a controller answers `scontrol ping`."""
+    if shutil.which("sbatch", path=env.get("PATH")) is None:
+        return False
+    from slurmkit.slurm.client import SlurmClient
+    from slurmkit.slurm.runner import SubprocessRunner
+
+    return SlurmClient(SubprocessRunner(env=env), timeout_s=timeout_s).controller_reachable(timeout_s)
+
+
+def resolve_cluster(cfg: SlurmkitConfig, env: Mapping[str, str],
+                    probe: Callable[[Mapping[str, str]], bool] = slurm_reachable) -> SlurmkitConfig:
+    if cfg.cluster.kind != "auto":
+        return cfg
+    kind = "slurm" if probe(env) else "local"
+    return dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, kind=kind))
+
+
+def new_run_dir(cfg: SlurmkitConfig, clock: Callable[[], float] = time.time) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(clock()))
+    return os.path.abspath(os.path.join(cfg.submit.run_root, cfg.job.name, f"{stamp}-{secrets.token_hex(2)}"))
+
+
+def validate(cfg: SlurmkitConfig) -> None:
+    """Checks that need more than one component: the parallel layout against the cluster."""
+    if any("slurmkit.train" in part for part in cfg.job.command):
+        from slurmkit.train.planner import check_config
+
+        check_config(cfg)
+
+
+def topology_srun_args(cfg: SlurmkitConfig) -> list[str]:
+    from slurmkit.topology import srun_binding_args
+
+    return list(srun_binding_args(cfg.topology))
+
+
+def freeze(cfg: SlurmkitConfig, run_dir: str) -> None:
+    os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
+    path = os.path.join(run_dir, "config.yaml")
+    with open(path + ".tmp", "w") as f:
+        f.write(to_yaml(cfg))
+    os.replace(path + ".tmp", path)
+
+
+@dataclasses.dataclass
+class Submitted:
+    job_id: str
+    run_dir: str
+    executor: str
+    job: object  # the submitit job
+
+
+def submit_slurm(spec: JobSpec) -> Submitted:
+    from slurmkit.launch.agent import submitit_entry
+
+    executor = make_executor(spec)
+    try:
+        job = executor.submit(submitit_entry, spec.run_dir)
+    except Exception as exc:  # submitit wraps sbatch's failure in several types; all are fatal here
+        text = str(exc)
+        raise SubmissionError(
+            f"Detected: sbatch refused the job: {text.strip().splitlines()[-1] if text.strip() else exc!r}. "
+            "Requirement: a partition, account, qos and resources this cluster accepts. "
+            "Fix: check `sinfo -s` and `sacctmgr show assoc user=$USER`, then set cluster.partition / "
+            "cluster.account / cluster.qos or lower the resources.") from exc
+    return Submitted(str(job.job_id), spec.run_dir, "slurm", job)
+
+
+def submit_local(spec: JobSpec) -> Submitted:
+    import submitit
+
+    from slurmkit.launch.agent import submitit_entry
+
+    ex = submitit.LocalExecutor(folder=os.path.join(spec.run_dir, "submitit"))
+    minutes = (spec.time_limit_s or 7 * 24 * 3600) / 60
+    ex.update_parameters(tasks_per_node=spec.nodes, timeout_min=minutes,
+                         signal_delay_s=spec.signal_lead_s, stderr_to_stdout=True)
+    job = ex.submit(submitit_entry, spec.run_dir)
+    job._cancel_at_deletion = False  # the job outlives this command, as a Slurm job would
+    return Submitted(str(job.job_id), spec.run_dir, "local", job)
+
+
+def print_submitted(console: Console, s: Submitted, spec: JobSpec) -> None:
+    console.print(f"[bold green]submitted[/] {spec.name}: job [bold]{s.job_id}[/] ({s.executor})")
+    console.print(f"  run directory : {s.run_dir}")
+    console.print(f"  config        : {os.path.join(s.run_dir, 'config.yaml')}")
+    console.print(f"  agent logs    : {os.path.join(s.run_dir, 'submitit')}/{s.job_id}_*_log.out")
+    console.print(f"  rank logs     : {os.path.join(s.run_dir, 'logs')}/rank<N>.log")
+    console.print(f"  ledger        : {os.path.join(s.run_dir, LEDGER_NAME)}")
+    if s.executor == "slurm":
+        console.print(f"  follow        : squeue -j {s.job_id}; sacct -j {s.job_id}; "
+                      f"tail -f {os.path.join(s.run_dir, 'logs', 'rank0.log')}")
+    else:
+        console.print(f"  follow        : tail -f {os.path.join(s.run_dir, 'logs', 'rank0.log')}")
+
+
+def wait_job(s: Submitted, env: Mapping[str, str], timeout_s: float) -> int:
+    """Block until the job ends; 0 when it completed."""
+    if s.executor == "local":
+        try:
+            s.job.wait()  # type: ignore[attr-defined]
+        except Exception:  # submitit re-raises the job's failure; its state tells the outcome
+            pass
+        return 0 if s.job.state == "FINISHED" and s.job.exception() is None else 1  # type: ignore[attr-defined]
+    from slurmkit.slurm.client import SlurmClient
+    from slurmkit.slurm.runner import SubprocessRunner
+
+    client = SlurmClient(SubprocessRunner(env=env))
+    terminal = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                "PREEMPTED", "BOOT_FAIL", "DEADLINE"]
+    state = client.wait_for_state(s.job_id, terminal, timeout_s or 10 ** 9, poll_s=1.0, source="sacct")
+    return 0 if state == "COMPLETED" else 1
+
+
+def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console) -> int:
+    if any(a in ("-h", "--help") for a in argv):
+        console.print(USAGE)
+        return 0
+    cfg = resolve_cluster(compose(argv), env)
+    validate(cfg)
+    run_dir = new_run_dir(cfg)
+    spec = build_jobspec(cfg, run_dir, topology_srun_args(cfg) if cfg.cluster.kind == "slurm" else [])
+    if cfg.submit.dry_run:
+        if cfg.cluster.kind == "local":
+            console.print(f"# local mode: {spec.nodes} agent process(es) x {spec.ranks_per_node} ranks; "
+                          "the sbatch script it would submit to Slurm:")
+        sys.stdout.write(render_submitit_script(spec))
+        return 0
+    if cfg.submit.emit == "sbatch":
+        freeze(cfg, run_dir)
+        path = os.path.join(run_dir, "job.sbatch")
+        with open(path, "w") as f:
+            f.write(render_standalone(spec, path))
+        console.print(f"wrote {path}\nsubmit it with: sbatch {path}")
+        return 0
+    freeze(cfg, run_dir)
+    try:
+        submitted = submit_slurm(spec) if cfg.cluster.kind == "slurm" else submit_local(spec)
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-way: no run dir without a job
+        raise
+    Ledger(os.path.join(run_dir, LEDGER_NAME), source="submit").append(
+        "submitted", job_id=submitted.job_id, executor=submitted.executor, name=spec.name,
+        nodes=spec.nodes, ranks_per_node=spec.ranks_per_node, config_hash=config_hash(cfg))
+    print_submitted(console, submitted, spec)
+    if cfg.submit.wait:
+        code = wait_job(submitted, env, cfg.submit.timeout_s)
+        (console if code == 0 else err).print(f"job {submitted.job_id} "
+                                              f"{'completed' if code == 0 else 'did not complete'}")
+        return code
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    console, err = Console(soft_wrap=True), Console(stderr=True, soft_wrap=True)
+    try:
+        return run(sys.argv[1:] if argv is None else argv, os.environ, console, err)
+    except ConfigError as exc:
+        err.print(f"[bold red]configuration error[/]: {exc}", markup=True, highlight=False)
+        return 2
+    except SlurmkitError as exc:
+        err.print(f"[bold red]error[/]: {exc}", markup=True, highlight=False)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
