@@ -180,8 +180,12 @@ class FsspecTier:
             if self._local:
                 os.makedirs(os.path.dirname(self._p(dst_rel)), exist_ok=True)
                 os.rename(self._p(src_rel), self._p(dst_rel))
-            else:
-                self.fs.mv(self._p(src_rel), self._p(dst_rel), recursive=True)
+            else:  # object stores have no directories: copy every key, then delete
+                src = self.fs._strip_protocol(self._p(src_rel)).rstrip("/")
+                dst = self.fs._strip_protocol(self._p(dst_rel)).rstrip("/")
+                for key in self.fs.find(src):
+                    self.fs.copy(key, dst + str(key)[len(src):])
+                self.fs.rm(src, recursive=True)
         except self._errors() as exc:
             raise self._io("commit", src_rel, exc) from exc
 
