@@ -113,8 +113,10 @@ class JobInfo:
 
     @property
     def held(self) -> bool:
-        """True when the job waits for an explicit release (user or admin hold)."""
-        return self.state == "PENDING" and (self.reason or "").startswith("JobHeld")
+        """True when the job waits for an explicit ``scontrol release`` (user or admin hold)."""
+        reason = self.reason or ""
+        return self.state == "PENDING" and (
+            reason.startswith("JobHeld") or reason == "job_requeued_in_held_state")
 
 
 @dataclass(frozen=True)
