@@ -76,6 +76,10 @@ def exclusive_slices(
     by_node: dict[int, list[Unit]] = {}
     for unit in units:
         by_node.setdefault(majority_node(topo, unit), []).append(unit)
+    if all(h < 0 for h in homes) and len(homes) < len(by_node):
+        # Fewer ranks than nodes and no GPU to anchor them: each rank takes whole nodes.
+        groups = split_fair([(n,) for n in sorted(by_node)], len(homes))
+        return [tuple(sorted(c for (n,) in g for u in by_node[n] for c in u)) for g in groups], warnings
     placed = _place_ranks(topo, homes, {n: len(u) for n, u in by_node.items()})
     slices: list[tuple[int, ...]] = [() for _ in homes]
     for node, ranks in placed.items():
