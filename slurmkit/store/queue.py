@@ -34,6 +34,12 @@ class PromotionQueue:
             return []
 
     def _persist(self) -> None:
+        try:
+            self._write()
+        except OSError as exc:  # e.g. a full disk: keep the queue in memory, say so
+            log.error("promotion queue %s not persisted: %s", self.path, exc)
+
+    def _write(self) -> None:
         if self.path is None:
             return
         os.makedirs(os.path.dirname(self.path), exist_ok=True)

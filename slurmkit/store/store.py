@@ -69,9 +69,13 @@ class CheckpointStore:
         self.clock = clock
         self._on_event = on_event
         self._staging = StagingBuffers()
-        self._writer = PrimaryWriter(primary, bg, algo=cfg.checksum,
-                                     write_threads=cfg.write_threads, config_hash=config_hash,
-                                     clock=clock, token=token)
+        # the primary first; other local tiers take over when it fails (e.g. a full NVMe)
+        local = [primary] + [t for t in tiers if t is not primary and t.local_path("")]
+        self._writers = [PrimaryWriter(t, bg, algo=cfg.checksum, write_threads=cfg.write_threads,
+                                       config_hash=config_hash, clock=clock, token=token)
+                         for t in local]
+        self._writer = self._writers[0]
+        self._decided: dict[int, list[str]] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slurmkit-ckpt")
         self._inflight: SaveHandle | None = None
         self._saves = 0
@@ -153,6 +157,11 @@ class CheckpointStore:
 
     def _decide(self, step: int) -> list[str]:
         """Rank 0 only: where this save gets promoted (broadcast in the manifest)."""
+        if step not in self._decided:
+            self._decided = {step: self._decide_new(step)}
+        return self._decided[step]
+
+    def _decide_new(self, step: int) -> list[str]:
         self._saves += 1
         names = {t.name for t in self.tiers}
         dests = []
@@ -172,21 +181,25 @@ class CheckpointStore:
 
     def _persist(self, step: int, flat: dict[str, Any]) -> Manifest | None:
         t0 = time.perf_counter()
-        try:
-            m = self._writer.write(step, self._saves_seq(), flat, self._decide)
-        except Exception as exc:  # the writer thread reports every failure as an event
-            log.error("checkpoint step %d failed on %s: %s", step, self.primary.uri, exc)
-            self._emit({"event": "ckpt_failed", "step": step, "tier": self.primary.name,
-                        "uri": self.primary.uri, "phase": "save", **error_fields(exc)})
+        for w in self._writers:
+            try:
+                m = w.write(step, self._saves_seq(), flat, self._decide)
+                break
+            except Exception as exc:  # the writer thread reports every failure as an event
+                log.error("checkpoint step %d failed on %s: %s", step, w.tier.uri, exc)
+                self._emit({"event": "ckpt_failed", "step": step, "tier": w.tier.name,
+                            "uri": w.tier.uri, "phase": "save", **error_fields(exc)})
+        else:
             return None
         seconds = time.perf_counter() - t0
         if self.rank == 0:
-            self._emit({"event": "ckpt_saved", "step": step, "tier": self.primary.name,
-                        "uri": self.primary.uri, "bytes": m.total_bytes,
+            self._emit({"event": "ckpt_saved", "step": step, "tier": w.tier.name,
+                        "uri": w.tier.uri, "bytes": m.total_bytes,
                         "seconds": round(seconds, 3), "promote_to": m.promote_to})
         for dest in m.promote_to:
-            self._queue.add(step, dest)
-        self._gc(self.primary)
+            if dest != w.tier.name:
+                self._queue.add(step, dest)
+        self._gc(w.tier)
         self._promoter.wake()
         return m
 

@@ -110,11 +110,21 @@ class PrimaryWriter:
         writer = dcp.FileSystemWriter(directory, single_file_per_rank=True, sync_files=False,
                                       thread_count=self.write_threads)
         dist = self.coord.distributed
-        dcp.save(flat, storage_writer=writer, process_group=self.coord.group if dist else None,
-                 no_dist=not dist)
-        mine = seal_files(directory, own_files(directory, self.coord.rank), self.coord.rank,
-                          self.algo)
-        records = self.coord.all_gather_json([asdict(e) for e in mine])
+        try:
+            dcp.save(flat, storage_writer=writer,
+                     process_group=self.coord.group if dist else None, no_dist=not dist)
+        except Exception:  # DCP raises CheckpointException on every rank; drop the partial
+            self.tier.rm(partial, recursive=True)
+            raise
+        try:
+            mine: Any = [asdict(e) for e in seal_files(
+                directory, own_files(directory, self.coord.rank), self.coord.rank, self.algo)]
+        except OSError as exc:  # gathered below so every rank fails together, none hangs
+            mine = {"error": f"{type(exc).__name__}: {exc}"}
+        records = self.coord.all_gather_json(mine)
+        errors = [f"rank {r}: {x['error']}" for r, x in enumerate(records) if isinstance(x, dict)]
+        if errors:
+            raise TierError(f"sealing step {step} on {self.tier.uri} failed: {'; '.join(errors)}")
         body: Any = None
         if self.coord.rank == 0:
             files = [FileEntry(**e) for per_rank in records for e in per_rank]

@@ -1,0 +1,73 @@
+"""Processes for the store integration tests (run as real subprocesses / spawned ranks)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+
+
+def model_state(seed: int, numel: int) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(seed)
+    return {"model": {"w": torch.randn(numel, generator=g)}, "step": seed}
+
+
+def save_then_hang(root: str, big_numel: int) -> None:
+    """Commit step 1, then start saving step 2 and wait to be killed mid-write."""
+    from slurmkit.store import CheckpointStore, StoreConfig
+
+    cfg = StoreConfig(nvme_uri=f"{root}/nvme", lustre_uri=f"{root}/lustre", write_threads=1)
+    st = CheckpointStore.from_config(cfg, rank=0, world_size=1, node="n0", env={})
+    st.save(1, model_state(1, big_numel))
+    st.wait()
+    print("STEP1_DONE", flush=True)
+    st.save(2, model_state(2, big_numel))
+    print("SAVING2", flush=True)
+    time.sleep(120)  # the test kills us long before this ends
+
+
+def rank_main(rank: int, world: int, root: str, port: int, out: str) -> None:
+    """One rank of a gloo world: DTensor-sharded + replicated state, save 2 steps, restore."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from slurmkit.store import CheckpointStore, StoreConfig
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    events: list[dict[str, Any]] = []
+    cfg = StoreConfig(nvme_uri=f"{root}/nvme", lustre_uri=f"{root}/lustre")
+    # one "node" per rank: each node's NVMe holds only its own shards
+    st = CheckpointStore.from_config(cfg, rank=rank, world_size=world, node=f"node{rank}",
+                                     env={}, on_event=events.append)
+    full = torch.arange(64 * 8, dtype=torch.float32).reshape(64, 8)
+    state = {"model": {"w": distribute_tensor(full.clone(), mesh, [Shard(0)]),
+                       "bias": torch.ones(8)}, "step": 0}
+    for step in (1, 2):
+        state["model"]["w"].to_local().add_(step)
+        state["model"]["bias"].add_(step)
+        state["step"] = step
+        st.save(step, state)
+    st.wait()
+    tmpl = {"model": {"w": distribute_tensor(torch.zeros(64, 8), mesh, [Shard(0)]),
+                      "bias": torch.zeros(8)}, "step": None}
+    res = st.restore(tmpl)
+    ok = (res is not None and res.step == 2 and tmpl["step"] == 2
+          and torch.equal(tmpl["model"]["w"].to_local(), state["model"]["w"].to_local())
+          and torch.equal(tmpl["model"]["bias"], state["model"]["bias"]))
+    st.close()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"ok": ok, "tier": res.tier if res else None,
+                   "events": [e["event"] for e in events]}, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "save_then_hang":
+        save_then_hang(sys.argv[2], int(sys.argv[3]))
