@@ -182,16 +182,17 @@ class SlurmClient:
     def update_exclude(self, job_id: str, nodes: list[str]) -> list[str]:
         """Add ``nodes`` to a pending job's ExcNodeList (keeping the existing ones).
 
-        Returns the merged exclude list. Slurm refuses this for a job that is not pending.
+        ``nodes`` may hold hostlist expressions. Returns the merged list in hostlist order.
+        Slurm refuses this for a job that is no longer pending.
         """
         current = self.job(job_id).excluded_nodes
-        merged = list(dict.fromkeys([*current, *(n for x in nodes for n in expand_hostlist(x))]))
-        if merged == current:
-            return current
-        self._run(["scontrol", "update", f"jobid={job_id}",
-                   f"ExcNodeList={compress_hostlist(merged)}"])
-        log.info("job %s now excludes %s", job_id, compress_hostlist(merged))
-        return merged
+        wanted = [n for x in nodes for n in expand_hostlist(x)]
+        expr = compress_hostlist([*current, *wanted])
+        if set(wanted) <= set(current):
+            return expand_hostlist(expr)
+        self._run(["scontrol", "update", f"jobid={job_id}", f"ExcNodeList={expr}"])
+        log.info("job %s now excludes %s", job_id, expr)
+        return expand_hostlist(expr)
 
     # --- waiting ---------------------------------------------------------------------------
 
