@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from slurmkit.errors import SlurmkitError
 from slurmkit.train.config import ModelConfig, ParallelConfig, TrainConfig
 from slurmkit.train.data import MemmapTokens, ShardedLoader, SyntheticTokens, TokenSource
 from slurmkit.train.faults import FaultInjector
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 class SaveHandle(Protocol):
     blocking_s: float
 
-    def wait(self) -> Any: ...
+    def wait(self) -> bool: ...
 
 
 class Store(Protocol):
@@ -245,8 +246,10 @@ class Trainer:
 
     def _stop(self, step: int, handle: SaveHandle | None) -> int:
         """Wait until the stop checkpoint is durable, record it, return exit code 95."""
-        if handle is not None:
-            handle.wait()
+        if handle is not None and not handle.wait():
+            raise SlurmkitError(
+                f"the stop checkpoint of step {step} was not committed (see the ckpt_failed "
+                "event); exiting without claiming a resumable state")
         self._event("train_stopped", step=step, signal=self.stop.signum,
                     generation=self.ctx.generation)
         log.info("rank %d stopped at step %d with a durable checkpoint", self.ctx.rank, step)
