@@ -22,7 +22,9 @@ def main() -> None:
     dist.all_reduce(t)
     hosts: list[object] = [None] * world
     dist.all_gather_object(hosts, {"rank": rank, "node": os.environ.get("SLURMKIT_NODE", ""),
-                                   "host": socket.gethostname(), "pid": os.getpid()})
+                                   "host": socket.gethostname(), "pid": os.getpid(),
+                                   "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                   "local_rank": os.environ.get("LOCAL_RANK")})
     print(f"rank {rank}/{world}: all_reduce sum = {t.item():.0f}", flush=True)
     if rank == 0:
         out = {"world_size": world, "sum": t.item(), "expected": world * (world - 1) / 2,

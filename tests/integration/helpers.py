@@ -1,0 +1,53 @@
+"""Submitting real jobs from tests: run the real CLI, wait with the real Slurm client."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Mapping
+
+from slurmkit.slurm.client import SlurmClient
+from slurmkit.slurm.runner import SubprocessRunner
+
+TERMINAL = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"]
+
+
+def submit_cli(args: list[str], env: Mapping[str, str], cwd: str,
+               timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "slurmkit.submit", *args], env=dict(env), cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def parse_submitted(stdout: str) -> tuple[str, str]:
+    """(job id, run dir) from submit's output."""
+    job = re.search(r"job (\S+) \((slurm|local)\)", stdout)
+    run_dir = re.search(r"run directory : (\S+)", stdout)
+    if not job or not run_dir:
+        raise AssertionError(f"submit printed no job id / run dir:\n{stdout}")
+    return job.group(1), run_dir.group(1)
+
+
+def slurm_env(cluster_env: Mapping[str, str]) -> dict[str, str]:
+    return {**os.environ, **cluster_env}
+
+
+def wait_terminal(job_id: str, env: Mapping[str, str], timeout_s: float = 300) -> str:
+    client = SlurmClient(SubprocessRunner(env=env))
+    try:
+        return client.wait_for_state(job_id, TERMINAL, timeout_s, poll_s=0.5, source="sacct")
+    except Exception:
+        return client.job_state(job_id, source="sacct")
+
+
+def read_json(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def read_ledger(run_dir: str) -> list[dict]:
+    from slurmkit.supervise.ledger import read_ledger as _read
+
+    return list(_read(os.path.join(run_dir, "ledger.jsonl")))
