@@ -9,10 +9,11 @@ from .model import Gpu, Nic, NodeTopology
 from .pcidist import path_distance
 
 
-def usable_nics(topo: NodeTopology, cfg: TopologyConfig) -> tuple[list[Nic], list[str]]:
-    """NICs of the wanted kinds, allowed by the patterns, with an active port; and warnings."""
+def usable_nics(topo: NodeTopology, cfg: TopologyConfig) -> tuple[list[Nic], list[Nic], list[str]]:
+    """NICs of the wanted kinds allowed by the patterns: (with an active port, without, warnings)."""
     warnings: list[str] = []
     nics = []
+    down = []
     for nic in topo.nics:
         if nic.kind not in cfg.nic_kinds:
             continue
@@ -22,25 +23,35 @@ def usable_nics(topo: NodeTopology, cfg: TopologyConfig) -> tuple[list[Nic], lis
             continue
         if not nic.active_ports:
             warnings.append(f"NIC {nic.name} ({nic.bdf}) has no active port: not used")
+            down.append(nic)
             continue
         nics.append(nic)
-    return sorted(nics, key=lambda n: (n.bdf, n.name)), warnings
+    return sorted(nics, key=lambda n: (n.bdf, n.name)), down, warnings
 
 
-def assign_nics(topo: NodeTopology, gpus: list[Gpu], nics: list[Nic]) -> dict[str, Nic]:
+def _nearest(topo: NodeTopology, gpu: Gpu, nics: list[Nic]) -> list[Nic]:
+    keys = [(path_distance(gpu.pci_path, n.pci_path, gpu.numa_node, n.numa_node, topo), n) for n in nics]
+    top = min(k for k, _ in keys)
+    return [n for k, n in keys if k == top]
+
+
+def assign_nics(
+    topo: NodeTopology, gpus: list[Gpu], nics: list[Nic], down: list[Nic] | None = None
+) -> dict[str, Nic]:
     """GPU bus id -> its NIC: the nearest one; among equally near NICs the least used so far,
     then the lowest PCI address (never the mlx5_N name: mlx5_N is not GPU N).
 
     GPUs with fewer equally-near candidates choose first, so a GPU with one nearest NIC is not
-    pushed off it by a GPU that had a choice.
+    pushed off it by a GPU that had a choice. Only "GPU NICs" (the nearest NIC of some GPU,
+    counting NICs whose port is ``down``) are candidates, so that a GPU whose own NIC is down
+    falls back to another GPU's NIC, never to a storage NIC that happens to be nearer.
     """
-    if not nics:
+    if not nics or not gpus:
         return {}
-    best: dict[str, list[Nic]] = {}
-    for gpu in gpus:
-        keys = [(path_distance(gpu.pci_path, n.pci_path, gpu.numa_node, n.numa_node, topo), n) for n in nics]
-        top = min(k for k, _ in keys)
-        best[gpu.bdf] = [n for k, n in keys if k == top]
+    everything = [*nics, *(down or [])]
+    affine = {n.bdf + n.name for gpu in gpus for n in _nearest(topo, gpu, everything)}
+    candidates = [n for n in nics if n.bdf + n.name in affine] or nics
+    best = {gpu.bdf: _nearest(topo, gpu, candidates) for gpu in gpus}
     load = {n.bdf + n.name: 0 for n in nics}
     chosen: dict[str, Nic] = {}
     for gpu in sorted(gpus, key=lambda g: (len(best[g.bdf]), g.bdf)):

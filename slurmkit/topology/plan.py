@@ -33,11 +33,16 @@ def plan_node(
             requirement="at least one rank per node",
             fix="set the number of tasks/ranks per node to 1 or more",
         )
-    cpu_first = cfg.gpu_order == "cpu_first" or (
-        cfg.binder == "slurm" or slurm_prebound(env or {}, topo)
-    )
+    prebound = cfg.binder == "slurm" or slurm_prebound(env or {}, topo)
+    cpu_first = cfg.gpu_order == "cpu_first" or prebound
     gpus = list(topo.gpus)
-    per_rank = _gpus_per_rank(len(gpus), local_size, cfg.gpus_per_rank)
+    if cpu_first:
+        # Only the GPUs near the allowed cores count; a task Slurm bound gets one GPU.
+        near = _gpus_near_allowed(topo, gpus)
+        per_rank = 1 if prebound and gpus else _gpus_per_rank(len(near), local_size, 0)
+        per_rank = min(cfg.gpus_per_rank, len(gpus)) if cfg.gpus_per_rank else per_rank
+    else:
+        per_rank = _gpus_per_rank(len(gpus), local_size, cfg.gpus_per_rank)
     if cpu_first:
         slices, warnings = exclusive_slices(topo, [-1] * local_size, cfg.keep_smt_siblings)
         homes = [majority_node(topo, s) for s in slices]
@@ -47,9 +52,9 @@ def plan_node(
         homes = [g[0].numa_node if g else -1 for g in rank_gpus]
         slices, warnings = exclusive_slices(topo, homes, cfg.keep_smt_siblings)
         homes = [h if h >= 0 else majority_node(topo, s) for h, s in zip(homes, slices)]
-    nics, nic_warnings = usable_nics(topo, cfg)
+    nics, down, nic_warnings = usable_nics(topo, cfg)
     used = sorted({g.bdf: g for gs in rank_gpus for g in gs}.values(), key=lambda g: g.index)
-    nic_of = assign_nics(topo, used, nics) if cfg.nic_mode == "closest" else {}
+    nic_of = assign_nics(topo, used, nics, down) if cfg.nic_mode == "closest" else {}
     notes = tuple(warnings + nic_warnings)
     return [
         _rank_plan(topo, cfg, r, local_size, rank_gpus[r], slices[r], homes[r], nics, nic_of, notes)
@@ -63,6 +68,12 @@ def _gpus_per_rank(n_gpus: int, local_size: int, wanted: int) -> int:
     if wanted:
         return min(wanted, n_gpus)
     return max(1, n_gpus // local_size)
+
+
+def _gpus_near_allowed(topo: NodeTopology, gpus: list[Gpu]) -> list[Gpu]:
+    node_of = {c.id: c.node for c in topo.cpus}
+    nodes = {node_of.get(c, -1) for c in topo.allowed_cpus}
+    return [g for g in gpus if g.numa_node in nodes] or gpus
 
 
 def _gpus_in_pci_order(gpus: list[Gpu], local_size: int, per_rank: int) -> list[list[Gpu]]:

@@ -22,6 +22,8 @@ def write_tree(machine: FakeMachine, out_dir: str) -> str:
     for eth in machine.eths:
         _write_eth(eth.name, eth.operstate, paths.get(eth.bdf), out_dir)
     _write_proc(machine, out_dir)
+    if machine.nccl_topo_xml:
+        _put(os.path.join(out_dir, "nccl-topo.xml"), machine.nccl_topo_xml)
     return out_dir
 
 
@@ -106,7 +108,8 @@ def _write_pci(machine: FakeMachine, root: str) -> dict[str, str]:
         _put(os.path.join(path, "device"), f"0x{dev.device:04x}")
         _put(os.path.join(path, "class"), f"0x{dev.pci_class:06x}")
         _put(os.path.join(path, "numa_node"), str(dev.numa_node))
-        _put(os.path.join(path, "local_cpulist"), _node_cpulist(machine, dev.numa_node))
+        local = dev.local_cpulist
+        _put(os.path.join(path, "local_cpulist"), local if local is not None else _node_cpulist(machine, dev.numa_node))
         if dev.driver:
             driver = os.path.join(bus_dir, "drivers", dev.driver)
             os.makedirs(driver, exist_ok=True)

@@ -194,10 +194,63 @@ def cpu_only() -> FakeMachine:
     )
 
 
+def _flat_vm_xml(groups: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> str:
+    lines = ['<system version="1">']
+    for numa, (gpu_domains, nic_domains) in enumerate(groups):
+        mask = ((1 << 24) - 1) << (24 * numa)
+        lines.append(
+            f'  <cpu numaid="{numa}" affinity="{mask:024x}" arch="x86_64" vendor="AuthenticAMD">'
+        )
+        lines.append(f'    <pci busid="ffff:ff:{numa + 1:02x}.0" class="0x060400" link_width="16">')
+        for dom in gpu_domains:
+            lines.append(f'      <pci busid="{dom:04x}:00:00.0" class="0x030200" link_width="16"/>')
+        for dom in nic_domains:
+            lines.append(f'      <pci busid="{dom:04x}:00:00.0" class="0x020700" link_width="16">')
+            lines.append(f'        <nic><net name="mlx5_{dom - 0x101}" dev="{dom - 0x101}"/></nic>')
+            lines.append("      </pci>")
+        lines.append("    </pci>")
+        lines.append("  </cpu>")
+    lines.append("</system>")
+    return "\n".join(lines)
+
+
+def flat_vm() -> FakeMachine:
+    """A VM like Azure NDv4: every device on its own PCI domain (flat tree), numa_node -1.
+
+    Only NCCL's topology XML (written to <root>/nccl-topo.xml) knows that each NUMA node's
+    virtual switch holds two GPUs and two NICs; here the NIC domains are deliberately not in
+    GPU order, so pairing by PCI order alone would be wrong.
+    """
+    cpus = smt_cpus(sockets=2, cores_per_socket=48, threads=1)
+    groups = [((0x1, 0x2), (0x105, 0x106)), ((0x3, 0x4), (0x107, 0x108)),
+              ((0x5, 0x6), (0x101, 0x102)), ((0x7, 0x8), (0x103, 0x104))]
+    parts: list[tuple[FakePci, object]] = []
+    for index in range(8):
+        dom = index + 1
+        address = f"{dom:04x}:00:00.0"
+        dev = FakePci(address, (f"pci{dom:04x}:00",), NVIDIA, 0x20B0, GPU_CLASS, -1, "nvidia")
+        parts.append((dev, FakeGpu(address, f"GPU-{index:08x}-0000-0000-0000-00000000000{index}", index, "NVIDIA A100-SXM4-40GB")))
+    for k in range(8):
+        dom = 0x101 + k
+        address = f"{dom:04x}:00:00.0"
+        parts.append(ib(f"mlx5_{k}", address, (f"pci{dom:04x}:00",), -1, ports=(FakePort("4: ACTIVE", "InfiniBand", "200 Gb/sec (4X HDR)"),)))
+    base: dict[str, object] = {
+        "cpus": cpus,
+        "nodes": nodes_by_range(cpus, 24, 4, TIB_KB // 4),
+        "distances": socket_distances(4, 2, 12, 32),
+        "eths": (FakeEth("lo"),),
+        "allowed_cpus": "0-95",
+        "allowed_mems": "0-3",
+        "nccl_topo_xml": _flat_vm_xml(groups),
+    }
+    return _assemble("flat_vm", base, parts)
+
+
 MACHINES: dict[str, Callable[[], FakeMachine]] = {
     "dgx_h100": dgx_h100,
     "dgx_a100": dgx_a100,
     "awkward_reverse": awkward_reverse,
     "awkward_nps4": awkward_nps4,
     "cpu_only": cpu_only,
+    "flat_vm": flat_vm,
 }

@@ -31,6 +31,7 @@ class FakePci:
     pci_class: int
     numa_node: int
     driver: str = ""
+    local_cpulist: str | None = None  # None = the CPUs of numa_node (all CPUs for -1)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class FakeMachine:
     allowed_cpus: str | None = None  # proc/self/status Cpus_allowed_list; None = no status file
     allowed_mems: str | None = None
     numa_in_sysfs: bool = True  # False: a kernel without NUMA (no sys/devices/system/node)
+    nccl_topo_xml: str = ""  # written as <root>/nccl-topo.xml when set (cloud VMs)
 
 
 def smt_cpus(sockets: int, cores_per_socket: int, threads: int) -> tuple[FakeCpu, ...]:
