@@ -106,8 +106,13 @@ def verify_from_env(
     return problems
 
 
-def pin_command(plan: RankPlan, argv: list[str], verify: str = "warn") -> list[str]:
-    """``argv`` wrapped so that the pin wrapper applies the plan, verifies it, then execs."""
+def pin_command(
+    plan: RankPlan, argv: list[str], verify: str = "warn", method: str = "auto"
+) -> list[str]:
+    """``argv`` wrapped so that the pin wrapper applies the plan, verifies it, then execs.
+
+    ``method``: "auto" (numactl for the memory policy when on PATH), "numactl" or "syscall".
+    """
     return [
         sys.executable,
         "-m",
@@ -116,6 +121,8 @@ def pin_command(plan: RankPlan, argv: list[str], verify: str = "warn") -> list[s
         plan.to_json(),
         "--verify",
         verify,
+        "--method",
+        method,
         "--",
         *argv,
     ]
