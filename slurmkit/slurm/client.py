@@ -109,7 +109,12 @@ class SlurmClient:
         raise SlurmJobStateError(f"scontrol show job {job_id} returned {len(jobs)} jobs")
 
     def sacct(self, job_id: str, *, duplicates: bool = False) -> list[SacctRow]:
-        """Accounting rows of a job and its steps; ``duplicates`` adds earlier (requeued) runs."""
+        """Accounting rows of a job and its steps; ``duplicates`` adds earlier (requeued) runs.
+
+        sacct lags slurmctld: just after a job starts or ends its row can be missing or
+        incomplete (seen on 22.05: JobName ``allocation`` and only the batch host for a
+        second). Prefer :meth:`job` while the controller still knows the job.
+        """
         args = ["sacct", "--parsable2", "--noheader", "-o", ",".join(SACCT_FIELDS), "-j", job_id]
         if duplicates:
             args.insert(1, "--duplicates")

@@ -31,6 +31,7 @@ _SACCT_CANONICAL = {"jobid": "JobID", "jobname": "JobName", "state": "State",
                     "nnodes": "NNodes"}
 _NOT_PENDING = "Job is no longer pending execution for job {}"
 _DISABLED = "Requested operation is presently disabled for job {}"
+_FINISHED = "Job has already finished for job {}"
 
 
 def _option_values(args: list[str], names: tuple[str, ...]) -> list[str]:
@@ -250,6 +251,8 @@ class FakeController:
             return self._update_node(kv)
         job = self._job(kv.pop("jobid", ""))
         for key, value in kv.items():
+            if job.state not in _ACTIVE:
+                raise FakeCommandFailure(_FINISHED.format(job.job_id))
             if job.state != "PENDING" and key in ("starttime", "excnodelist", "numnodes"):
                 raise FakeCommandFailure(_NOT_PENDING.format(job.job_id))
             if key == "starttime":

@@ -55,6 +55,8 @@ ERROR_PATTERNS: tuple[tuple[str, Disposition], ...] = (
     ("Job/step already completing or completed", Disposition.PERMANENT),
     ("Only batch jobs are accepted or processed", Disposition.PERMANENT),
     ("Requested operation is presently disabled", Disposition.PERMANENT),
+    ("Job is no longer pending execution", Disposition.PERMANENT),
+    ("Job has already finished", Disposition.PERMANENT),
     ("Slurm accounting storage is disabled", Disposition.PERMANENT),
     ("Unable to contact slurm controller", Disposition.NOT_DELIVERED),
     ("Transport endpoint is not connected", Disposition.NOT_DELIVERED),

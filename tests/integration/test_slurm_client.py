@@ -1,0 +1,201 @@
+"""SlurmClient against the real local Slurm 22.05 cluster (tools/local-cluster up).
+
+Covers what the fake can only imitate: the real CLI's output formats, error texts, the
+requeue delay and release_now, ExcNodeList updates, signals and cancellation.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from slurmkit.errors import SubmissionError
+from slurmkit.slurm import (
+    FakeSlurm,
+    RetryPolicy,
+    SlurmClient,
+    SlurmCommandError,
+    SubprocessRunner,
+    parse_duration_s,
+)
+
+pytestmark = pytest.mark.integration
+
+WAIT_S = 180.0  # generous: other tests may hold the cluster's 4 nodes for a while
+
+
+@pytest.fixture(scope="module")
+def client(cluster_env: dict[str, str]) -> SlurmClient:
+    runner = SubprocessRunner(env=dict(os.environ) | cluster_env)
+    return SlurmClient(runner, retry=RetryPolicy(max_attempts=3), timeout_s=30)
+
+
+@pytest.fixture
+def jobs(client: SlurmClient) -> Iterator[list[str]]:
+    """Job ids a test started; cancelled afterwards so a failure leaves no job behind."""
+    started: list[str] = []
+    yield started
+    for job_id in started:
+        try:
+            client.cancel(job_id)
+        except SlurmCommandError:
+            pass  # already gone: nothing to clean up
+
+
+def write_script(path: Path, body: str, *directives: str) -> str:
+    lines = ["#!/bin/bash", *(f"#SBATCH {d}" for d in directives), body, ""]
+    path.write_text("\n".join(lines))
+    return str(path)
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.5)
+
+
+def test_controller_nodes_partitions_config(client: SlurmClient,
+                                            cluster_env: dict[str, str]) -> None:
+    assert client.controller_reachable()
+    nodes = {n.name: n for n in client.nodes()}
+    assert {"node1", "node2", "node3", "node4"} <= set(nodes)
+    for name in ("node1", "node2", "node3", "node4"):
+        assert nodes[name].gres == "gpu:4" and nodes[name].gpus == 4
+        assert nodes[name].cpu_tot and nodes[name].real_memory_mb
+        assert "debug" in nodes[name].partitions
+    (debug,) = [p for p in client.partitions() if p.name == "debug"]
+    assert {"node1", "node2", "node3", "node4"} <= set(debug.node_names)
+    assert debug.state == "UP" and debug.default
+    conf = client.config()
+    slurm_conf = Path(cluster_env["SLURM_CONF"]).read_text()
+    kill_wait = re.search(r"^KillWait=(\d+)", slurm_conf, re.M)
+    expected = int(kill_wait.group(1)) if kill_wait else 30  # Slurm's default
+    assert parse_duration_s(conf["KillWait"]) == expected
+    assert parse_duration_s(conf["SlurmdTimeout"])
+
+
+def test_submit_runs_to_completed(client: SlurmClient, tmp_path: Path, jobs: list[str]) -> None:
+    out = tmp_path / "out.txt"
+    script = write_script(tmp_path / "hello.sh", 'srun hostname\necho "probe=$SLURMKIT_PROBE"',
+                          "--job-name=slurmkit-it-hello", "--nodes=2", "--ntasks-per-node=1",
+                          f"--output={out}")
+    job_id = client.submit(script, env={"SLURMKIT_PROBE": "it-42"})
+    jobs.append(job_id)
+    assert job_id.isdigit()
+    assert client.wait_for_state(job_id, {"COMPLETED"}, WAIT_S, poll_s=0.5) == "COMPLETED"
+    # slurmdbd gets the record a moment after slurmctld: wait on sacct itself. For a second
+    # or two the job row can even read JobName=allocation with only the batch host (seen on
+    # this cluster), so wait until the row is complete.
+    client.wait_for_state(job_id, {"COMPLETED"}, 60, poll_s=0.5, source="sacct")
+    wait_until(lambda: client.sacct(job_id)[0].name == "slurmkit-it-hello", 60,
+               "sacct to show the job's final record")
+    rows = {r.job_id: r for r in client.sacct(job_id)}
+    main = rows[job_id]
+    assert (main.name, main.state, main.exit_code, main.exit_signal) == (
+        "slurmkit-it-hello", "COMPLETED", 0, 0)
+    assert len(main.nodes) == 2 and main.start is not None and main.end is not None
+    assert f"{job_id}.batch" in rows and rows[f"{job_id}.0"].name == "hostname"
+    job = client.job(job_id)
+    assert job.state == "COMPLETED" and job.num_nodes == 2 and job.batch_host in job.nodes
+    text = out.read_text()
+    assert "probe=it-42" in text
+    assert len([line for line in text.splitlines() if not line.startswith("probe=")]) == 2
+
+
+def test_requeue_hold_release_now(client: SlurmClient, tmp_path: Path, jobs: list[str]) -> None:
+    script = write_script(tmp_path / "sleep.sh", "srun sleep 120", "--job-name=slurmkit-it-rq",
+                          "--requeue", f"--output={tmp_path}/%j.out")
+    job_id = client.submit(script)
+    jobs.append(job_id)
+    client.wait_for_state(job_id, {"RUNNING"}, WAIT_S, poll_s=0.5)
+    client.requeue(job_id, hold=True)
+    # The job is COMPLETING while its steps are killed, then PENDING again.
+    client.wait_for_state(job_id, {"PENDING"}, 60, poll_s=0.5)
+    held = client.job(job_id)
+    assert held.state == "PENDING" and held.held and held.restart_cnt == 1
+    client.release(job_id)
+    released = client.job(job_id)
+    assert not released.held and released.eligible_time is not None
+    # Without release_now Slurm waits ~121 s after the requeue before starting it again.
+    assert released.submit_time is not None
+    assert (released.eligible_time - released.submit_time).total_seconds() > 100
+    started = time.monotonic()
+    client.release_now(job_id)
+    client.wait_for_state(job_id, {"RUNNING"}, 90, poll_s=0.5)
+    assert time.monotonic() - started < 100
+    assert client.job(job_id).restart_cnt == 1
+    client.cancel(job_id)
+    client.wait_for_state(job_id, {"CANCELLED"}, 60, poll_s=0.5)
+    client.wait_for_state(job_id, {"CANCELLED"}, 60, poll_s=0.5, source="sacct")
+    runs = [r for r in client.sacct(job_id, duplicates=True) if not r.is_step]
+    assert runs[0].state == "REQUEUED" and runs[-1].state == "CANCELLED"
+    assert runs[-1].by_uid is not None
+
+
+def test_update_exclude_on_pending_job(client: SlurmClient, tmp_path: Path,
+                                       jobs: list[str]) -> None:
+    script = write_script(tmp_path / "held.sh", "srun hostname", "--job-name=slurmkit-it-exc",
+                          "--hold", "--exclude=node4", f"--output={tmp_path}/%j.out")
+    job_id = client.submit(script)
+    jobs.append(job_id)
+    assert client.job(job_id).excluded_nodes == ["node4"]
+    assert client.update_exclude(job_id, ["node3", "node4"]) == ["node3", "node4"]
+    job = client.job(job_id)
+    assert job.exc_node_list == "node[3-4]" and job.held
+    client.release(job_id)
+    client.wait_for_state(job_id, {"COMPLETED"}, WAIT_S, poll_s=0.5)
+    assert not {"node3", "node4"} & set(client.job(job_id).nodes)
+    with pytest.raises(SlurmCommandError, match="Job has already finished"):
+        client.update_exclude(job_id, ["node1"])
+
+
+def test_signal_then_cancel(client: SlurmClient, tmp_path: Path, jobs: list[str]) -> None:
+    marker = tmp_path / "signals.txt"
+    body = (f"srun bash -c 'trap \"echo got-usr1 >> {marker}\" USR1; "
+            "while true; do sleep 0.2; done'")
+    script = write_script(tmp_path / "trap.sh", body, "--job-name=slurmkit-it-sig",
+                          f"--output={tmp_path}/%j.out")
+    job_id = client.submit(script)
+    jobs.append(job_id)
+    client.wait_for_state(job_id, {"RUNNING"}, WAIT_S, poll_s=0.5)
+    # The step may still be starting when the job is RUNNING: re-send until the trap fires.
+    deadline = time.monotonic() + 60
+    while not (marker.exists() and "got-usr1" in marker.read_text()):
+        assert time.monotonic() < deadline, "USR1 never reached the job step"
+        client.cancel(job_id, signal="USR1")
+        time.sleep(1.0)
+    assert client.job(job_id).state == "RUNNING"
+    with pytest.raises(SlurmCommandError, match="Job is no longer pending execution"):
+        client.update_exclude(job_id, ["node4"])
+    client.cancel(job_id)
+    client.wait_for_state(job_id, {"CANCELLED"}, 60, poll_s=0.5)
+    client.wait_for_state(job_id, {"CANCELLED"}, 60, poll_s=0.5, source="sacct")
+    main = [r for r in client.sacct(job_id) if not r.is_step][-1]
+    assert main.state == "CANCELLED" and main.by_uid is not None
+
+
+@pytest.mark.parametrize("backend", ["real", "fake"])
+def test_fake_and_real_agree_on_errors(backend: str, client: SlurmClient, tmp_path: Path,
+                                       jobs: list[str]) -> None:
+    """The fake's error texts are the real ones, so tests on the fake mean something."""
+    the_client = client if backend == "real" else SlurmClient(FakeSlurm())
+    script = write_script(tmp_path / "x.sh", "srun hostname", "--hold",
+                          f"--output={tmp_path}/%j.out")
+    with pytest.raises(SubmissionError, match="Invalid partition name specified"):
+        the_client.submit(script, extra_args=["--partition=no-such-partition"])
+    job_id = the_client.submit(script)
+    if backend == "real":
+        jobs.append(job_id)
+    with pytest.raises(SlurmCommandError, match="Requested operation is presently disabled"):
+        the_client.requeue(job_id)
+    with pytest.raises(SlurmCommandError, match="Invalid job id specified"):
+        the_client.job("99999999")
+    assert the_client.squeue(job_ids=["99999999"]) == []
+    assert the_client.job(job_id).held
