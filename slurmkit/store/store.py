@@ -29,7 +29,7 @@ from slurmkit.store.restore import RestoreResult, restore_newest
 from slurmkit.store.retention import gc_tier
 from slurmkit.store.staging import StagingBuffers
 from slurmkit.store.tier import FsspecTier, Tier, expand_env, make_tier
-from slurmkit.store.writer import PrimaryWriter, tier_lock
+from slurmkit.store.writer import SAVE_ERRORS, PrimaryWriter, tier_lock
 
 log = logging.getLogger(__name__)
 Event = dict[str, Any]
@@ -185,7 +185,7 @@ class CheckpointStore:
             try:
                 m = w.write(step, self._saves_seq(), flat, self._decide)
                 break
-            except Exception as exc:  # the writer thread reports every failure as an event
+            except SAVE_ERRORS as exc:  # the writer thread reports every failure as an event
                 log.error("checkpoint step %d failed on %s: %s", step, w.tier.uri, exc)
                 self._emit({"event": "ckpt_failed", "step": step, "tier": w.tier.name,
                             "uri": w.tier.uri, "phase": "save", **error_fields(exc)})

@@ -19,6 +19,7 @@ from dataclasses import asdict
 from typing import Any
 
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from slurmkit.store.catalog import check_step, write_latest
 from slurmkit.store.coord import Coordinator
@@ -33,6 +34,8 @@ from slurmkit.store.manifest import (
 from slurmkit.store.tier import FsspecTier, Tier, TierError, fsync_dir
 
 METADATA = ".metadata"
+# DCP's CheckpointException derives from BaseException, not Exception
+SAVE_ERRORS: tuple[type[BaseException], ...] = (Exception, CheckpointException)
 
 
 @contextlib.contextmanager
@@ -113,7 +116,7 @@ class PrimaryWriter:
         try:
             dcp.save(flat, storage_writer=writer,
                      process_group=self.coord.group if dist else None, no_dist=not dist)
-        except Exception:  # DCP raises CheckpointException on every rank; drop the partial
+        except SAVE_ERRORS:  # DCP raises CheckpointException on every rank; drop the partial
             self.tier.rm(partial, recursive=True)
             raise
         try:
