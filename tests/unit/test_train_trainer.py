@@ -1,0 +1,132 @@
+"""The training loop in-process (one gloo rank) with an in-memory fake store.
+
+The real store and real multi-rank processes are exercised in
+tests/integration/test_train_resume.py; this checks the loop's own logic fast.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from slurmkit.errors import SlurmkitError
+from slurmkit.train.config import ModelConfig, ParallelConfig, TrainConfig
+from slurmkit.train.parallel import select_runtime
+from slurmkit.train.signals import EXIT_CHECKPOINTED_ON_SIGNAL, StopRequest
+from slurmkit.train.trainer import RankContext, Trainer
+
+MODEL = ModelConfig(name="t", dim=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=64,
+                    vocab_size=64, max_seq_len=16)
+
+
+class Handle:
+    def __init__(self, ok: bool) -> None:
+        self.blocking_s = 0.001
+        self.ok = ok
+
+    def wait(self) -> bool:
+        return self.ok
+
+
+class MemoryStore:
+    """Keeps deep copies of saved states; restores the newest in place like the real one."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.saved: dict[int, Any] = {}
+        self.fail = fail
+
+    def save(self, step: int, state: dict[str, Any]) -> Handle:
+        self.saved[step] = copy.deepcopy(state)
+        return Handle(not self.fail)
+
+    def restore(self, template: dict[str, Any]) -> Any:
+        if not self.saved:
+            return None
+        step = max(self.saved)
+        _load(template, self.saved[step])
+        return type("R", (), {"step": step, "tier": "memory"})()
+
+    def wait(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _load(dst: dict[Any, Any], src: dict[Any, Any]) -> None:
+    for key, value in src.items():
+        if isinstance(value, torch.Tensor) and isinstance(dst.get(key), torch.Tensor):
+            dst[key].copy_(value)
+        elif isinstance(value, dict) and isinstance(dst.get(key), dict):
+            _load(dst[key], value)
+        else:
+            dst[key] = copy.deepcopy(value)
+
+
+@pytest.fixture
+def group(tmp_path: Any) -> Iterator[None]:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0,
+                            world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def trainer(store: MemoryStore, run_dir: str, stop: StopRequest | None = None,
+            **train: Any) -> Trainer:
+    t = TrainConfig(**{"steps": 6, "micro_batch": 2, "global_batch": 4, "seq_len": 8,
+                       "warmup_steps": 1, "ckpt_interval_steps": 2, **train})
+    return Trainer(MODEL, ParallelConfig(strategy="ddp"), t,
+                   ctx=RankContext(rank=0, world_size=1, run_dir=run_dir),
+                   runtime=select_runtime(t, 0, cuda=False), strategy="ddp", store=store,
+                   stop=stop or StopRequest())
+
+
+def digest(run_dir: str) -> str:
+    with open(os.path.join(run_dir, "final.json")) as f:
+        return str(json.load(f)["param_sha256"])
+
+
+def test_stop_and_resume_matches_an_uninterrupted_run(group: None, tmp_path: Any) -> None:
+    a_dir, b_dir = str(tmp_path / "a"), str(tmp_path / "b")
+    os.makedirs(a_dir)
+    os.makedirs(b_dir)
+    assert trainer(MemoryStore(), a_dir).run() == 0
+    store = MemoryStore()
+    assert trainer(store, b_dir, stop_at_step=3).run() == EXIT_CHECKPOINTED_ON_SIGNAL
+    assert sorted(store.saved) == [2, 3]
+    assert int(store.saved[3]["data"]["position"]) == 3 * 4
+    assert trainer(store, b_dir).run() == 0
+    assert digest(b_dir) == digest(a_dir)
+    assert sorted(store.saved) == [2, 3, 4, 6]
+
+
+def test_a_stop_request_ends_at_the_next_step_boundary(group: None, tmp_path: Any) -> None:
+    store, stop = MemoryStore(), StopRequest()
+    stop.request(15)
+    assert trainer(store, str(tmp_path), stop).run() == EXIT_CHECKPOINTED_ON_SIGNAL
+    assert sorted(store.saved) == [1]
+    assert not os.path.exists(os.path.join(str(tmp_path), "final.json"))
+    rows = [json.loads(x) for x in open(os.path.join(str(tmp_path), "metrics.jsonl"))]
+    assert [r["step"] for r in rows] == [1] and rows[0]["ckpt_blocking_s"] > 0
+
+
+def test_a_failed_stop_checkpoint_is_not_reported_as_saved(group: None, tmp_path: Any) -> None:
+    with pytest.raises(SlurmkitError, match="not committed"):
+        trainer(MemoryStore(fail=True), str(tmp_path), stop_at_step=1).run()
+
+
+def test_tensor_parallel_is_rejected_with_a_clear_error(tmp_path: Any) -> None:
+    t = TrainConfig(steps=1, seq_len=8)
+    with pytest.raises(SlurmkitError, match="parallel.tensor=2.*data parallelism only"):
+        Trainer(MODEL, ParallelConfig(tensor=2), t, ctx=RankContext(rank=0, world_size=1),
+                runtime=select_runtime(t, 0, cuda=False), strategy="fsdp", store=None,
+                stop=StopRequest())
