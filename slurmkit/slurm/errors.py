@@ -26,7 +26,8 @@ class SlurmCommandError(SlurmError):
         stdout: what the command wrote to stdout (stripped).
     """
 
-    def __init__(self, cmd: list[str], returncode: int | None, stderr: str, stdout: str = "") -> None:
+    def __init__(self, cmd: list[str], returncode: int | None, stderr: str,
+                 stdout: str = "") -> None:
         self.cmd = list(cmd)
         self.returncode = returncode
         self.stderr = stderr.strip()

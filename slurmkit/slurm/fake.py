@@ -175,7 +175,8 @@ class FakeSlurm(FakeController):
         except (ValueError, ConfigError):
             raise FakeCommandFailure("sbatch: error: Invalid numeric value") from None
         if num_nodes > len(self.partitions[partition]):
-            raise FakeCommandFailure(_SUBMIT_FAILED + "Requested node configuration is not available")
+            raise FakeCommandFailure(
+                _SUBMIT_FAILED + "Requested node configuration is not available")
         max_time = self.max_time_s.get(partition)
         if max_time is not None and limit is not None and limit > max_time:
             raise FakeCommandFailure(

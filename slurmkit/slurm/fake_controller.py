@@ -23,12 +23,11 @@ from slurmkit.slurm.hostlist import compress_hostlist, expand_hostlist
 from slurmkit.slurm.timelimit import format_time_limit, parse_time_limit
 
 _ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"}
-_SACCT_KNOWN = {"jobid", "jobname", "state", "exitcode", "start", "end", "elapsed", "nodelist",
-                "reason", "partition", "nnodes"}
 _SACCT_CANONICAL = {"jobid": "JobID", "jobname": "JobName", "state": "State",
                     "exitcode": "ExitCode", "start": "Start", "end": "End", "elapsed": "Elapsed",
                     "nodelist": "NodeList", "reason": "Reason", "partition": "Partition",
                     "nnodes": "NNodes"}
+_SQUEUE_DEFAULT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
 _NOT_PENDING = "Job is no longer pending execution for job {}"
 _DISABLED = "Requested operation is presently disabled for job {}"
 _FINISHED = "Job has already finished for job {}"
@@ -111,7 +110,8 @@ class FakeController:
     # --- squeue / sacct / scancel ----------------------------------------------------------
 
     def _squeue(self, args: list[str]) -> str:
-        fmt = (_option_values(args, ("-o", "--format")) or ["%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"])[-1]
+        formats = _option_values(args, ("-o", "--format"))
+        fmt = formats[-1] if formats else _SQUEUE_DEFAULT
         users = {u for v in _option_values(args, ("-u", "--user")) for u in v.split(",")}
         ids = [i for v in _option_values(args, ("-j", "--jobs")) for i in v.split(",")]
         if ids and not any(i in self.jobs and i not in self.purged for i in ids):
@@ -122,13 +122,16 @@ class FakeController:
                 continue
             if (ids and job.job_id not in ids) or (users and "root" not in users):
                 continue
-            lines.append(re.sub(r"%\.?\d*([a-zA-Z])", lambda m: self._squeue_field(job, m.group(1)), fmt))
+            lines.append(re.sub(r"%\.?\d*([a-zA-Z])",
+                                lambda m: self._squeue_field(job, m.group(1)), fmt))
         return "".join(line + "\n" for line in lines)
 
     def _squeue_field(self, job: FakeJob, code: str) -> str:
         now = self.clock()
-        where = (compress_hostlist(job.nodes) if job.nodes
-                 else f"({(job.reason or 'None').replace('job_requeued_in_held_state', 'job requeued in held state')})")
+        # squeue spells this one reason with spaces (captured: "(job requeued in held state)").
+        reason = (job.reason or "None").replace("job_requeued_in_held_state",
+                                                "job requeued in held state")
+        where = compress_hostlist(job.nodes) if job.nodes else f"({reason})"
         used = int(now - job.start_time) if job.start_time else 0
         minutes, secs = divmod(used, 60)
         return {
@@ -143,7 +146,7 @@ class FakeController:
         fields = [f for v in _option_values(args, ("-o", "--format")) for f in v.split(",")]
         fields = fields or ["JobID", "JobName", "Partition", "State", "ExitCode"]
         for f in fields:
-            if f.lower() not in _SACCT_KNOWN:
+            if f.lower() not in _SACCT_CANONICAL:
                 raise FakeCommandFailure(f'sacct: error: Invalid field requested: "{f}"')
         fields = [_SACCT_CANONICAL[f.lower()] for f in fields]
         ids = {i for v in _option_values(args, ("-j", "--jobs")) for i in v.split(",")}
@@ -225,10 +228,10 @@ class FakeController:
                 j for j in self.jobs.values() if j.job_id not in self.purged]
             if not jobs:
                 return "No jobs in the system\n"
-            sep = " " if one_line else "\n   "
-            return "".join(
-                sep.join(f"{k}={v}" for k, v in j.key_values(self.clock())) + ("\n" if one_line else "\n\n")
-                for j in jobs)
+            sep, end = (" ", "\n") if one_line else ("\n   ", "\n\n")
+            now = self.clock()
+            return "".join(sep.join(f"{k}={v}" for k, v in j.key_values(now)) + end
+                           for j in jobs)
         raise FakeCommandFailure(f"invalid entity: {what}")
 
     def _partition_line(self, name: str) -> str:

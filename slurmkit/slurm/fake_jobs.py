@@ -73,6 +73,7 @@ class FakeJob:
     def key_values(self, now: float) -> list[tuple[str, str]]:
         """The fields of ``scontrol show job``, in Slurm's order."""
         nodes = compress_hostlist(self.nodes) if self.nodes else ""
+        n = self.num_nodes
         run_s = int((self.end_time or now) - self.start_time) if self.start_time else 0
         return [
             ("JobId", self.job_id), ("JobName", self.name), ("UserId", "root(0)"),
@@ -90,8 +91,9 @@ class FakeJob:
             ("ReqNodeList", "(null)"),
             ("ExcNodeList", compress_hostlist(self.exc_nodes) if self.exc_nodes else "(null)"),
             ("NodeList", nodes), *([("BatchHost", self.nodes[0])] if self.nodes else []),
-            ("NumNodes", str(self.num_nodes) if self.nodes else f"{self.num_nodes}-{self.num_nodes}"),
-            ("NumTasks", str(self.num_nodes)), ("TRES", f"cpu={self.num_nodes},node={self.num_nodes}"),
+            # A pending job shows its node count as a min-max range (captured: NumNodes=2-2).
+            ("NumNodes", str(n) if self.nodes else f"{n}-{n}"), ("NumTasks", str(n)),
+            ("TRES", f"cpu={n},node={n}"),
             ("Command", self.command), ("WorkDir", self.work_dir),
             ("StdErr", f"{self.work_dir}/slurm-{self.job_id}.out"), ("StdIn", "/dev/null"),
             ("StdOut", f"{self.work_dir}/slurm-{self.job_id}.out"), ("Power", ""),
@@ -132,7 +134,8 @@ class FakeNode:
             "AvailableFeatures=(null) ActiveFeatures=(null)", f"Gres={self.gres}",
             f"NodeAddr=127.0.0.1 NodeHostName=fakehost Port={port} Version=22.05.8",
             "OS=Linux 6.1.0-18-amd64 #1 SMP PREEMPT_DYNAMIC Debian 6.1.76-1 (2024-02-01) ",
-            f"RealMemory={self.real_memory_mb} AllocMem=0 FreeMem=3000 Sockets={self.cpus} Boards=1",
+            f"RealMemory={self.real_memory_mb} AllocMem=0 FreeMem=3000",
+            f"Sockets={self.cpus} Boards=1",
             f"State={self.state_text()} ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A",
             f"Partitions={','.join(self.partitions)} ",
             f"CfgTRES=cpu={self.cpus},mem={self.real_memory_mb}M,billing={self.cpus}",

@@ -140,7 +140,8 @@ class RetryingRunner:
     def _retrying(self, args: list[str]) -> tenacity.Retrying:
         p = self.policy
         return tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(p.max_attempts) | tenacity.stop_after_delay(p.max_delay_s),
+            stop=(tenacity.stop_after_attempt(p.max_attempts)
+                  | tenacity.stop_after_delay(p.max_delay_s)),
             wait=tenacity.wait_exponential_jitter(
                 initial=p.initial_wait_s, max=p.max_wait_s, jitter=p.jitter_s),
             retry=tenacity.retry_if_exception(lambda exc: should_retry(exc, args)),

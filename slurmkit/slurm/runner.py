@@ -104,7 +104,9 @@ class SubprocessRunner:
         except FileNotFoundError as exc:
             raise SlurmNotInstalled(argv[0]) from exc
         except subprocess.TimeoutExpired as exc:
-            raise SlurmCommandTimeout(argv, timeout_s, _text(exc.stderr), _text(exc.stdout)) from exc
+            raise SlurmCommandTimeout(
+                argv, timeout_s, _text(exc.stderr), _text(exc.stdout)) from exc
         except subprocess.CalledProcessError as exc:
-            raise SlurmCommandError(argv, exc.returncode, _text(exc.stderr), _text(exc.stdout)) from exc
+            raise SlurmCommandError(
+                argv, exc.returncode, _text(exc.stderr), _text(exc.stdout)) from exc
         return CommandResult(argv, proc.returncode, proc.stdout, proc.stderr)
