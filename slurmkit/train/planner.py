@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from slurmkit.errors import ConfigError
 from slurmkit.train.config import ModelConfig, ParallelConfig, TrainConfig
@@ -328,3 +329,57 @@ def check(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, *, n
                     f"{hw.margin:.0%} margin)",
         fix=" or ".join(fixes) if fixes else "use devices with more memory or a smaller model",
     )
+
+
+class _Cluster(Protocol):
+    gpus_per_node: int
+    gpu_mem_gb: float
+    mem_gb_per_node: float
+
+
+class _Job(Protocol):
+    nodes: int
+    ranks_per_node: int | None
+    gpus_per_node: int | None
+    mem_gb: float | None
+
+
+class _RunConfig(Protocol):
+    """The parts of slurmkit.config.SlurmkitConfig the planner reads."""
+
+    model: ModelConfig
+    parallel: ParallelConfig
+    train: TrainConfig
+
+    @property
+    def cluster(self) -> _Cluster: ...
+
+    @property
+    def job(self) -> _Job: ...
+
+
+def hardware_of(cfg: _RunConfig, *, host_mem_gb: float | None = None,
+                margin: float = 0.1) -> Hardware:
+    """The job's hardware: GPUs (one rank each) or CPU ranks sharing the node's memory.
+
+    An unknown GPU memory (``cluster.gpu_mem_gb == 0``) is taken as unlimited: the layout is
+    still checked, the memory is not. CPU memory: ``job.mem_gb``, else the cluster's
+    ``mem_gb_per_node``, else ``host_mem_gb`` (this machine's, for local runs).
+    """
+    gpus = cfg.job.gpus_per_node if cfg.job.gpus_per_node is not None else \
+        cfg.cluster.gpus_per_node
+    ranks = cfg.job.ranks_per_node or max(gpus, 1)
+    if gpus > 0:
+        mem = cfg.cluster.gpu_mem_gb or math.inf
+        return Hardware(cfg.job.nodes, ranks, mem, ranks, margin)
+    mem = cfg.job.mem_gb or cfg.cluster.mem_gb_per_node or host_mem_gb or math.inf
+    return Hardware(cfg.job.nodes, 0, mem, ranks, margin)
+
+
+def check_config(cfg: _RunConfig, *, host_mem_gb: float | None = None,
+                 margin: float = 0.1) -> MemoryEstimate:
+    """``check`` for a composed run config (what submit calls before anything is queued)."""
+    hw = hardware_of(cfg, host_mem_gb=host_mem_gb, margin=margin)
+    return check(cfg.model, cfg.parallel, cfg.train, nodes=hw.nodes,
+                 gpus_per_node=hw.gpus_per_node, gpu_mem_gb=hw.mem_gb, margin=hw.margin,
+                 ranks_per_node=hw.ranks_per_node)
