@@ -16,11 +16,13 @@ import pytest
 
 from slurmkit.errors import SubmissionError
 from slurmkit.slurm import (
+    Disposition,
     FakeSlurm,
     RetryPolicy,
     SlurmClient,
     SlurmCommandError,
     SubprocessRunner,
+    classify,
     parse_duration_s,
 )
 
@@ -199,3 +201,29 @@ def test_fake_and_real_agree_on_errors(backend: str, client: SlurmClient, tmp_pa
         the_client.job("99999999")
     assert the_client.squeue(job_ids=["99999999"]) == []
     assert the_client.job(job_id).held
+
+
+def test_unreachable_controller_is_retried_then_reported(
+        cluster_env: dict[str, str], tmp_path: Path) -> None:
+    """Real CLI output of a dead controller: classified as not delivered, retried, reported."""
+    conf = Path(cluster_env["SLURM_CONF"]).read_text()
+    # Same cluster, but a controller port nobody listens on; short timeouts so the CLI's own
+    # connect retries give up at once instead of after ~9 s.
+    conf = re.sub(r"^SlurmctldPort=.*$", "SlurmctldPort=1", conf, flags=re.M)
+    conf = re.sub(r"^SlurmctldTimeout=.*$", "SlurmctldTimeout=1", conf, flags=re.M)
+    conf += "\nTCPTimeout=1\nMessageTimeout=1\n"
+    (tmp_path / "slurm.conf").write_text(conf)
+    env = dict(os.environ) | cluster_env | {"SLURM_CONF": str(tmp_path / "slurm.conf")}
+    runner = SubprocessRunner(env=env)
+    sleeps: list[float] = []
+    client = SlurmClient(runner, retry=RetryPolicy(max_attempts=3, sleep=sleeps.append))
+    assert not client.controller_reachable()
+    with pytest.raises(SlurmCommandError) as info:
+        client.squeue()
+    assert classify(info.value) is Disposition.NOT_DELIVERED
+    assert "Unable to contact slurm controller" in info.value.stderr
+    assert len(sleeps) == 2
+    script = write_script(tmp_path / "x.sh", "hostname")
+    with pytest.raises(SubmissionError, match="Unable to contact slurm controller"):
+        client.submit(script)
+    assert len(sleeps) == 4  # a submission that never reached the controller is retried too
