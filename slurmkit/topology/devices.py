@@ -77,7 +77,7 @@ def discover_gpus(
     gpus = []
     for index, bdf in enumerate(sorted(bdfs)):
         fields = info.get(bdf, {})
-        dev = by_bdf.get(bdf)
+        found = by_bdf.get(bdf)
         minor_text = fields.get("Device Minor", "")
         gpus.append(
             Gpu(
@@ -85,8 +85,8 @@ def discover_gpus(
                 bdf=bdf,
                 uuid=fields.get("GPU UUID", ""),
                 minor=int(minor_text) if minor_text.isdigit() else -1,
-                numa_node=device_numa(dev, nodes, single),
-                pci_path=dev.path if dev else (bdf,),
+                numa_node=device_numa(found, nodes, single),
+                pci_path=found.path if found else (bdf,),
                 model=fields.get("Model", ""),
             )
         )

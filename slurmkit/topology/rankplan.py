@@ -46,7 +46,7 @@ class RankPlan:
                 requirement="a plan written by RankPlan.to_json of the same slurmkit version",
                 fix="regenerate the plan with `python -m slurmkit.topo plan --json`",
             )
-        values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
         return cls(**values)
 
     @classmethod

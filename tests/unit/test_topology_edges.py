@@ -254,3 +254,24 @@ def test_user_values_are_never_overridden_and_efa_is_left_alone(tmp_path):
     assert "NCCL_IB_HCA" not in rank_env(efa_plans[0], efa_plans, {}, CFG)
     assert rank_env(plans[0], plans, {}, TopologyConfig(enabled=False)) == {}
     assert "CUDA_VISIBLE_DEVICES" not in rank_env(plans[0], plans, {}, TopologyConfig(gpu_visibility="all"))
+
+
+def test_single_gpu_cloud_vm_as_seen_on_a_real_h200_node(tmp_path):
+    """Recorded on a real H200 VM: one node, 16 CPUs, GPU 0000:00:06.0 with numa_node -1."""
+    from slurmkit.topology.fake import FakeMachine
+    from slurmkit.topology.fake.machines import gpu
+
+    cpus = smt_cpus(1, 16, 1)
+    dev, g = gpu(0x00, ("pci0000:00",), -1, 0, "NVIDIA H200")
+    dev = dataclasses.replace(dev, bdf="0000:00:06.0")
+    g = dataclasses.replace(g, bdf="0000:00:06.0")
+    spec = FakeMachine(
+        name="h200_vm", cpus=cpus, nodes=(FakeNode(0, tuple(range(16)), 4550128),), distances=((10,),),
+        pci=(dev,), gpus=(g,), allowed_cpus="0-15", allowed_mems="0",
+    )
+    topo = topo_of(str(tmp_path), spec)
+    assert topo.gpus[0].numa_node == 0 and topo.gpus[0].minor == 0
+    plans = plan_node(topo, 2, CFG)
+    assert [format_cpulist(p.cpus) for p in plans] == ["0-7", "8-15"]
+    env = rank_env(plans[1], plans, {}, CFG)
+    assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["OMP_NUM_THREADS"] == "8" and "NCCL_IB_HCA" not in env

@@ -53,7 +53,7 @@ def _assemble(name: str, base: dict[str, object], parts: list[tuple[FakePci, obj
     pci = tuple(p for p, _ in parts)
     gpus = tuple(x for _, x in parts if isinstance(x, FakeGpu))
     ibs = tuple(x for _, x in parts if isinstance(x, FakeIb))
-    extra = base.pop("pci", ())
+    extra: tuple[FakePci, ...] = base.pop("pci", ())  # type: ignore[assignment]
     return FakeMachine(name=name, pci=(*pci, *extra), gpus=gpus, ibs=ibs, **base)  # type: ignore[arg-type]
 
 
@@ -194,7 +194,7 @@ def cpu_only() -> FakeMachine:
     )
 
 
-def _flat_vm_xml(groups: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> str:
+def _flat_vm_xml(groups: list[tuple[tuple[int, int], tuple[int, int]]]) -> str:
     lines = ['<system version="1">']
     for numa, (gpu_domains, nic_domains) in enumerate(groups):
         mask = ((1 << 24) - 1) << (24 * numa)
