@@ -116,8 +116,9 @@ class SupervisorConfig:
     heartbeat_timeout_s: float = 60.0  # no step advance for this long: a hang
     startup_timeout_s: float = 300.0  # first heartbeat must come within this
     spare_nodes: int = 0  # allocate nodes + spare_nodes, train on nodes
-    poll_interval_s: float = 0.5
-    requeue_on_node_loss: bool = True
+    poll_interval_s: float = 0.5  # how often agents look at their ranks and each other
+    node_timeout_s: float = 5.0  # an agent silent this long is a lost node
+    heartbeat_ledger_interval_s: float = 10.0  # how often sampled heartbeats go to the ledger
 
     def __post_init__(self) -> None:
         if self.spare_nodes < 0:

@@ -50,8 +50,17 @@ def _tee(rank: int, stream, path: str, sink: LineSink | None) -> None:
     stream.close()
 
 
+def _wait(rank: int, proc: subprocess.Popen[bytes], on_exit: Callable[[int, int], None]) -> None:
+    code = proc.wait()
+    try:
+        on_exit(rank, code)
+    except Exception:  # the exit must still be seen by the polling loop; log and go on
+        log.exception("exit callback failed on rank %d", rank)
+
+
 def spawn_rank(argv: Sequence[str], env: Mapping[str, str], *, rank: int, local_rank: int,
-               log_path: str, sink: LineSink | None = None, cwd: str | None = None) -> RankProcess:
+               log_path: str, sink: LineSink | None = None, cwd: str | None = None,
+               on_exit: Callable[[int, int], None] | None = None) -> RankProcess:
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     proc = subprocess.Popen(list(argv), env=dict(env), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -60,6 +69,9 @@ def spawn_rank(argv: Sequence[str], env: Mapping[str, str], *, rank: int, local_
     reader = threading.Thread(target=_tee, args=(rank, proc.stdout, log_path, sink),
                               name=f"tee-rank{rank}", daemon=True)
     reader.start()
+    if on_exit is not None:
+        threading.Thread(target=_wait, args=(rank, proc, on_exit), name=f"wait-rank{rank}",
+                         daemon=True).start()
     return RankProcess(rank=rank, local_rank=local_rank, proc=proc, log_path=log_path, reader=reader)
 
 

@@ -1,0 +1,48 @@
+"""Failure classes and what each one means for recovery."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class FailureClass(str, Enum):
+    NCCL_TIMEOUT = "nccl_timeout"
+    NCCL_ERROR = "nccl_error"  # async/remote error: a peer died or the network failed
+    NCCL_SYNC = "nccl_sync"  # DistBackendError raised in Python
+    WATCHDOG_STUCK = "watchdog_stuck"
+    HANG = "hang"  # no log line; the step heartbeat stopped
+    RANK_CRASH = "rank_crash"  # a rank died on a signal or exited non-zero without a reason
+    GPU_OOM = "gpu_oom"
+    HOST_OOM = "host_oom"
+    USER_ERROR = "user_error"  # a Python exception in the training code
+    CONFIG_ERROR = "config_error"
+    TIME_LIMIT = "time_limit"
+    PREEMPTION = "preemption"
+    NODE_LOSS = "node_loss"
+    PEER_FAILURE = "peer_failure"  # a rank saw a peer disappear: a symptom, never the cause
+
+
+@dataclass(frozen=True)
+class ClassInfo:
+    restartable: bool  # restarting the same code on the same nodes can help
+    suspect_node: bool  # the failing rank's node is suspect (exclude it when it repeats)
+    secondary: bool = False  # a symptom of another rank's failure
+
+
+CLASS_INFO: dict[FailureClass, ClassInfo] = {
+    FailureClass.NCCL_TIMEOUT: ClassInfo(True, True),
+    FailureClass.NCCL_ERROR: ClassInfo(True, True),
+    FailureClass.NCCL_SYNC: ClassInfo(True, True),
+    FailureClass.WATCHDOG_STUCK: ClassInfo(True, True),
+    FailureClass.HANG: ClassInfo(True, True),
+    FailureClass.RANK_CRASH: ClassInfo(True, False),
+    FailureClass.GPU_OOM: ClassInfo(False, False),
+    FailureClass.HOST_OOM: ClassInfo(False, False),
+    FailureClass.USER_ERROR: ClassInfo(True, False),  # may be transient; a crash loop stops it
+    FailureClass.CONFIG_ERROR: ClassInfo(False, False),
+    FailureClass.TIME_LIMIT: ClassInfo(False, False),
+    FailureClass.PREEMPTION: ClassInfo(False, False),
+    FailureClass.NODE_LOSS: ClassInfo(True, True),
+    FailureClass.PEER_FAILURE: ClassInfo(True, False, secondary=True),
+}

@@ -1,0 +1,133 @@
+"""Watch one node's ranks: their log lines, exits and heartbeats become Evidence.
+
+Lines arrive on the tee threads, exits on waiter threads (so each has an exact time), and
+heartbeats are read by ``poll`` from the files the ranks replace atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from slurmkit.supervise.classes import FailureClass
+from slurmkit.supervise.classify import Evidence, classify_exit, classify_line
+
+# Lines that announce a failure on their own, before the rank dies (PyTorch sleeps after an
+# NCCL error to let dumps finish: acting on the line saves that time).
+TRIGGERING_LINES = frozenset({FailureClass.NCCL_TIMEOUT, FailureClass.NCCL_ERROR,
+                              FailureClass.WATCHDOG_STUCK, FailureClass.GPU_OOM,
+                              FailureClass.HOST_OOM})
+EXIT_CHECKPOINTED_ON_SIGNAL = 95  # the trainer saved on SIGUSR1/SIGTERM and left on purpose
+
+
+@dataclass
+class _RankWatch:
+    rank: int
+    pid: int
+    heartbeat_path: str
+    started: float  # monotonic
+    last_step: int | None = None
+    last_change: float = 0.0  # monotonic time the step last advanced
+    last_beat_wall: float = 0.0
+    exit_code: int | None = None
+    hang_reported: bool = False
+
+
+def _proc_state(pid: int) -> str:
+    """One-letter process state from /proc ('T' = stopped); '' when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+class RankMonitor:
+    def __init__(self, node: str, generation: int, *, heartbeat_timeout_s: float,
+                 startup_timeout_s: float, wall: Callable[[], float] = time.time,
+                 mono: Callable[[], float] = time.monotonic,
+                 proc_state: Callable[[int], str] = _proc_state) -> None:
+        self.node = node
+        self.generation = generation
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self._wall, self._mono, self._proc_state = wall, mono, proc_state
+        self._lock = threading.Lock()
+        self._ranks: dict[int, _RankWatch] = {}
+        self.evidence: list[Evidence] = []
+        self.triggered: Evidence | None = None  # the first evidence that ends the generation
+
+    def add_rank(self, rank: int, pid: int, heartbeat_path: str) -> None:
+        self._ranks[rank] = _RankWatch(rank, pid, heartbeat_path, started=self._mono())
+
+    def _record(self, ev: Evidence, trigger: bool) -> None:
+        with self._lock:
+            self.evidence.append(ev)
+            if trigger and self.triggered is None:
+                self.triggered = ev
+
+    # ------------------------------------------------------------ callbacks from threads
+    def on_line(self, rank: int, line: str) -> None:
+        cls = classify_line(line)
+        if cls is not None:
+            self._record(Evidence(self._wall(), self.node, rank, "line", cls, line.strip()),
+                         cls in TRIGGERING_LINES)
+
+    def on_exit(self, rank: int, returncode: int) -> None:
+        w = self._ranks.get(rank)
+        if w is not None:
+            w.exit_code = returncode
+        if returncode in (0, EXIT_CHECKPOINTED_ON_SIGNAL):
+            return
+        cls = classify_exit(returncode)
+        assert cls is not None  # noqa: S101 - non-zero exits always classify
+        self._record(Evidence(self._wall(), self.node, rank, "exit", cls, f"returncode {returncode}"), True)
+
+    # ------------------------------------------------------------ polled
+    def poll(self) -> dict[int, dict[str, object]]:
+        """Read heartbeats; report hangs. Returns the latest beat per rank (for the ledger)."""
+        now = self._mono()
+        beats: dict[int, dict[str, object]] = {}
+        for w in self._ranks.values():
+            if w.exit_code is not None:
+                continue
+            beat = _read_beat(w.heartbeat_path)
+            if beat is not None and int(beat.get("generation", -1)) == self.generation:  # type: ignore[call-overload]
+                beats[w.rank] = beat
+                step = int(beat["step"])  # type: ignore[call-overload]
+                if step != w.last_step:
+                    w.last_step, w.last_change = step, now
+                    w.last_beat_wall = float(beat["time"])  # type: ignore[arg-type]
+            self._check_hang(w, now)
+        return beats
+
+    def _check_hang(self, w: _RankWatch, now: float) -> None:
+        if w.hang_reported:
+            return
+        if w.last_step is None:
+            if now - w.started <= self.startup_timeout_s:
+                return
+            detail = f"no heartbeat {now - w.started:.1f} s after start"
+            when = self._wall()
+        else:
+            if now - w.last_change <= self.heartbeat_timeout_s:
+                return
+            detail = f"no step after step {w.last_step} for {now - w.last_change:.1f} s"
+            when = w.last_beat_wall
+        if self._proc_state(w.pid) == "T":
+            # A stopped process is where a hang starts: its peers stall behind it.
+            detail += " (process stopped, state T)"
+            when -= 1.0
+        w.hang_reported = True
+        self._record(Evidence(when, self.node, w.rank, "heartbeat", FailureClass.HANG, detail), True)
+
+
+def _read_beat(path: str) -> dict[str, object] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return dict(json.load(f))
+    except (OSError, ValueError):
+        return None

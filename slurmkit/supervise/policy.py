@@ -1,0 +1,123 @@
+"""The recovery policy as an explicit state machine.
+
+States and allowed transitions are a table; every transition is logged and written to the
+ledger. ``decide`` is pure: given the root cause, the history of this allocation and what the
+allocation still has (spare nodes), it says what to do next.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from slurmkit.errors import SlurmkitError
+from slurmkit.supervise.classes import CLASS_INFO, FailureClass
+from slurmkit.supervise.classify import Failure
+
+log = logging.getLogger(__name__)
+
+
+class State(str, Enum):
+    STARTING = "starting"  # agents joined, ranks being started
+    RUNNING = "running"
+    STOPPING = "stopping"  # a failure was seen: every node stops its ranks
+    DECIDING = "deciding"  # node 0 classifies the evidence and picks an action
+    RESTARTING = "restarting"  # same nodes, next generation
+    REPLACING = "replacing"  # a spare node takes a lost node's place, next generation
+    CHECKPOINTING = "checkpointing"  # a time-limit/preemption warning: ranks save and exit
+    REQUEUEING = "requeueing"  # ask Slurm for a new allocation (bad nodes excluded)
+    STOPPED = "stopped"  # gave up: exit 93, no requeue
+    COMPLETED = "completed"
+
+
+TRANSITIONS: dict[State, frozenset[State]] = {
+    State.STARTING: frozenset({State.RUNNING, State.STOPPING, State.CHECKPOINTING}),
+    State.RUNNING: frozenset({State.STOPPING, State.CHECKPOINTING, State.COMPLETED}),
+    State.STOPPING: frozenset({State.DECIDING}),
+    State.DECIDING: frozenset({State.RESTARTING, State.REPLACING, State.REQUEUEING, State.STOPPED}),
+    State.RESTARTING: frozenset({State.STARTING}),
+    State.REPLACING: frozenset({State.STARTING}),
+    State.CHECKPOINTING: frozenset({State.REQUEUEING, State.STOPPED, State.COMPLETED, State.DECIDING,
+                                    State.STOPPING}),
+    State.REQUEUEING: frozenset(),
+    State.STOPPED: frozenset(),
+    State.COMPLETED: frozenset(),
+}
+
+
+class Action(str, Enum):
+    RESTART = "restart"
+    REPLACE_NODE = "replace_node"
+    REQUEUE = "requeue"
+    STOP = "stop"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+    exclude: tuple[str, ...] = ()  # nodes to exclude (requeue) or to retire (replace)
+
+
+@dataclass
+class History:
+    """What happened in this allocation so far (node 0's memory across generations)."""
+
+    restarts: int = 0
+    restarts_without_progress: int = 0
+    ckpt_step_at_last_failure: int | None = None
+    failures_per_node: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_restarts: int
+    max_restarts_without_progress: int
+
+
+def decide(failure: Failure, history: History, ckpt_step: int | None, limits: Limits,
+           spare_nodes: list[str], lost_nodes: list[str]) -> Decision:
+    """What to do about ``failure``. Updates ``history`` (progress is checkpoint progress)."""
+    info = CLASS_INFO[failure.cls]
+    where = f"{failure.cls.value} on rank {failure.rank} ({failure.node}): {failure.evidence}"
+    if not info.restartable:
+        return Decision(Action.STOP, f"{where}; restarting cannot fix {failure.cls.value}: fix the "
+                        "configuration (memory, batch size, layout) and resubmit")
+    progressed = ckpt_step is not None and (history.ckpt_step_at_last_failure is None
+                                            or ckpt_step > history.ckpt_step_at_last_failure)
+    history.restarts_without_progress = 0 if progressed else history.restarts_without_progress + 1
+    history.ckpt_step_at_last_failure = ckpt_step
+    if info.suspect_node and failure.node:
+        history.failures_per_node[failure.node] += 1
+    if history.restarts_without_progress >= limits.max_restarts_without_progress:
+        return Decision(Action.STOP, f"{where}; {history.restarts_without_progress} failures in a row "
+                        f"without checkpoint progress (last checkpoint step {ckpt_step}): a crash loop")
+    bad = sorted(set(lost_nodes) | {n for n, k in history.failures_per_node.items() if k >= 2})
+    if bad:
+        if len(spare_nodes) >= len(bad):
+            return Decision(Action.REPLACE_NODE, f"{where}; replacing {','.join(bad)} with a spare",
+                            tuple(bad))
+        return Decision(Action.REQUEUE, f"{where}; no spare node left for {','.join(bad)}: requeue "
+                        "without it", tuple(bad))
+    if history.restarts >= limits.max_restarts:
+        return Decision(Action.REQUEUE, f"{where}; {history.restarts} restarts in this allocation")
+    history.restarts += 1
+    return Decision(Action.RESTART, f"{where}; restart {history.restarts} in the allocation")
+
+
+class StateMachine:
+    """Holds the state; ``to`` refuses transitions the table does not allow."""
+
+    def __init__(self, on_transition: Callable[[State, State, str], None]) -> None:
+        self.state = State.STARTING
+        self._on_transition = on_transition
+
+    def to(self, new: State, why: str = "") -> None:
+        if new not in TRANSITIONS[self.state]:
+            raise SlurmkitError(f"supervisor: illegal transition {self.state.value} -> {new.value} ({why})")
+        old, self.state = self.state, new
+        log.info("supervisor: %s -> %s %s", old.value, new.value, why)
+        self._on_transition(old, new, why)

@@ -1,0 +1,68 @@
+"""Requeue the running job without its bad nodes, and release it at once.
+
+Slurm holds a requeued job for about 120 s (EligibleTime = requeue time + 121 s). A small
+detached helper waits until the job is pending again and moves its start time to now. It is
+started before the requeue, in its own session, because the requeue ends this job's processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+
+from slurmkit.slurm.client import SlurmClient
+from slurmkit.slurm.runner import SubprocessRunner
+
+log = logging.getLogger(__name__)
+
+RELEASE_TIMEOUT_S = 180.0
+
+
+def requeue_now(job_id: str, exclude: tuple[str, ...] | list[str], *, env: Mapping[str, str],
+                run_dir: str) -> None:
+    client = SlurmClient(SubprocessRunner(env=env))
+    if exclude:
+        client.update_exclude(job_id, list(exclude))
+    os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
+    out = open(os.path.join(run_dir, "logs", f"release_{job_id}.log"), "ab")
+    subprocess.Popen([sys.executable, "-m", "slurmkit.supervise.requeue", "release", job_id],
+                     env=dict(env), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                     start_new_session=True, close_fds=True)
+    client.requeue(job_id)
+
+
+def release_when_pending(job_id: str, env: Mapping[str, str], timeout_s: float = RELEASE_TIMEOUT_S) -> bool:
+    client = SlurmClient(SubprocessRunner(env=env))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            info = client.job(job_id)
+        except Exception as exc:  # the controller may be busy with the requeue: try again
+            log.warning("scontrol show job %s: %s", job_id, exc)
+            time.sleep(0.5)
+            continue
+        if info.state == "PENDING":
+            client.release_now(job_id)
+            print(f"released job {job_id} (StartTime=now)", flush=True)
+            return True
+        time.sleep(0.2)
+    print(f"job {job_id} never became pending within {timeout_s:.0f} s", flush=True)
+    return False
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] != "release":
+        print("usage: python -m slurmkit.supervise.requeue release JOB_ID", file=sys.stderr)
+        return 2
+    # Leave the job's process tree for good: the requeue kills everything that is still in it.
+    if os.fork() != 0:
+        os._exit(0)
+    return 0 if release_when_pending(argv[1], os.environ) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,53 @@
+"""PyTorch/NCCL failure-handling variables, and a check that all timeouts fit together.
+
+Set by the node agent for every rank, never over a value the user set. The check runs at
+submit (errors) and in the agent (warnings): the supervisor's hang detection must fire before
+the process group's own timeout, and the time-limit warning must leave room for a final
+checkpoint before Slurm's SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from slurmkit.config.schema import SlurmkitConfig
+from slurmkit.errors import ConfigError
+
+
+def failure_env(cfg: SlurmkitConfig, run_dir: str, base: Mapping[str, str]) -> dict[str, str]:
+    """Variables to add for a rank (those already in ``base`` are left alone)."""
+    pg_timeout = int(cfg.parallel.pg_timeout_s)
+    wanted = {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": os.path.join(run_dir, "nccl_trace", "rank_"),
+        "TORCH_NCCL_PROPAGATE_ERROR": "1",
+        # The watchdog's own heartbeat: longer than a collective may legally take.
+        "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(max(480, pg_timeout + 60)),
+    }
+    if "NCCL_ASYNC_ERROR_HANDLING" in base:  # the old name counts as the user's choice
+        wanted.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING")
+    return {k: v for k, v in wanted.items() if k not in base}
+
+
+def check_timeouts(cfg: SlurmkitConfig) -> None:
+    """Raise ConfigError when the timeouts contradict each other."""
+    sup, pg = cfg.supervisor, cfg.parallel.pg_timeout_s
+    if sup.heartbeat_timeout_s >= pg:
+        raise ConfigError(
+            f"supervisor.heartbeat_timeout_s={sup.heartbeat_timeout_s:g} >= parallel.pg_timeout_s={pg:g}",
+            "the supervisor's hang detection fires before the process group's collective timeout "
+            "(else a hang is only seen as a NCCL timeout, minutes later)",
+            f"set supervisor.heartbeat_timeout_s below {pg:g} (e.g. {min(60.0, pg / 2):g})")
+    if cfg.job.requeue and cfg.job.signal_lead_s < sup.poll_interval_s * 4:
+        raise ConfigError(
+            f"job.signal_lead_s={cfg.job.signal_lead_s} with job.requeue=true",
+            "a time-limit warning early enough to reach the ranks and save a final checkpoint",
+            "set job.signal_lead_s=120 or more")
+    if cfg.job.requeue and cfg.job.signal_lead_s + cfg.cluster.kill_wait_s < 2 * sup.poll_interval_s + 5:
+        raise ConfigError(
+            f"job.signal_lead_s={cfg.job.signal_lead_s} + cluster.kill_wait_s={cfg.cluster.kill_wait_s}",
+            "enough time between the warning and SIGKILL for one step and a checkpoint snapshot",
+            "raise job.signal_lead_s")
