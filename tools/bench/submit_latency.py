@@ -180,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             print("\nslowest imports of `import slurmkit.submit` (cumulative, python -X importtime):")
             for us, mod in import_profile(env, tmp):
                 print(f"  {us / 1e6:7.3f} s  {mod.strip()}")
-    print(f"RESULT submit_median_s={m_ours:.3f} sbatch_median_s={m_base:.3f} "
-          f"overhead_s={overhead:.3f} ratio={ratio:.2f}")
+    print(f"RESULT submit_median_s={m_ours:.4f} sbatch_median_s={m_base:.4f} "
+          f"overhead_s={overhead:.4f} ratio={ratio:.2f}")
     return 0
 
 
