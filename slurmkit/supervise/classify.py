@@ -8,7 +8,6 @@ later, and their "peer closed the connection" lines are marked secondary).
 from __future__ import annotations
 
 import re
-import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -18,19 +17,29 @@ F = FailureClass
 
 # (pattern, class). Ordered: the first match wins, so specific patterns come first.
 # Fragments are the stable parts of messages from ProcessGroupNCCL, NCCL, gloo, torch and Slurm.
+# Recent torch prefixes an uncaught exception's lines with "[rank<N>]: " once a process group
+# exists, and `srun --label` prefixes "<task>: ": a traceback is recognised behind either.
+_PREFIX = r"^(?:\[rank\d+\]:|\d+:)?\s*"
+
 LINE_PATTERNS: tuple[tuple[re.Pattern[str], FailureClass], ...] = tuple(
     (re.compile(p), c) for p, c in [
         (r"Watchdog caught collective operation timeout", F.NCCL_TIMEOUT),
         (r"WorkNCCL\(.*\) ran for \d+ milliseconds before timing out", F.NCCL_TIMEOUT),
         (r"watchdog got stuck for \d+ seconds|Heartbeat monitor timed out", F.WATCHDOG_STUCK),
+        # Before the async patterns: a DistBackendError's message often quotes the NCCL reason
+        # ("remote process exited ..."), but the raise itself is what tells the failure apart.
+        (r"DistBackendError: NCCL error", F.NCCL_SYNC),
         (r"remote error detected from rank|remote process exited or there was a network error"
          r"|ncclRemoteError", F.NCCL_ERROR),
         (r"ncclSystemError|ncclUnhandledCudaError|ncclInternalError|NET/IB : Got completion from peer"
-         r"|NCCL error:", F.NCCL_ERROR),
-        (r"DistBackendError: NCCL error", F.NCCL_SYNC),
+         r"|NCCL error:|NCCL error in:", F.NCCL_ERROR),
+        # The tear-down lines follow both a timeout and an async error: the class that names the
+        # cause (timeout, above) wins on the same rank by strength.
+        (r"Some NCCL operations have failed or timed out|taking the entire process down"
+         r"|Exception \(either an error or timeout\) detected by watchdog", F.NCCL_ERROR),
         (r"torch\.OutOfMemoryError|CUDA out of memory|torch\.cuda\.OutOfMemoryError", F.GPU_OOM),
-        (r"oom_kill event|Some of the step tasks have been OOM Killed|Out of memory: Killed process",
-         F.HOST_OOM),
+        (r"oom_kill event|Some of the step tasks have been OOM Killed|Out of memory: Killed process"
+         r"|srun: error: \S+: tasks? [\d,-]+: Out Of Memory", F.HOST_OOM),
         (r"DUE TO TIME LIMIT", F.TIME_LIMIT),
         (r"DUE TO PREEMPTION", F.PREEMPTION),
         (r"DUE TO NODE FAILURE|srun: error: Node failure on", F.NODE_LOSS),
@@ -39,7 +48,7 @@ LINE_PATTERNS: tuple[tuple[re.Pattern[str], FailureClass], ...] = tuple(
         (r"Connection closed by peer|Connection reset by peer|Broken pipe|"
          r"Timed out waiting \d+ms for recv operation|recvBytes|Socket Timeout|"
          r"The server socket has failed to listen|Connection refused", F.PEER_FAILURE),
-        (r"^Traceback \(most recent call last\):", F.USER_ERROR),
+        (_PREFIX + r"Traceback \(most recent call last\):", F.USER_ERROR),
     ]
 )
 
@@ -52,12 +61,18 @@ def classify_line(line: str) -> FailureClass | None:
 
 
 def classify_exit(returncode: int) -> FailureClass | None:
-    """Class of a rank's exit status (Popen returncode: negative = killed by that signal)."""
+    """Class of a rank's exit status (Popen returncode: negative = killed by that signal).
+
+    A shell status 129..192 (a rank started through a shell wrapper) is read as that signal.
+    An exit alone never says NCCL: PyTorch aborts after an NCCL failure (SIGABRT), but so does
+    any process whose C++ threads are still running when a Python exception ends it
+    ("terminate called without an active exception", captured in
+    tests/data/failures/real_gloo_rank_raises.json). The NCCL class comes from the log line
+    printed before the abort, which outranks the exit (see ``_STRENGTH``).
+    """
     if returncode == 0:
         return None
-    if returncode == -signal.SIGABRT:
-        return F.NCCL_ERROR  # PyTorch tears a rank down with abort() after a NCCL failure
-    if returncode < 0:
+    if returncode < 0 or 128 < returncode <= 128 + 64:
         return F.RANK_CRASH
     return F.USER_ERROR
 
@@ -79,8 +94,10 @@ class Evidence:
 
     @classmethod
     def from_json(cls, d: dict[str, object]) -> "Evidence":
-        return cls(float(d["time"]), str(d["node"]), int(d["rank"]), str(d["kind"]),  # type: ignore[arg-type]
-                   FailureClass(d["cls"]), str(d["detail"]))
+        # JSON gives numbers back as numbers; str() first keeps mypy honest about `object`
+        # (repr of a float round-trips exactly).
+        return cls(float(str(d["time"])), str(d["node"]), int(str(d["rank"])), str(d["kind"]),
+                   FailureClass(str(d["cls"])), str(d["detail"]))
 
 
 @dataclass(frozen=True)
@@ -94,9 +111,11 @@ class Failure:
 
 
 # When one rank shows several kinds of evidence, the most telling wins (lower = stronger).
+# A traceback outranks a signal exit: the exception is why the rank went down, the abort that
+# may follow at interpreter exit is how.
 _STRENGTH = {F.NODE_LOSS: 0, F.GPU_OOM: 1, F.HOST_OOM: 1, F.CONFIG_ERROR: 1, F.NCCL_TIMEOUT: 2,
-             F.WATCHDOG_STUCK: 2, F.NCCL_SYNC: 3, F.NCCL_ERROR: 3, F.HANG: 4, F.RANK_CRASH: 5,
-             F.TIME_LIMIT: 5, F.PREEMPTION: 5, F.USER_ERROR: 6, F.PEER_FAILURE: 9}
+             F.WATCHDOG_STUCK: 2, F.NCCL_SYNC: 3, F.NCCL_ERROR: 3, F.HANG: 4, F.TIME_LIMIT: 4,
+             F.PREEMPTION: 4, F.USER_ERROR: 5, F.RANK_CRASH: 6, F.PEER_FAILURE: 9}
 
 
 def _rank_class(items: list[Evidence]) -> tuple[FailureClass, Evidence]:
