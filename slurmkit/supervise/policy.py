@@ -36,7 +36,9 @@ class State(str, Enum):
 TRANSITIONS: dict[State, frozenset[State]] = {
     State.STARTING: frozenset({State.RUNNING, State.STOPPING, State.CHECKPOINTING}),
     State.RUNNING: frozenset({State.STOPPING, State.CHECKPOINTING, State.COMPLETED}),
-    State.STOPPING: frozenset({State.DECIDING}),
+    # Node 0 decides; the other nodes wait for its decision and apply it straight from STOPPING.
+    State.STOPPING: frozenset({State.DECIDING, State.RESTARTING, State.REPLACING, State.REQUEUEING,
+                               State.STOPPED}),
     State.DECIDING: frozenset({State.RESTARTING, State.REPLACING, State.REQUEUEING, State.STOPPED}),
     State.RESTARTING: frozenset({State.STARTING}),
     State.REPLACING: frozenset({State.STARTING}),
@@ -46,6 +48,10 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     State.STOPPED: frozenset(),
     State.COMPLETED: frozenset(),
 }
+
+
+# Classes that end the allocation but not the job: a new allocation continues it.
+_ALLOCATION_ENDS = frozenset({FailureClass.TIME_LIMIT, FailureClass.PREEMPTION})
 
 
 class Action(str, Enum):
@@ -70,6 +76,7 @@ class History:
     restarts_without_progress: int = 0
     ckpt_step_at_last_failure: int | None = None
     failures_per_node: Counter[str] = field(default_factory=Counter)
+    retired: set[str] = field(default_factory=set)  # nodes a spare already replaced
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,10 @@ def decide(failure: Failure, history: History, ckpt_step: int | None, limits: Li
     """What to do about ``failure``. Updates ``history`` (progress is checkpoint progress)."""
     info = CLASS_INFO[failure.cls]
     where = f"{failure.cls.value} on rank {failure.rank} ({failure.node}): {failure.evidence}"
+    if failure.cls in _ALLOCATION_ENDS:
+        # The allocation is ending, not the job: exit 93 here would forbid the requeue that
+        # resumes it from its last checkpoint.
+        return Decision(Action.REQUEUE, f"{where}; the allocation ends: requeue")
     if not info.restartable:
         return Decision(Action.STOP, f"{where}; restarting cannot fix {failure.cls.value}: fix the "
                         "configuration (memory, batch size, layout) and resubmit")
@@ -95,9 +106,11 @@ def decide(failure: Failure, history: History, ckpt_step: int | None, limits: Li
     if history.restarts_without_progress >= limits.max_restarts_without_progress:
         return Decision(Action.STOP, f"{where}; {history.restarts_without_progress} failures in a row "
                         f"without checkpoint progress (last checkpoint step {ckpt_step}): a crash loop")
-    bad = sorted(set(lost_nodes) | {n for n, k in history.failures_per_node.items() if k >= 2})
+    repeated = {n for n, k in history.failures_per_node.items() if k >= 2}
+    bad = sorted((set(lost_nodes) | repeated) - history.retired)
     if bad:
         if len(spare_nodes) >= len(bad):
+            history.retired.update(bad)
             return Decision(Action.REPLACE_NODE, f"{where}; replacing {','.join(bad)} with a spare",
                             tuple(bad))
         return Decision(Action.REQUEUE, f"{where}; no spare node left for {','.join(bad)}: requeue "

@@ -1,0 +1,194 @@
+"""Recovery policy (decide) and the supervisor's state machine."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+
+from slurmkit.errors import SlurmkitError
+from slurmkit.supervise.classes import CLASS_INFO, FailureClass
+from slurmkit.supervise.classify import Failure
+from slurmkit.supervise.policy import (TRANSITIONS, Action, Decision, History, Limits, State,
+                                       StateMachine, decide)
+
+F = FailureClass
+LIMITS = Limits(max_restarts=5, max_restarts_without_progress=3)
+
+
+def failure(cls: FailureClass, node: str = "node2", rank: int = 3) -> Failure:
+    return Failure(cls=cls, rank=rank, node=node, time=0.0, evidence="line", ranks_affected=(0, 1, 2, 3))
+
+
+def run(cls: FailureClass, h: History, ckpt: int | None = 100, *, spares: list[str] | None = None,
+        lost: list[str] | None = None, node: str = "node2", limits: Limits = LIMITS) -> Decision:
+    return decide(failure(cls, node), h, ckpt, limits, spares or [], lost or [])
+
+
+@pytest.mark.parametrize("cls", [F.GPU_OOM, F.HOST_OOM, F.CONFIG_ERROR])
+def test_non_restartable_class_stops(cls: FailureClass) -> None:
+    d = run(cls, History())
+    assert d.action == Action.STOP
+    assert cls.value in d.reason and "resubmit" in d.reason
+
+
+@pytest.mark.parametrize("cls", [F.TIME_LIMIT, F.PREEMPTION])
+def test_allocation_end_requeues_instead_of_stopping(cls: FailureClass) -> None:
+    # Exit 93 (STOP) would forbid the requeue that resumes the job from its checkpoint.
+    d = run(cls, History())
+    assert d.action == Action.REQUEUE and d.exclude == ()
+
+
+def test_restartable_failure_restarts_and_counts() -> None:
+    h = History()
+    d = run(F.USER_ERROR, h, ckpt=20)
+    assert d.action == Action.RESTART and h.restarts == 1
+    assert "restart 1" in d.reason
+
+
+def test_crash_loop_without_checkpoint_progress_stops() -> None:
+    h = History()
+    actions = [run(F.USER_ERROR, h, ckpt=None).action for _ in range(3)]
+    assert actions == [Action.RESTART, Action.RESTART, Action.STOP]
+    assert h.restarts_without_progress == 3
+
+
+def test_crash_loop_at_the_same_checkpoint_stops() -> None:
+    h = History()
+    actions = [run(F.RANK_CRASH, h, ckpt=40).action for _ in range(4)]
+    # The first failure after step 40 is progress (nothing seen before); then 3 without.
+    assert actions == [Action.RESTART, Action.RESTART, Action.RESTART, Action.STOP]
+    d = run(F.RANK_CRASH, History(restarts_without_progress=2, ckpt_step_at_last_failure=40), ckpt=40)
+    assert d.action == Action.STOP and "crash loop" in d.reason
+
+
+def test_checkpoint_progress_resets_the_counter() -> None:
+    h = History()
+    run(F.USER_ERROR, h, ckpt=None)
+    run(F.USER_ERROR, h, ckpt=None)
+    assert h.restarts_without_progress == 2
+    d = run(F.USER_ERROR, h, ckpt=20)
+    assert d.action == Action.RESTART and h.restarts_without_progress == 0
+    run(F.USER_ERROR, h, ckpt=20)
+    run(F.USER_ERROR, h, ckpt=20)
+    assert run(F.USER_ERROR, h, ckpt=20).action == Action.STOP
+
+
+def test_lost_node_with_a_spare_is_replaced() -> None:
+    d = run(F.NODE_LOSS, History(), spares=["node3"], lost=["node2"])
+    assert d.action == Action.REPLACE_NODE and d.exclude == ("node2",)
+
+
+def test_lost_node_without_a_spare_requeues_excluding_it() -> None:
+    d = run(F.NODE_LOSS, History(), spares=[], lost=["node2"])
+    assert d.action == Action.REQUEUE and d.exclude == ("node2",)
+    assert "no spare" in d.reason
+
+
+def test_two_lost_nodes_one_spare_requeues_excluding_both() -> None:
+    d = run(F.NODE_LOSS, History(), spares=["node5"], lost=["node3", "node2"])
+    assert d.action == Action.REQUEUE and d.exclude == ("node2", "node3")
+
+
+def test_node_failing_twice_with_suspect_class_is_excluded() -> None:
+    assert CLASS_INFO[F.NCCL_TIMEOUT].suspect_node
+    h = History()
+    assert run(F.NCCL_TIMEOUT, h, ckpt=10, node="node2").action == Action.RESTART
+    d = run(F.NCCL_TIMEOUT, h, ckpt=20, node="node2")
+    assert d.action == Action.REQUEUE and d.exclude == ("node2",)
+    h2 = History()
+    run(F.WATCHDOG_STUCK, h2, ckpt=10, node="node2")
+    d2 = run(F.HANG, h2, ckpt=20, node="node2", spares=["node9"])
+    assert d2.action == Action.REPLACE_NODE and d2.exclude == ("node2",)
+
+
+def test_non_suspect_failures_never_exclude_a_node() -> None:
+    h = History()
+    for step in (10, 20, 30, 40):
+        d = run(F.USER_ERROR, h, ckpt=step, node="node2")
+        assert d.action == Action.RESTART and d.exclude == ()
+    assert h.failures_per_node["node2"] == 0
+
+
+def test_replaced_node_is_not_excluded_again() -> None:
+    h = History()
+    run(F.NCCL_ERROR, h, ckpt=10, node="node2")
+    d = run(F.NCCL_ERROR, h, ckpt=20, node="node2", spares=["node3"])
+    assert d.action == Action.REPLACE_NODE
+    # node2 is out of the job: a later failure elsewhere must not ask for a spare for it again.
+    d = run(F.USER_ERROR, h, ckpt=30, node="node1", spares=[])
+    assert d.action == Action.RESTART and d.exclude == ()
+
+
+def test_max_restarts_requeues() -> None:
+    h = History()
+    limits = Limits(max_restarts=2, max_restarts_without_progress=3)
+    actions = [run(F.USER_ERROR, h, ckpt=10 * (i + 1), limits=limits).action for i in range(3)]
+    assert actions == [Action.RESTART, Action.RESTART, Action.REQUEUE]
+    assert h.restarts == 2
+
+
+# ------------------------------------------------------------------ state machine
+
+ALL_PAIRS = [(a, b) for a in State for b in State]
+
+
+@pytest.mark.parametrize(("old", "new"), [(a, b) for a, b in ALL_PAIRS if b in TRANSITIONS[a]])
+def test_every_allowed_transition_is_taken(old: State, new: State) -> None:
+    seen: list[tuple[State, State, str]] = []
+    sm = StateMachine(lambda o, n, why: seen.append((o, n, why)))
+    sm.state = old
+    sm.to(new, "because")
+    assert sm.state == new and seen == [(old, new, "because")]
+
+
+@pytest.mark.parametrize(("old", "new"), [(a, b) for a, b in ALL_PAIRS if b not in TRANSITIONS[a]])
+def test_every_other_transition_is_refused(old: State, new: State) -> None:
+    seen: list[tuple[State, State, str]] = []
+    sm = StateMachine(lambda o, n, why: seen.append((o, n, why)))
+    sm.state = old
+    with pytest.raises(SlurmkitError, match=f"{old.value} -> {new.value}"):
+        sm.to(new)
+    assert sm.state == old and seen == []
+
+
+def reachable(start: State) -> set[State]:
+    seen, todo = {start}, deque([start])
+    while todo:
+        for nxt in TRANSITIONS[todo.popleft()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_table_covers_every_state_and_has_no_unreachable_state() -> None:
+    assert set(TRANSITIONS) == set(State)
+    assert reachable(State.STARTING) == set(State)
+
+
+def test_every_state_can_end() -> None:
+    terminal = {s for s, nxt in TRANSITIONS.items() if not nxt}
+    assert terminal == {State.REQUEUEING, State.STOPPED, State.COMPLETED}
+    for s in State:
+        assert reachable(s) & terminal, s
+
+
+def test_follower_node_applies_node0_decision_from_stopping() -> None:
+    # Nodes other than 0 never decide: they go STOPPING -> (node 0's action) directly.
+    for action_state in (State.RESTARTING, State.REPLACING, State.REQUEUEING, State.STOPPED):
+        sm = StateMachine(lambda o, n, why: None)
+        for s in (State.RUNNING, State.STOPPING, action_state):
+            sm.to(s)
+        assert sm.state == action_state
+
+
+def test_a_generation_cycle_logs_one_callback_per_transition() -> None:
+    seen: list[str] = []
+    sm = StateMachine(lambda o, n, why: seen.append(f"{o.value}>{n.value}"))
+    for s in (State.RUNNING, State.STOPPING, State.DECIDING, State.RESTARTING, State.STARTING,
+              State.RUNNING, State.CHECKPOINTING, State.REQUEUEING):
+        sm.to(s)
+    assert seen == ["starting>running", "running>stopping", "stopping>deciding", "deciding>restarting",
+                    "restarting>starting", "starting>running", "running>checkpointing",
+                    "checkpointing>requeueing"]
