@@ -57,11 +57,17 @@ class RankMonitor:
         self._wall, self._mono, self._proc_state = wall, mono, proc_state
         self._lock = threading.Lock()
         self._ranks: dict[int, _RankWatch] = {}
+        self._early_exits: dict[int, int] = {}  # exits seen before add_rank (a rank that died at once)
         self.evidence: list[Evidence] = []
         self.triggered: Evidence | None = None  # the first evidence that ends the generation
 
     def add_rank(self, rank: int, pid: int, heartbeat_path: str) -> None:
-        self._ranks[rank] = _RankWatch(rank, pid, heartbeat_path, started=self._mono())
+        # The waiter thread starts before add_rank is called: a rank that exits at once reports
+        # its exit first. Keep that exit, else the rank would later be taken for a hang.
+        with self._lock:
+            watch = _RankWatch(rank, pid, heartbeat_path, started=self._mono(),
+                               exit_code=self._early_exits.pop(rank, None))
+            self._ranks[rank] = watch
 
     def _record(self, ev: Evidence, trigger: bool) -> None:
         with self._lock:
@@ -77,13 +83,17 @@ class RankMonitor:
                          cls in TRIGGERING_LINES)
 
     def on_exit(self, rank: int, returncode: int) -> None:
-        w = self._ranks.get(rank)
-        if w is not None:
-            w.exit_code = returncode
+        with self._lock:
+            w = self._ranks.get(rank)
+            if w is not None:
+                w.exit_code = returncode
+            else:
+                self._early_exits[rank] = returncode
         if returncode in (0, EXIT_CHECKPOINTED_ON_SIGNAL):
             return
         cls = classify_exit(returncode)
-        assert cls is not None  # noqa: S101 - non-zero exits always classify
+        if cls is None:  # cannot happen for a non-zero code; never let a waiter thread raise
+            return
         self._record(Evidence(self._wall(), self.node, rank, "exit", cls, f"returncode {returncode}"), True)
 
     # ------------------------------------------------------------ polled
