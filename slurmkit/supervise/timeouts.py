@@ -41,13 +41,21 @@ def check_timeouts(cfg: SlurmkitConfig) -> None:
             "the supervisor's hang detection fires before the process group's collective timeout "
             "(else a hang is only seen as a NCCL timeout, minutes later)",
             f"set supervisor.heartbeat_timeout_s below {pg:g} (e.g. {min(60.0, pg / 2):g})")
-    if cfg.job.requeue and cfg.job.signal_lead_s < sup.poll_interval_s * 4:
+    lead, poll, kill_wait = cfg.job.signal_lead_s, sup.poll_interval_s, cfg.cluster.kill_wait_s
+    if cfg.job.requeue and lead < poll * 4:
+        # The fix names a value that passes this check: a fixed "120" fails when polls are slow.
         raise ConfigError(
-            f"job.signal_lead_s={cfg.job.signal_lead_s} with job.requeue=true",
-            "a time-limit warning early enough to reach the ranks and save a final checkpoint",
-            "set job.signal_lead_s=120 or more")
-    if cfg.job.requeue and cfg.job.signal_lead_s + cfg.cluster.kill_wait_s < 2 * sup.poll_interval_s + 5:
+            f"job.signal_lead_s={lead} with job.requeue=true and supervisor.poll_interval_s={poll:g}",
+            "a time-limit warning at least 4 supervisor polls before the end, early enough to "
+            "reach the ranks and save a final checkpoint",
+            f"set job.signal_lead_s={max(120, _ceil(poll * 4))} or more")
+    if cfg.job.requeue and lead + kill_wait < 2 * poll + 5:
         raise ConfigError(
-            f"job.signal_lead_s={cfg.job.signal_lead_s} + cluster.kill_wait_s={cfg.cluster.kill_wait_s}",
+            f"job.signal_lead_s={lead} + cluster.kill_wait_s={kill_wait} < "
+            f"2 * supervisor.poll_interval_s + 5 s = {2 * poll + 5:g} s",
             "enough time between the warning and SIGKILL for one step and a checkpoint snapshot",
-            "raise job.signal_lead_s")
+            f"set job.signal_lead_s={max(120, _ceil(2 * poll + 5 - kill_wait))} or more")
+
+
+def _ceil(seconds: float) -> int:
+    return int(-(-seconds // 1))
