@@ -79,7 +79,7 @@ class Submitted:
 
 
 def submit_slurm(spec: JobSpec) -> Submitted:
-    from slurmkit.launch.agent import submitit_entry
+    from slurmkit.launch.entry import submitit_entry
 
     executor = make_executor(spec)
     try:
@@ -97,7 +97,7 @@ def submit_slurm(spec: JobSpec) -> Submitted:
 def submit_local(spec: JobSpec) -> Submitted:
     import submitit
 
-    from slurmkit.launch.agent import submitit_entry
+    from slurmkit.launch.entry import submitit_entry
 
     ex = submitit.LocalExecutor(folder=os.path.join(spec.run_dir, "submitit"))
     minutes = (spec.time_limit_s or 7 * 24 * 3600) / 60

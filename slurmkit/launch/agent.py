@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -102,7 +103,7 @@ class NodeAgent:
             return None
         from slurmkit.topology import discover, plan_node
 
-        return list(plan_node(discover(), self.ranks_per_node, self.cfg.topology))
+        return list(plan_node(discover(), self.ranks_per_node, self.cfg.topology, env=self.env))
 
     def rank_env(self, gen: int, local_rank: int, slot: int, port: int) -> dict[str, str]:
         rank = slot * self.ranks_per_node + local_rank
@@ -138,7 +139,8 @@ class NodeAgent:
                 from slurmkit.topology import pin_command, rank_env
 
                 env.update(rank_env(plans[lr], plans, env, self.cfg.topology))  # type: ignore[arg-type]
-                cmd = pin_command(plans[lr], argv)  # type: ignore[arg-type]
+                cmd = pin_command(plans[lr], argv, verify=self.cfg.topology.verify,  # type: ignore[arg-type]
+                                  method=self.cfg.topology.apply_method)
             rank = int(env["RANK"])
             path = os.path.join(self.run_dir, "logs", f"rank{rank}.log")
             p = spawn_rank(cmd, env, rank=rank, local_rank=lr, log_path=path, cwd=self.run_dir,
@@ -149,8 +151,25 @@ class NodeAgent:
                            ranks=[p.rank for p in procs], pids=[p.pid for p in procs])
         return procs
 
-    def _beat_alive(self, tick: int) -> None:
-        self.store.set(f"{self.ctx.attempt}/alive/{self.ctx.node_rank}", str(tick))
+    def start_alive_thread(self) -> None:
+        """Beat in the store from a thread with its own connection, so a busy main loop (stopping
+        ranks, waiting for a decision) never looks like a lost node."""
+        beat_store = dist.TCPStore(self.ctx.master_addr, self.store.port, self.ctx.num_nodes, False,
+                                   timeout=timedelta(seconds=60), use_libuv=True)
+        key = f"{self.ctx.attempt}/alive/{self.ctx.node_rank}"
+        interval = self.cfg.supervisor.poll_interval_s
+
+        def beat() -> None:
+            tick = 0
+            while True:
+                tick += 1
+                try:
+                    beat_store.set(key, str(tick))
+                except (RuntimeError, dist.DistStoreError):  # node 0 is gone: the job is ending
+                    return
+                time.sleep(interval)
+
+        threading.Thread(target=beat, name="agent-alive", daemon=True).start()
 
     def _lost_agents(self) -> list[int]:
         """Node 0: agents whose alive counter stopped moving for supervisor.node_timeout_s."""
@@ -173,10 +192,9 @@ class NodeAgent:
         fail_key = self._key(gen, "fail")
         n_slots = len(self.node_map)
         reported: str | None = None
-        tick, last_sample = 0, self.clock()
+        last_sample = self.clock()
+        self._alive_seen.clear()
         while True:
-            tick += 1
-            self._beat_alive(tick)
             beats = monitor.poll()
             if self.clock() - last_sample >= self.cfg.supervisor.heartbeat_ledger_interval_s and beats:
                 last_sample = self.clock()
@@ -209,7 +227,9 @@ class NodeAgent:
 
     # ------------------------------------------------------------------ failure handling
     def stop_and_report(self, gen: int, procs: list[RankProcess], monitor: RankMonitor) -> None:
-        stop_ranks(procs, grace_s=3.0, sleep=self.sleep, clock=self.clock)
+        # The generation is lost already: kill at once rather than let ranks that trap SIGTERM
+        # try to checkpoint from inside a broken collective.
+        stop_ranks(procs, grace_s=0.0, sleep=self.sleep, clock=self.clock)
         evidence = [e.to_json() for e in monitor.evidence]
         key = self._key(gen, f"evidence/{self.ctx.node_rank}")
         if not self.store.check([key]):
@@ -241,7 +261,6 @@ class NodeAgent:
         return evidence, sorted(set(lost))
 
     def node0_decide(self, gen: int, participants: list[int]) -> Decision:
-        self.sm.to(State.DECIDING)
         evidence, lost = self.gather_evidence(gen, participants)
         failure = root_cause(evidence)
         if failure is None:
@@ -288,6 +307,7 @@ class NodeAgent:
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
         self.install_signal_handlers()
+        self.start_alive_thread()
         if self.ctx.node_rank == 0:
             self.ledger.append("allocation_start", job_id=self.ctx.job_id, attempt=self.ctx.attempt,
                                restart_count=self.ctx.restart_count, nodes=list(self.ctx.nodes),
@@ -324,6 +344,7 @@ class NodeAgent:
         if slot is not None:
             self.stop_and_report(gen, self.procs, monitor)
         decision_key = self._key(gen, "decision")
+        self.sm.to(State.DECIDING, f"generation {gen}")
         if self.ctx.node_rank == 0:
             d = self.node0_decide(gen, participants)
             self.store.set(decision_key, json.dumps({"action": d.action.value, "reason": d.reason,

@@ -40,6 +40,7 @@ class JobSpec:
     setup: tuple[str, ...]
     env: tuple[tuple[str, str], ...]  # sorted (name, value)
     srun_args: tuple[str, ...]
+    no_kill: bool = False  # spare nodes: a node failure must not end the job (--no-kill)
 
     @property
     def world_size(self) -> int:
@@ -112,6 +113,7 @@ def build_jobspec(cfg: SlurmkitConfig, run_dir: str, srun_args: list[str] | None
         account=c.account, qos=c.qos, constraint=c.constraint, container_image=c.container_image,
         container_mounts=tuple(c.container_mounts), setup=tuple(c.setup),
         env=tuple(sorted(env.items())), srun_args=tuple(srun_args or ()),
+        no_kill=cfg.supervisor.spare_nodes > 0,
     )
 
 

@@ -42,6 +42,8 @@ def setup_lines(spec: JobSpec) -> list[str]:
 def srun_args(spec: JobSpec) -> list[str]:
     """Arguments of the srun that starts one node agent per node."""
     args = ["--kill-on-bad-exit=0", *spec.srun_args]
+    if spec.no_kill:
+        args.append("--no-kill")  # the step survives a lost node; the agents continue on a spare
     if spec.container_image:
         args.append(f"--container-image={spec.container_image}")
         if spec.container_mounts:
@@ -53,6 +55,8 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
     """Parameters for submitit's SlurmExecutor.update_parameters (names as submitit spells them)."""
     extra: dict[str, Any] = {"time": spec.time_limit, "signal": f"B:USR1@{spec.signal_lead_s}"}
     extra["requeue" if spec.requeue else "no-requeue"] = True
+    if spec.no_kill:
+        extra["no-kill"] = True
     params: dict[str, Any] = {
         "job_name": spec.name, "nodes": spec.nodes, "ntasks_per_node": 1,
         "stderr_to_stdout": True, "setup": setup_lines(spec), "srun_args": srun_args(spec),

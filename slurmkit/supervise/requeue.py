@@ -25,17 +25,18 @@ RELEASE_TIMEOUT_S = 180.0
 def requeue_now(job_id: str, exclude: tuple[str, ...] | list[str], *, env: Mapping[str, str],
                 run_dir: str) -> None:
     client = SlurmClient(SubprocessRunner(env=env))
-    if exclude:
-        client.update_exclude(job_id, list(exclude))
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
     out = open(os.path.join(run_dir, "logs", f"release_{job_id}.log"), "ab")
-    subprocess.Popen([sys.executable, "-m", "slurmkit.supervise.requeue", "release", job_id],
+    # Slurm takes ExcNodeList only while the job is pending: the helper sets it after the
+    # requeue. Until it does, the job is not eligible (held ~120 s), so it cannot start there.
+    subprocess.Popen([sys.executable, "-m", "slurmkit.supervise.requeue", "release", job_id, *exclude],
                      env=dict(env), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                      start_new_session=True, close_fds=True)
     client.requeue(job_id)
 
 
-def release_when_pending(job_id: str, env: Mapping[str, str], timeout_s: float = RELEASE_TIMEOUT_S) -> bool:
+def release_when_pending(job_id: str, env: Mapping[str, str], exclude: list[str],
+                         timeout_s: float = RELEASE_TIMEOUT_S) -> bool:
     client = SlurmClient(SubprocessRunner(env=env))
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -46,6 +47,9 @@ def release_when_pending(job_id: str, env: Mapping[str, str], timeout_s: float =
             time.sleep(0.5)
             continue
         if info.state == "PENDING":
+            if exclude:
+                now_excluded = client.update_exclude(job_id, exclude)
+                print(f"job {job_id}: ExcNodeList={','.join(now_excluded)}", flush=True)
             client.release_now(job_id)
             print(f"released job {job_id} (StartTime=now)", flush=True)
             return True
@@ -55,13 +59,14 @@ def release_when_pending(job_id: str, env: Mapping[str, str], timeout_s: float =
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] != "release":
-        print("usage: python -m slurmkit.supervise.requeue release JOB_ID", file=sys.stderr)
+    if len(argv) < 2 or argv[0] != "release":
+        print("usage: python -m slurmkit.supervise.requeue release JOB_ID [EXCLUDE_NODE...]",
+              file=sys.stderr)
         return 2
     # Leave the job's process tree for good: the requeue kills everything that is still in it.
     if os.fork() != 0:
         os._exit(0)
-    return 0 if release_when_pending(argv[1], os.environ) else 1
+    return 0 if release_when_pending(argv[1], os.environ, argv[2:]) else 1
 
 
 if __name__ == "__main__":

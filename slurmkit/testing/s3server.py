@@ -109,6 +109,8 @@ def start_s3_server(
         weed, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
         f"-dir={os.path.join(state_dir, 'data')}",
         "-s3", f"-s3.port={port}", f"-s3.config={ident}",
+        # The Iceberg and Lance side servers default to fixed ports: two servers would collide.
+        "-s3.port.iceberg=0", "-s3.port.lance=0",
         f"-master.port={free_port()}", f"-volume.port={free_port()}",
         f"-filer.port={free_port()}", "-volume.max=0", "-master.volumeSizeLimitMB=256",
     ]

@@ -1,0 +1,68 @@
+"""Driving real faults into real jobs on the local cluster: wait for a step, find a rank's pid."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+
+from tests.integration.helpers import parse_submitted, read_ledger, submit_cli, wait_terminal
+
+# Small, deterministic and slow enough to hit mid-flight: 40 steps, a checkpoint every 10.
+STEPS, INTERVAL = 40, 10
+COMMON = ["+exp=tiny", f"train.steps={STEPS}", f"train.ckpt_interval_steps={INTERVAL}",
+          "+job.env.SLURMKIT_STEP_DELAY_S=0.25", "supervisor.heartbeat_timeout_s=8"]
+
+
+def heartbeat_step(run_dir: str, rank: int) -> int:
+    try:
+        with open(os.path.join(run_dir, "heartbeat", f"rank{rank}.json")) as f:
+            return int(json.load(f)["step"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
+def wait_for_step(run_dir: str, rank: int, step: int, timeout_s: float = 180) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        s = heartbeat_step(run_dir, rank)
+        if s >= step:
+            return s
+        time.sleep(0.1)
+    raise AssertionError(f"rank {rank} never reached step {step} in {run_dir}")
+
+
+def rank_pid(run_dir: str, rank: int) -> int:
+    """The pid of ``rank`` in the newest generation (from the ledger's ranks_started events)."""
+    pids = [e["pids"][e["ranks"].index(rank)] for e in read_ledger(run_dir)
+            if e["event"] == "ranks_started" and rank in e["ranks"]]
+    if not pids:
+        raise AssertionError(f"no ranks_started event for rank {rank} in {run_dir}")
+    return int(pids[-1])
+
+
+def submit(args: list[str], env: Mapping[str, str], cwd: str) -> tuple[str, str]:
+    res = submit_cli([*args, f"submit.run_root={cwd}"], env, cwd)
+    if res.returncode != 0:
+        raise AssertionError(res.stdout + res.stderr)
+    return parse_submitted(res.stdout)
+
+
+def mark_fault(run_dir: str, kind: str, **fields: object) -> None:
+    from slurmkit.supervise.ledger import Ledger
+
+    Ledger(os.path.join(run_dir, "ledger.jsonl"), source="test").append("fault_injected", kind=kind, **fields)
+
+
+def final(run_dir: str) -> dict:
+    with open(os.path.join(run_dir, "final.json")) as f:
+        return dict(json.load(f))
+
+
+def events(run_dir: str, name: str) -> list[dict]:
+    return [e for e in read_ledger(run_dir) if e["event"] == name]
+
+
+def finish(job_id: str, env: Mapping[str, str], timeout_s: float = 400) -> str:
+    return wait_terminal(job_id, env, timeout_s)

@@ -1,0 +1,93 @@
+"""Fault injection on the real local cluster: real signals, real aborts, real slurmd deaths.
+
+Each run must finish training, lose at most one checkpoint interval, and end with parameters
+bit-for-bit equal to the same run without faults.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import pytest
+
+from tests.integration.faults import (
+    COMMON, INTERVAL, STEPS, events, final, finish, mark_fault, rank_pid, submit, wait_for_step,
+)
+from tests.integration.helpers import slurm_env
+
+pytestmark = pytest.mark.integration
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def env(cluster_env) -> dict[str, str]:
+    return slurm_env(cluster_env)
+
+
+@pytest.fixture(scope="module")
+def reference(env, tmp_path_factory) -> str:
+    """param_sha256 of the uninterrupted run."""
+    d = tmp_path_factory.mktemp("ref")
+    job, run_dir = submit([*COMMON, "job.name=reference"], env, str(d))
+    assert finish(job, env) == "COMPLETED"
+    out = final(run_dir)
+    assert out["step"] == STEPS
+    return str(out["param_sha256"])
+
+
+def assert_recovered(run_dir: str, job: str, env, reference: str, fault_step: int) -> None:
+    state = finish(job, env)
+    assert state == "COMPLETED", (state, open(os.path.join(run_dir, "logs", "rank0.log")).read()[-3000:])
+    assert final(run_dir)["param_sha256"] == reference, "resumed run diverged from the uninterrupted one"
+    restored = [e["step"] for e in events(run_dir, "ckpt_restored")]
+    assert restored, "no resume recorded in the ledger"
+    assert max(restored) >= fault_step - INTERVAL, (restored, fault_step)
+
+
+def test_sigkill_of_one_rank_restarts_in_the_allocation(env, reference, tmp_path) -> None:
+    job, run_dir = submit([*COMMON, "job.name=f-kill"], env, str(tmp_path))
+    step = wait_for_step(run_dir, 3, 13)
+    mark_fault(run_dir, "sigkill", rank=3, step=step)
+    os.kill(rank_pid(run_dir, 3), signal.SIGKILL)
+    assert_recovered(run_dir, job, env, reference, step)
+    (failure,) = events(run_dir, "failure")
+    assert failure["cls"] == "rank_crash" and failure["rank"] == 3, failure
+    assert [d["action"] for d in events(run_dir, "decision")] == ["restart"]
+
+
+def test_sigstop_of_one_rank_is_a_hang(env, reference, tmp_path) -> None:
+    job, run_dir = submit([*COMMON, "job.name=f-stop"], env, str(tmp_path))
+    step = wait_for_step(run_dir, 1, 13)
+    mark_fault(run_dir, "sigstop", rank=1, step=step)
+    os.kill(rank_pid(run_dir, 1), signal.SIGSTOP)
+    assert_recovered(run_dir, job, env, reference, step)
+    (failure,) = events(run_dir, "failure")
+    assert failure["cls"] == "hang" and failure["rank"] == 1, failure
+    assert "stopped" in failure["evidence"]
+
+
+def test_nccl_error_line_and_abort(env, reference, tmp_path) -> None:
+    job, run_dir = submit([*COMMON, "job.name=f-nccl", "+job.env.SLURMKIT_FAULT=nccl_abort:2:15:once"],
+                          env, str(tmp_path))
+    assert_recovered(run_dir, job, env, reference, 15)
+    (failure,) = events(run_dir, "failure")
+    assert failure["cls"] == "nccl_error" and failure["rank"] == 2, failure
+    assert "NCCL error" in failure["evidence"]
+
+
+def test_raise_at_the_same_step_stops_with_93_and_no_requeue(env, tmp_path) -> None:
+    job, run_dir = submit([*COMMON, "job.name=f-loop", "+job.env.SLURMKIT_FAULT=raise:1:15",
+                           "supervisor.max_restarts_without_progress=2"], env, str(tmp_path))
+    assert finish(job, env) == "FAILED"
+    from slurmkit.slurm.client import SlurmClient
+    from slurmkit.slurm.runner import SubprocessRunner
+
+    rows = [r for r in SlurmClient(SubprocessRunner(env=env)).sacct(job) if not r.is_step]
+    assert rows[-1].exit_code == 93, rows
+    assert SlurmClient(SubprocessRunner(env=env)).job(job).restart_cnt == 0
+    end = events(run_dir, "end")[-1]
+    assert end["status"] == "stopped" and end["exit_code"] == 93 and "crash loop" in end["reason"]
+    assert all(f["cls"] == "user_error" and f["rank"] == 1 for f in events(run_dir, "failure"))
+    assert not os.path.exists(os.path.join(run_dir, "final.json"))
