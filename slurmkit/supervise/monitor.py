@@ -29,6 +29,7 @@ class _RankWatch:
     pid: int
     heartbeat_path: str
     started: float  # monotonic
+    started_wall: float = 0.0  # epoch seconds at add_rank: older beats are a previous process's
     last_step: int | None = None
     last_change: float = 0.0  # monotonic time the step last advanced
     last_beat_wall: float = 0.0
@@ -66,7 +67,7 @@ class RankMonitor:
         # its exit first. Keep that exit, else the rank would later be taken for a hang.
         with self._lock:
             watch = _RankWatch(rank, pid, heartbeat_path, started=self._mono(),
-                               exit_code=self._early_exits.pop(rank, None))
+                               started_wall=self._wall(), exit_code=self._early_exits.pop(rank, None))
             self._ranks[rank] = watch
 
     def _record(self, ev: Evidence, trigger: bool) -> None:
@@ -104,15 +105,26 @@ class RankMonitor:
         for w in self._ranks.values():
             if w.exit_code is not None:
                 continue
-            beat = _read_beat(w.heartbeat_path)
-            if beat is not None and int(beat.get("generation", -1)) == self.generation:  # type: ignore[call-overload]
+            beat = self._current_beat(w)
+            if beat is not None:
                 beats[w.rank] = beat
-                step = int(beat["step"])  # type: ignore[call-overload]
+                step = int(str(beat["step"]))
                 if step != w.last_step:
                     w.last_step, w.last_change = step, now
-                    w.last_beat_wall = float(beat["time"])  # type: ignore[arg-type]
+                    w.last_beat_wall = float(str(beat["time"]))
             self._check_hang(w, now)
         return beats
+
+    def _current_beat(self, w: _RankWatch) -> dict[str, object] | None:
+        """The rank's beat if this process wrote it. A requeued job starts again at generation 0,
+        and its heartbeat files still hold the last beats of the previous allocation: those are
+        older than the rank, and taking them would start the hang timer before the first step."""
+        beat = _read_beat(w.heartbeat_path)
+        if beat is None or str(beat.get("generation")) != str(self.generation):
+            return None
+        if float(str(beat.get("time", 0.0))) < w.started_wall:
+            return None
+        return beat
 
     def _check_hang(self, w: _RankWatch, now: float) -> None:
         if w.hang_reported:

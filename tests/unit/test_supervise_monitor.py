@@ -115,6 +115,20 @@ def test_heartbeat_of_an_older_generation_is_ignored(tmp_path, clock: Clock) -> 
     assert ev is not None and "no heartbeat" in ev.detail  # still waiting for a first beat
 
 
+def test_beat_left_by_the_previous_allocation_is_ignored(tmp_path, clock: Clock) -> None:
+    # A requeued job starts again at generation 0; the file still holds the old run's last beat.
+    stale = Heartbeat(str(tmp_path / "rank0.json"), rank=0, generation=0, clock=clock.wall, pid=55)
+    stale.beat(24)
+    clock.t += 500.0
+    mon = make_monitor(clock, generation=0, heartbeat_timeout_s=60.0, startup_timeout_s=300.0)
+    add(mon, tmp_path, 0)
+    clock.t += 120.0  # restoring a big checkpoint: longer than the heartbeat timeout
+    assert mon.poll() == {}
+    assert mon.triggered is None  # still within the startup timeout, not a hang after step 24
+    beater(tmp_path, clock, 0, generation=0).beat(21)
+    assert mon.poll()[0]["step"] == 21
+
+
 def test_stopped_process_gets_the_earlier_time(tmp_path, clock: Clock) -> None:
     states = {1000: "S", 1001: "T"}
     mon = make_monitor(clock, states)
