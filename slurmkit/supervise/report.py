@@ -9,8 +9,9 @@ How the figures are defined:
 - a *segment* is one stretch of training: from a ``train_started`` event (rank 0, after any
   restore; it carries the step it starts from) to the next ``train_started`` or the end.
 - steps lost by a failure: the step the run had reached at the fault (``fault_injected.step``
-  when a test recorded it, else the highest step seen in the failing segment) minus the step
-  the next segment started from (the restored checkpoint).
+  when a test recorded it, else the highest step seen in the failing segment: a lower bound,
+  as heartbeats reach the ledger only every supervisor.heartbeat_ledger_interval_s) minus the
+  step the next segment started from (the restored checkpoint).
 - productive time: per segment, the time from its start until it reached the last step that a
   later segment did not throw away (all of it for the last segment). goodput = productive / wall.
 - detection latency (only when a ``fault_injected`` event says when the fault happened): fault

@@ -222,14 +222,25 @@ def test_real_run_with_a_failure_and_a_requeue() -> None:
     assert 0.0 < r.goodput < 1.0
 
 
+def test_real_run_restarted_in_its_allocation() -> None:
+    events = real("tiny_raise_restart.jsonl")
+    r = summarize(events)
+    assert (r.status, r.restarts, r.requeues, r.excluded_nodes) == ("completed", 1, 0, [])
+    (f,) = r.failures
+    assert (f.cls, f.rank, f.node, f.evidence) == ("user_error", 3, "node2", "[rank3]: Traceback (most recent call last):")
+    assert f.restored_step == 20 and f.fault_step is not None and f.steps_lost == f.fault_step - 20
+    restarted = {e["node"] for e in events if e["event"] == "ranks_started" and e["generation"] == 1}
+    assert restarted == {"node1", "node2"}  # the follower node applied node 0's restart
+
+
 # ------------------------------------------------------------------ CLI
 
 @pytest.fixture
 def run_dir(tmp_path) -> str:
-    ledger = Ledger(str(tmp_path / "ledger.jsonl"))
+    """A run directory whose ledger the real Ledger wrote (its clock replays the event times)."""
     for e in restart_run():
-        with open(ledger.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(e) + "\n")
+        fields = {k: v for k, v in e.items() if k not in ("t", "event")}
+        Ledger(str(tmp_path / "ledger.jsonl"), clock=lambda t=e["t"]: t).append(e["event"], **fields)
     return str(tmp_path)
 
 
