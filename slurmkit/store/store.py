@@ -78,6 +78,7 @@ class CheckpointStore:
         self._decided: dict[int, list[str]] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slurmkit-ckpt")
         self._inflight: SaveHandle | None = None
+        self._job: Future[None] | None = None  # the background job of the in-flight save
         self._saves = 0
         self._last_object = clock()
         self._closed = False
@@ -151,7 +152,8 @@ class CheckpointStore:
                         "reason": "previous save still in flight (busy_policy=wait)"})
         flat = self._staging.snapshot(state)
         blocking = time.perf_counter() - t0
-        fut = self._pool.submit(self._persist, step, flat)
+        fut: Future[Manifest | None] = Future()
+        self._job = self._pool.submit(self._persist, step, flat, fut)
         self._inflight = SaveHandle(step, fut, blocking)
         return self._inflight
 
@@ -179,7 +181,20 @@ class CheckpointStore:
             dests.append("object")
         return sorted(set(dests), key=dests.index)
 
-    def _persist(self, step: int, flat: dict[str, Any]) -> Manifest | None:
+    def _persist(self, step: int, flat: dict[str, Any], done: Future[Manifest | None]) -> None:
+        """Write and commit (then resolve ``done``: the handle, and the staging buffers are
+        free again); then queue promotions and apply retention."""
+        try:
+            m, tier = self._write_primary(step, flat)
+        except BaseException as exc:  # never leave the handle unresolved
+            done.set_exception(exc)
+            raise
+        done.set_result(m)
+        if m is not None and tier is not None:
+            self._after_commit(m, tier)
+
+    def _write_primary(self, step: int, flat: dict[str, Any]
+                       ) -> tuple[Manifest | None, FsspecTier | None]:
         t0 = time.perf_counter()
         for w in self._writers:
             try:
@@ -190,18 +205,20 @@ class CheckpointStore:
                 self._emit({"event": "ckpt_failed", "step": step, "tier": w.tier.name,
                             "uri": w.tier.uri, "phase": "save", **error_fields(exc)})
         else:
-            return None
+            return None, None
         seconds = time.perf_counter() - t0
         if self.rank == 0:
             self._emit({"event": "ckpt_saved", "step": step, "tier": w.tier.name,
                         "uri": w.tier.uri, "bytes": m.total_bytes,
                         "seconds": round(seconds, 3), "promote_to": m.promote_to})
+        return m, w.tier
+
+    def _after_commit(self, m: Manifest, tier: FsspecTier) -> None:
         for dest in m.promote_to:
-            if dest != w.tier.name:
-                self._queue.add(step, dest)
-        self._gc(w.tier)
+            if dest != tier.name:
+                self._queue.add(m.step, dest)
+        self._gc(tier)
         self._promoter.wake()
-        return m
 
     def _saves_seq(self) -> int:
         with self._lock:
@@ -233,7 +250,14 @@ class CheckpointStore:
         failed and queued for a later retry)."""
         if self._inflight is not None:
             self._inflight.wait(timeout)
+        self._settle(timeout)
         self._promoter.wait_idle(timeout)
+
+    def _settle(self, timeout: float | None) -> None:
+        """Wait for the in-flight save's after-commit work (queueing promotions, retention);
+        its failures were logged by the job itself."""
+        if self._job is not None:
+            self._job.exception(timeout)
 
     def pending_promotions(self) -> list[tuple[int, str]]:
         return self._queue.entries()
@@ -242,6 +266,7 @@ class CheckpointStore:
         """Load the newest step that verifies on any tier into ``template_state`` (in place)."""
         if self._inflight is not None:
             self._inflight.wait()
+        self._settle(None)
         scratch = self.primary.local_path(".restore") or tempfile.mkdtemp()
         return restore_newest(template_state, self.tiers or [self.primary], self.fg,
                               scratch, self._emit)

@@ -1,8 +1,8 @@
 """Persist one snapshot to the primary (fastest local) tier and commit it.
 
-Order: DCP writes every rank's shard files into ``.partial/step_N.<token>/``; each rank fsyncs
-and checksums its own files (both at once: the hash reads the page cache while the disk
-flushes); rank 0 gathers the per-rank records over the writer's gloo group, builds the
+Order: DCP writes every rank's shard files into ``.partial/step_N.<token>/`` through the
+sealing writer, which checksums and fsyncs each file while writing it (sealing.py); rank 0
+gathers the per-rank records over the writer's gloo group, builds the
 manifest and broadcasts it; the directory is renamed to ``step_N``; the manifest is written
 last, atomically, read back and verified; only then ``latest.json`` moves.
 """
@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -31,10 +33,12 @@ from slurmkit.store.manifest import (
     hash_file,
     step_dir,
 )
+from slurmkit.store.sealing import SealingWriter
 from slurmkit.store.tier import FsspecTier, Tier, TierError, fsync_dir
 
 METADATA = ".metadata"
 # DCP's CheckpointException derives from BaseException, not Exception
+log = logging.getLogger(__name__)
 SAVE_ERRORS: tuple[type[BaseException], ...] = (Exception, CheckpointException)
 
 
@@ -87,6 +91,21 @@ def seal_files(directory: str, names: list[str], rank: int, algo: str) -> list[F
     return entries
 
 
+def sealed_entries(directory: str, names: list[str], rank: int, algo: str,
+                   sealed: dict[str, tuple[str, int]]) -> list[FileEntry]:
+    """Entries for ``names`` from the checksums taken while writing (files already fsynced);
+    any file the sealing writer did not record is fsynced and hashed now."""
+    rest = [n for n in names if n not in sealed]
+    entries = {e.name: e for e in seal_files(directory, rest, rank, algo)} if rest else {}
+    if not rest:
+        fsync_dir(directory)  # the files' own fsyncs do not cover their directory entries
+    for n in names:
+        if n in sealed:
+            digest, size = sealed[n]
+            entries[n] = FileEntry(name=n, size=size, checksum=digest, rank=rank)
+    return [entries[n] for n in names]
+
+
 class PrimaryWriter:
     """Writes snapshots to one local tier; lives in the store's background save thread."""
 
@@ -110,9 +129,9 @@ class PrimaryWriter:
         if directory is None:
             raise TierError(f"primary tier {self.tier.uri} is not a local path")
         os.makedirs(directory, exist_ok=True)
-        writer = dcp.FileSystemWriter(directory, single_file_per_rank=True, sync_files=False,
-                                      thread_count=self.write_threads)
+        writer = SealingWriter(directory, algo=self.algo, thread_count=self.write_threads)
         dist = self.coord.distributed
+        t0 = time.perf_counter()
         try:
             dcp.save(flat, storage_writer=writer,
                      process_group=self.coord.group if dist else None, no_dist=not dist)
@@ -120,10 +139,12 @@ class PrimaryWriter:
             self.tier.rm(partial, recursive=True)
             raise
         try:
-            mine: Any = [asdict(e) for e in seal_files(
-                directory, own_files(directory, self.coord.rank), self.coord.rank, self.algo)]
+            mine: Any = [asdict(e) for e in sealed_entries(
+                directory, own_files(directory, self.coord.rank), self.coord.rank, self.algo,
+                writer.sealed)]
         except OSError as exc:  # gathered below so every rank fails together, none hangs
             mine = {"error": f"{type(exc).__name__}: {exc}"}
+        t1 = time.perf_counter()
         records = self.coord.all_gather_json(mine)
         errors = [f"rank {r}: {x['error']}" for r, x in enumerate(records) if isinstance(x, dict)]
         if errors:
@@ -137,7 +158,10 @@ class PrimaryWriter:
                          promote_to=decide(step))
             body = m.to_json().decode()
         manifest = Manifest.from_json(self.coord.broadcast_json(body).encode())
+        t2 = time.perf_counter()
         self.commit(partial, manifest)
+        log.debug("step %d on %s: write+seal %.3f s, gather %.3f s, commit %.3f s", step,
+                  self.tier.name, t1 - t0, t2 - t1, time.perf_counter() - t2)
         return manifest
 
     def commit(self, partial: str, manifest: Manifest) -> None:
