@@ -238,9 +238,11 @@ def test_real_run_restarted_in_its_allocation() -> None:
 @pytest.fixture
 def run_dir(tmp_path) -> str:
     """A run directory whose ledger the real Ledger wrote (its clock replays the event times)."""
-    for e in restart_run():
-        fields = {k: v for k, v in e.items() if k not in ("t", "event")}
-        Ledger(str(tmp_path / "ledger.jsonl"), clock=lambda t=e["t"]: t).append(e["event"], **fields)
+    events = restart_run()
+    times = iter([float(e["t"]) for e in events])
+    ledger = Ledger(str(tmp_path / "ledger.jsonl"), clock=lambda: next(times))
+    for e in events:
+        ledger.append(e["event"], **{k: v for k, v in e.items() if k not in ("t", "event")})
     return str(tmp_path)
 
 
