@@ -198,6 +198,8 @@ class Trainer:
     def run(self) -> int:
         """Restore, train to ``train.steps`` or a stop request; returns the exit code."""
         start = self.restore()
+        if self.heartbeat is not None:
+            self.heartbeat.beat(start)  # alive (restored) before the first step's compile/warm-up
         self._event("train_started", step=start, generation=self.ctx.generation,
                     world_size=self.ctx.world_size, strategy=self.strategy)
         writer = self._metrics_writer()
