@@ -13,6 +13,7 @@ import signal
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 
 from slurmkit.supervise.ledger import read_ledger
@@ -26,11 +27,11 @@ STEPS = 8
 TIMEOUT_S = 120
 
 
-def sections(strategy: str, **train: Any) -> dict[str, Any]:
+def sections(strategy: str, *, ac: bool = False, **train: Any) -> dict[str, Any]:
     return {
         "model": {"name": "test", "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
                   "ffn_dim": 128, "vocab_size": 512, "max_seq_len": 64},
-        "parallel": {"strategy": strategy, "pg_timeout_s": 60},
+        "parallel": {"strategy": strategy, "pg_timeout_s": 60, "activation_checkpointing": ac},
         "train": {"steps": STEPS, "micro_batch": 2, "global_batch": 8, "seq_len": 32,
                   "warmup_steps": 2, "ckpt_interval_steps": 3, "cpu_peak_tflops": 0.1,
                   **train},
@@ -51,25 +52,35 @@ def final(run_dir: str) -> dict[str, Any]:
         return dict(json.load(f))
 
 
-def run_uninterrupted(tmp: str, strategy: str) -> dict[str, Any]:
+def run_uninterrupted(tmp: str, strategy: str, **opts: Any) -> dict[str, Any]:
     run_dir = os.path.join(tmp, "A")
-    ranks = launch(tmp, "a", run_dir, sections(strategy))
+    ranks = launch(tmp, "a", run_dir, sections(strategy, **opts))
     assert ranks.wait(TIMEOUT_S) == [0, 0], ranks.tail()
     return final(run_dir)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_stop_at_step_then_resume_is_bit_exact(tmp_path: Any, strategy: str) -> None:
+def memmap_opts(tmp: str) -> dict[str, Any]:
+    """A real token file, read by activation-checkpointed FSDP ranks."""
+    path = os.path.join(tmp, "tokens.bin")
+    np.random.default_rng(0).integers(0, 512, 32 * 200 + 1, dtype=np.uint16).tofile(path)
+    return {"ac": True, "data": "memmap", "data_path": path, "data_dtype": "uint16"}
+
+
+@pytest.mark.parametrize("strategy,variant", [("ddp", ""), ("fsdp", ""),
+                                              ("fsdp", "memmap+ac")])
+def test_stop_at_step_then_resume_is_bit_exact(tmp_path: Any, strategy: str,
+                                               variant: str) -> None:
     tmp = str(tmp_path)
-    a = run_uninterrupted(tmp, strategy)
+    opts = memmap_opts(tmp) if variant else {}
+    a = run_uninterrupted(tmp, strategy, **opts)
     assert a["step"] == STEPS and a["world_size"] == 2
 
     run_dir = os.path.join(tmp, "B")
-    b = launch(tmp, "b", run_dir, sections(strategy, stop_at_step=4))
+    b = launch(tmp, "b", run_dir, sections(strategy, stop_at_step=4, **opts))
     assert b.wait(TIMEOUT_S) == [EXIT_CHECKPOINTED_ON_SIGNAL] * 2, b.tail()
     assert not os.path.exists(os.path.join(run_dir, "final.json"))
 
-    c = launch(tmp, "c", run_dir, sections(strategy), generation=1)
+    c = launch(tmp, "c", run_dir, sections(strategy, **opts), generation=1)
     assert c.wait(TIMEOUT_S) == [0, 0], c.tail()
     assert final(run_dir)["param_sha256"] == a["param_sha256"]
 
