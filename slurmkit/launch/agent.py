@@ -108,7 +108,10 @@ class NodeAgent:
     def rank_env(self, gen: int, local_rank: int, slot: int, port: int) -> dict[str, str]:
         rank = slot * self.ranks_per_node + local_rank
         env = dict(self.env)
-        env.update(failure_env(self.cfg, self.run_dir, self.env))
+        # The batch script exports these on Slurm; local mode has no script, so set them here.
+        env.update(self.cfg.cluster.env)
+        env.update(self.cfg.job.env)
+        env.update(failure_env(self.cfg, self.run_dir, env))
         env.update({
             "RANK": str(rank), "LOCAL_RANK": str(local_rank),
             "WORLD_SIZE": str(self.train_nodes * self.ranks_per_node),

@@ -26,12 +26,19 @@ def requeue_now(job_id: str, exclude: tuple[str, ...] | list[str], *, env: Mappi
                 run_dir: str) -> None:
     client = SlurmClient(SubprocessRunner(env=env))
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
-    out = open(os.path.join(run_dir, "logs", f"release_{job_id}.log"), "ab")
+    log_path = os.path.join(run_dir, "logs", f"release_{job_id}.log")
     # Slurm takes ExcNodeList only while the job is pending: the helper sets it after the
     # requeue. Until it does, the job is not eligible (held ~120 s), so it cannot start there.
-    subprocess.Popen([sys.executable, "-m", "slurmkit.supervise.requeue", "release", job_id, *exclude],
-                     env=dict(env), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                     start_new_session=True, close_fds=True)
+    helper = subprocess.Popen(
+        [sys.executable, "-m", "slurmkit.supervise.requeue", "release", job_id, log_path, *exclude],
+        env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+        start_new_session=True, close_fds=True)
+    # Requeue only once the helper has left this job's process tree: the requeue kills the tree.
+    assert helper.stdout is not None  # noqa: S101 - stdout=PIPE
+    ready = helper.stdout.readline().strip()
+    helper.wait(timeout=30)
+    if ready != b"detached":
+        log.warning("release helper did not detach (%r); the job waits Slurm's requeue delay", ready)
     client.requeue(job_id)
 
 
@@ -58,15 +65,26 @@ def release_when_pending(job_id: str, env: Mapping[str, str], exclude: list[str]
     return False
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) < 2 or argv[0] != "release":
-        print("usage: python -m slurmkit.supervise.requeue release JOB_ID [EXCLUDE_NODE...]",
-              file=sys.stderr)
-        return 2
-    # Leave the job's process tree for good: the requeue kills everything that is still in it.
+def _detach(log_path: str) -> None:
+    """Fork away from the job's process tree; tell the parent on stdout, then log to a file."""
     if os.fork() != 0:
         os._exit(0)
-    return 0 if release_when_pending(argv[1], os.environ, argv[2:]) else 1
+    os.setsid()
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    sys.stdout.write("detached\n")
+    sys.stdout.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[0] != "release":
+        print("usage: python -m slurmkit.supervise.requeue release JOB_ID LOG [EXCLUDE_NODE...]",
+              file=sys.stderr)
+        return 2
+    _detach(argv[2])
+    return 0 if release_when_pending(argv[1], os.environ, argv[3:]) else 1
 
 
 if __name__ == "__main__":

@@ -91,3 +91,69 @@ def test_raise_at_the_same_step_stops_with_93_and_no_requeue(env, tmp_path) -> N
     assert end["status"] == "stopped" and end["exit_code"] == 93 and "crash loop" in end["reason"]
     assert all(f["cls"] == "user_error" and f["rank"] == 1 for f in events(run_dir, "failure"))
     assert not os.path.exists(os.path.join(run_dir, "final.json"))
+
+
+def _kill_node(env, node: str) -> None:
+    subprocess.run([os.path.join(REPO, "tools", "local-cluster"), "kill-node", node], check=True,
+                   env=env, capture_output=True, timeout=60)
+
+
+def _restore_node(env, node: str) -> None:
+    """Bring the node back for the next tests: restart its slurmd, wait until Slurm takes it."""
+    from slurmkit.slurm.client import SlurmClient
+    from slurmkit.slurm.runner import SubprocessRunner
+
+    subprocess.run([os.path.join(REPO, "tools", "local-cluster"), "start-node", node], check=True,
+                   env=env, capture_output=True, timeout=60)
+    client = SlurmClient(SubprocessRunner(env=env))
+    import time
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        info = {n.name: n for n in client.nodes()}[node]
+        if info.state.startswith(("IDLE", "MIX", "ALLOC")) and "*" not in info.state:
+            return
+        if "DOWN" in info.state or "DRAIN" in info.state:
+            subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], env=env,
+                           capture_output=True, timeout=30)
+        time.sleep(1)
+    raise AssertionError(f"{node} did not come back")
+
+
+def test_node_loss_with_a_spare_continues_on_the_spare(env, reference, tmp_path) -> None:
+    job, run_dir = submit([*COMMON, "job.name=f-spare", "supervisor.spare_nodes=1"], env, str(tmp_path))
+    step = wait_for_step(run_dir, 3, 13)
+    (start,) = events(run_dir, "allocation_start")
+    lost = start["train_nodes"][1]
+    mark_fault(run_dir, "node_loss", node=lost, step=step)
+    try:
+        _kill_node(env, lost)
+        assert_recovered(run_dir, job, env, reference, step)
+    finally:
+        _restore_node(env, lost)
+    failures = events(run_dir, "failure")
+    assert failures[0]["cls"] == "node_loss" and failures[0]["node"] == lost, failures
+    assert events(run_dir, "decision")[0]["action"] == "replace_node"
+    assert not events(run_dir, "requeue")
+    started = events(run_dir, "ranks_started")
+    assert started[-1]["node"] != lost and lost not in {e["node"] for e in started if e["generation"] == 1}
+
+
+def test_node_loss_without_a_spare_requeues_without_the_node(env, reference, tmp_path) -> None:
+    job, run_dir = submit([*COMMON, "job.name=f-requeue"], env, str(tmp_path))
+    step = wait_for_step(run_dir, 3, 13)
+    (start,) = events(run_dir, "allocation_start")
+    lost = start["nodes"][1]
+    mark_fault(run_dir, "node_loss", node=lost, step=step)
+    try:
+        _kill_node(env, lost)
+        assert_recovered(run_dir, job, env, reference, step)
+    finally:
+        _restore_node(env, lost)
+    assert events(run_dir, "failure")[0]["cls"] == "node_loss"
+    (requeue,) = events(run_dir, "requeue")
+    assert requeue["exclude"] == [lost]
+    starts = events(run_dir, "allocation_start")
+    assert len(starts) == 2 and lost not in starts[1]["nodes"]
+    # Released at once, not after Slurm's ~120 s requeue hold.
+    assert starts[1]["t"] - requeue["t"] < 60, starts[1]["t"] - requeue["t"]
