@@ -66,21 +66,32 @@ def check_step(tier: Tier, step: int, *, deep: bool,
     except (ManifestError, TierError) as exc:
         return StepStatus(step, tier, None, str(exc))
     entries = files(m) if files is not None else m.files
+    try:
+        sizes = tier.sizes(step_dir(step))  # one listing instead of two requests per file
+    except TierError as exc:
+        return StepStatus(step, tier, m, str(exc))
     for e in entries:
-        problem = check_file(tier, step, e, m.checksum_algo, deep=deep, on_bytes=on_bytes)
+        problem = check_file(tier, step, e, m.checksum_algo, deep=deep, on_bytes=on_bytes,
+                             sizes=sizes)
         if problem is not None:
             return StepStatus(step, tier, m, problem)
     return StepStatus(step, tier, m, None)
 
 
 def check_file(tier: Tier, step: int, e: FileEntry, algo: str, *, deep: bool,
-               on_bytes: Callable[[int], None] | None = None) -> str | None:
-    """Why ``e`` does not verify on ``tier`` (None when it does)."""
+               on_bytes: Callable[[int], None] | None = None,
+               sizes: dict[str, int] | None = None) -> str | None:
+    """Why ``e`` does not verify on ``tier`` (None when it does).
+
+    ``sizes``: the step directory's listing (name -> bytes) when the caller has it.
+    """
     rel = f"{step_dir(step)}/{e.name}"
     try:
-        if not tier.exists(rel):
+        if sizes is None:
+            sizes = {e.name: tier.size(rel)} if tier.exists(rel) else {}
+        if e.name not in sizes:
             return f"missing shard {e.name}"
-        size = tier.size(rel)
+        size = sizes[e.name]
         if size != e.size:
             return f"shard {e.name} has {size} bytes, manifest says {e.size} (truncated?)"
         if deep:

@@ -65,12 +65,8 @@ def copy_files(src: Tier, dest: Tier, step: int, files: list[FileEntry], max_wor
                on_bytes: Callable[[int], None] | None = None) -> int:
     """Copy ``files`` of ``step`` into the destination's staging dir; return bytes copied."""
     stage = staging_dir(dest, step)
-    todo = []
-    for f in files:
-        rel = f"{stage}/{f.name}"
-        if dest.exists(rel) and dest.size(rel) == f.size:
-            continue  # copied before an outage or restart
-        todo.append(f)
+    present = dest.sizes(stage)  # files copied before an outage or restart are kept
+    todo = [f for f in files if present.get(f.name) != f.size]
     with ThreadPoolExecutor(max_workers=max_workers) as pool:
         futs = [pool.submit(copy_file, src, dest, f"{step_dir(step)}/{f.name}",
                             f"{stage}/{f.name}", on_bytes) for f in todo]
@@ -80,13 +76,8 @@ def copy_files(src: Tier, dest: Tier, step: int, files: list[FileEntry], max_wor
 
 
 def missing_in_staging(dest: Tier, step: int, m: Manifest) -> list[str]:
-    stage = staging_dir(dest, step)
-    out = []
-    for f in m.files:
-        rel = f"{stage}/{f.name}"
-        if not dest.exists(rel) or dest.size(rel) != f.size:
-            out.append(f.name)
-    return out
+    present = dest.sizes(staging_dir(dest, step))
+    return [f.name for f in m.files if present.get(f.name) != f.size]
 
 
 def commit_promotion(dest: Tier, step: int, m: Manifest) -> None:

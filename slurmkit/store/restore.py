@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,11 +22,12 @@ import torch.distributed.checkpoint as dcp
 from slurmkit.errors import SlurmkitError
 from slurmkit.store.catalog import check_file, check_step, list_steps
 from slurmkit.store.coord import Coordinator
-from slurmkit.store.manifest import Manifest, hash_file, step_dir
+from slurmkit.store.manifest import Manifest, step_dir
 from slurmkit.store.staging import JSON_PREFIX, apply_json, load_targets
 from slurmkit.store.tier import Tier, TierError
 
 log = logging.getLogger(__name__)
+FILE_WORKERS = 4  # files of one step downloaded / hashed at the same time
 
 
 class RestoreError(SlurmkitError):
@@ -65,15 +67,27 @@ def _download(tier: Tier, step: int, m: Manifest, scratch: str) -> tuple[str, st
     """Copy a remote step into ``scratch`` and check every checksum; (dir, problem)."""
     local = os.path.join(scratch, f"{tier.name}-{step_dir(step)}")
     os.makedirs(local, exist_ok=True)
-    for f in m.files:
-        path = os.path.join(local, f.name)
-        tier.get_file(f"{step_dir(step)}/{f.name}", path)
-        digest, size = hash_file(path, m.checksum_algo)
+    # largest first: the small .metadata must not hold a worker while shards wait
+    files = sorted(m.files, key=lambda f: f.size, reverse=True)
+    with ThreadPoolExecutor(max_workers=max(1, min(len(files), FILE_WORKERS))) as pool:
+        got = list(pool.map(lambda f: tier.get_file_hashed(
+            f"{step_dir(step)}/{f.name}", os.path.join(local, f.name), m.checksum_algo,
+            f.size), files))
+    for f, (digest, size) in zip(files, got):
         if size != f.size:
             return local, f"shard {f.name} has {size} bytes, manifest says {f.size}"
         if digest != f.checksum:
             return local, f"checksum mismatch in {f.name}"
     return local, None
+
+
+def _verify_local(tier: Tier, step: int, m: Manifest) -> str | None:
+    """Deep check of a local copy, files hashed in parallel; the first problem or None."""
+    sizes = tier.sizes(step_dir(step))
+    with ThreadPoolExecutor(max_workers=max(1, min(len(m.files), FILE_WORKERS))) as pool:
+        problems = pool.map(lambda f: check_file(tier, step, f, m.checksum_algo, deep=True,
+                                                 sizes=sizes), m.files)
+        return next((p for p in problems if p), None)
 
 
 def pick_source(tiers: Sequence[Tier], step: int, scratch: str) -> tuple[Source | None, str]:
@@ -88,8 +102,7 @@ def pick_source(tiers: Sequence[Tier], step: int, scratch: str) -> tuple[Source 
         try:
             local = t.local_path(step_dir(step))
             if local is not None:
-                bad = next((p for f in m.files
-                            if (p := check_file(t, step, f, m.checksum_algo, deep=True))), None)
+                bad = _verify_local(t, step, m)
                 if bad is None:
                     return Source(t, m, local, False), ""
             else:

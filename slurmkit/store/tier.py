@@ -15,6 +15,7 @@ from typing import IO, Any, Protocol
 import fsspec
 
 from slurmkit.errors import ConfigError, SlurmkitError
+from slurmkit.store.transfer import copy_hashed, fetch_hashed
 
 _ENV_RE = re.compile(r"\$(\w+)|\$\{(\w+)\}")
 
@@ -49,6 +50,9 @@ class Tier(Protocol):
     def renames_atomically(self) -> bool: ...
     def put_file(self, local_path: str, rel: str) -> None: ...
     def get_file(self, rel: str, local_path: str) -> None: ...
+    def get_file_hashed(self, rel: str, local_path: str, algo: str, size: int
+                        ) -> tuple[str, int]: ...
+    def sizes(self, rel: str) -> dict[str, int]: ...
     def ls(self, rel: str = "") -> list[str]: ...
     def exists(self, rel: str) -> bool: ...
     def size(self, rel: str) -> int: ...
@@ -138,6 +142,34 @@ class FsspecTier:
             self.fs.get_file(self._p(rel), local_path)
         except self._errors() as exc:
             raise self._io("get", rel, exc) from exc
+
+    def get_file_hashed(self, rel: str, local_path: str, algo: str, size: int
+                        ) -> tuple[str, int]:
+        """Download ``size`` bytes of ``rel`` to ``local_path`` in parallel byte ranges,
+        hashing on the way; return (checksum, bytes received)."""
+        try:
+            os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
+            if self._local:
+                return copy_hashed(self._p(rel), local_path, algo)
+            path = self._p(rel)
+            return fetch_hashed(lambda a, b: bytes(self.fs.cat_file(path, start=a, end=b)),
+                                size, local_path, algo)
+        except self._errors() as exc:
+            raise self._io("get", rel, exc) from exc
+
+    def sizes(self, rel: str) -> dict[str, int]:
+        """Size of every file directly in ``rel`` (one listing request); {} if missing."""
+        try:
+            if self._local:
+                with os.scandir(self._p(rel)) as it:
+                    return {e.name: e.stat().st_size for e in it if e.is_file()}
+            entries = self.fs.ls(self._p(rel), detail=True)
+        except FileNotFoundError:
+            return {}
+        except self._errors() as exc:
+            raise self._io("ls", rel, exc) from exc
+        return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
+                for e in entries if e.get("type") == "file"}
 
     def ls(self, rel: str = "") -> list[str]:
         """Names of the direct children of ``rel``; [] when it does not exist."""

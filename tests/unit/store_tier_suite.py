@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from slurmkit.store.manifest import hash_file
 from slurmkit.store.tier import Tier
 
 
@@ -82,3 +83,30 @@ class TierSuite:
             assert os.path.exists(p)
         else:
             assert "://" in tier.uri
+
+    def test_sizes_lists_files_of_one_directory(self, tier: Tier) -> None:
+        assert tier.sizes("step_0000000009") == {}
+        tier.write_atomic("step_0000000009/a", b"12345")
+        tier.write_atomic("step_0000000009/b", b"")
+        tier.write_atomic("step_0000000009/sub/c", b"xyz")
+        assert tier.sizes("step_0000000009") == {"a": 5, "b": 0}
+
+    def test_get_file_hashed_matches_hash_of_content(self, tier: Tier, tmp_path: str) -> None:
+        data = os.urandom((1 << 20) + 17)
+        src = os.path.join(tmp_path, "src.bin")
+        with open(src, "wb") as f:
+            f.write(data)
+        tier.put_file(src, "d/f.bin")
+        for algo in ("sha256", "crc32"):
+            dst = os.path.join(tmp_path, "out", f"{algo}.bin")
+            got = tier.get_file_hashed("d/f.bin", dst, algo, len(data))
+            assert got == hash_file(src, algo)
+            with open(dst, "rb") as f:
+                assert f.read() == data
+        assert sorted(os.listdir(os.path.join(tmp_path, "out"))) == ["crc32.bin", "sha256.bin"]
+
+    def test_get_file_hashed_reports_a_short_object(self, tier: Tier, tmp_path: str) -> None:
+        tier.write_atomic("d/short.bin", b"abc")
+        digest, size = tier.get_file_hashed("d/short.bin", os.path.join(tmp_path, "s"),
+                                            "crc32", 10)
+        assert size == 3
