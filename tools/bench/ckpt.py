@@ -2,14 +2,36 @@
 
     python tools/bench/ckpt.py --size-gb 0.25 --saves 4 --dir /tmp/ckbench
 
-One run, one state (many tensors, like a model), one filesystem, methods alternating inside a
-loop that mutates the state in place between saves. Prints ratios and ends with one
-``RESULT key=value ...`` line. Starts a SeaweedFS server when SLURMKIT_S3_ENDPOINT is unset.
+One run, one state (many float32 tensors, like a model), one filesystem, one S3 server;
+methods alternate inside a loop that mutates the state in place between saves. What each
+figure is (medians over the loop unless said otherwise):
+
+* blocking: seconds the training thread is held. torch.save+fsync is fully blocking;
+  DCP ``async_save`` returns after its staging copy; the store returns after its snapshot
+  into reused buffers.
+* durable vs dd: the store's time from the save() call until the step is committed on the
+  NVMe tier (files fsynced, manifest written last and read back, latest.json moved),
+  against ``dd oflag=direct conv=fsync`` writing the same byte count to the same
+  filesystem, run once per loop iteration right after the store's save (the disk's raw
+  write speed under the same conditions).
+* restore NVMe: the store (manifest + every checksum verified, then DCP load) against a
+  plain ``dcp.load`` of the same step directory.
+* object tier: a fresh server is warmed up with one upload first; then, alternating
+  A B B A, the store's promotion of a committed step to S3 (``ckpt_durable`` seconds:
+  find source, upload, commit, manifest, verify) against a plain default
+  ``s3fs.S3FileSystem.put`` of the very same files (same bytes, same server), and the
+  store's restore from S3 alone (download, verify every checksum, DCP load) against a plain
+  ``s3fs.get`` of the same objects.
+
+The machine may be shared: the 1-minute load average at start and end is printed and goes
+into the RESULT line, which is always the last line. Starts a SeaweedFS server when
+SLURMKIT_S3_ENDPOINT is unset.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import secrets
 import shutil
@@ -18,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -25,6 +48,11 @@ import torch.distributed.checkpoint as dcp
 
 from slurmkit.store import CheckpointStore, StoreConfig
 from slurmkit.store.tier import make_tier
+
+
+# DCP warns on every call that it runs without a process group: that is the point here
+warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+warnings.filterwarnings("ignore", message=".*Detected an existing checkpoint.*")
 
 
 def make_state(size_gb: float, tensor_mb: int = 16) -> dict[str, Any]:
@@ -92,25 +120,27 @@ def s3_env(work: str) -> tuple[dict[str, str], int | None]:
 def blocking_loop(state: dict[str, Any], work: str, saves: int) -> dict[str, Any]:
     cfg = StoreConfig(nvme_uri=f"{work}/nvme", keep_nvme=1)
     store = CheckpointStore.from_config(cfg, rank=0, world_size=1, node="bench", env={})
-    res: dict[str, list[float]] = {"torch": [], "dcp": [], "store": [], "durable": []}
-    prev_future: Any = None
+    res: dict[str, list[float]] = {"torch": [], "dcp": [], "store": [], "durable": [], "dd": []}
+    total = nbytes(state)
     for i in range(saves):
         mutate(state, 3 * i + 1)
         res["torch"].append(torch_save_fsync(state, f"{work}/torch.pt"))
         mutate(state, 3 * i + 2)
         t0 = time.perf_counter()
-        prev_future = dcp.async_save(state, checkpoint_id=f"{work}/dcp_async", no_dist=True)
+        fut = dcp.async_save(state, checkpoint_id=f"{work}/dcp_async", no_dist=True)
         res["dcp"].append(time.perf_counter() - t0)
-        prev_future.result()
+        fut.result()
         mutate(state, 3 * i + 3)
         t0 = time.perf_counter()
         h = store.save(3 * i + 3, state)
         res["store"].append(h.blocking_s)
-        h.wait()
+        if not h.wait():
+            raise SystemExit(f"store save of step {3 * i + 3} failed")
         res["durable"].append(time.perf_counter() - t0)
+        res["dd"].append(dd_direct(f"{work}/dd.bin", total))
     store.wait()
     store.close()
-    return {"store_obj": store, **res}
+    return res
 
 
 def restore_compare(state: dict[str, Any], work: str) -> dict[str, float]:
@@ -132,43 +162,80 @@ def restore_compare(state: dict[str, Any], work: str) -> dict[str, float]:
     return {"restore_store_s": t_store, "restore_dcp_s": t_dcp, "bit_exact": float(same)}
 
 
+def plain_s3fs(env: dict[str, str]) -> Any:
+    """A default s3fs filesystem (endpoint and keys only): the 'plain s3fs' baseline."""
+    import s3fs
+
+    return s3fs.S3FileSystem(key=env["AWS_ACCESS_KEY_ID"], secret=env["AWS_SECRET_ACCESS_KEY"],
+                             client_kwargs={"endpoint_url": env["SLURMKIT_S3_ENDPOINT"],
+                                            "region_name": env.get("AWS_DEFAULT_REGION",
+                                                                   "us-east-1")},
+                             skip_instance_cache=True)
+
+
+def store_upload(store: CheckpointStore, state: dict[str, Any], step: int,
+                 events: list[dict[str, Any]]) -> tuple[float, int]:
+    """Save ``step`` and wait for its promotion to S3; (promotion seconds, bytes)."""
+    mutate(state, step)
+    store.save(step, state)
+    store.wait()
+    up = [e for e in events if e["event"] == "ckpt_durable" and e["step"] == step]
+    if not up:
+        raise SystemExit(f"promotion of step {step} to S3 failed: {events[-3:]}")
+    return float(up[0]["seconds"]), int(up[0]["bytes"])
+
+
 def object_compare(state: dict[str, Any], work: str, env: dict[str, str]) -> dict[str, float]:
     bucket = env.get("SLURMKIT_S3_BUCKET", "checkpoints")
     run = secrets.token_hex(3)
+    plain = plain_s3fs(env)
     events: list[dict[str, Any]] = []
     cfg = StoreConfig(nvme_uri=f"{work}/nvme_o", object_uri=f"s3://{bucket}/bench-{run}/store",
-                      object_every_saves=1, keep_nvme=1, max_concurrent_copies=8)
+                      object_every_saves=1, keep_nvme=1, keep_object=1)
     store = CheckpointStore.from_config(cfg, rank=0, world_size=1, node="bench", env=env,
                                         on_event=events.append)
-    mutate(state, 10_000)
-    store.save(10_000, state)
-    store.wait()
+    steps = iter(range(10_000, 10_010))
+    store_upload(store, state, next(steps), events)  # warm-up: the server grows its volumes
+    t_put, t_up = [], []
+    for who in "ABBA":
+        if who == "B":
+            secs, total = store_upload(store, state, next(steps), events)
+            t_up.append(secs)
+            continue
+        # the newest committed step on the NVMe tier: exactly the files the store uploads
+        src = max(glob.glob(f"{work}/nvme_o/bench/step_*"))
+        files = sorted(os.listdir(src))
+        dst = f"{bucket}/bench-{run}/plain/{len(t_put)}"
+        t0 = time.perf_counter()
+        plain.put([f"{src}/{n}" for n in files], [f"{dst}/{n}" for n in files])
+        t_put.append(time.perf_counter() - t0)
     store.close()
-    up = next(e for e in events if e["event"] == "ckpt_durable" and e["tier"] == "object")
-    total = int(up["bytes"])
+    newest = max(int(e["step"]) for e in events if e["event"] == "ckpt_durable")
+    want = {k: v.clone() for k, v in state["model"].items()}
     ocfg = StoreConfig(object_uri=cfg.object_uri, scratch_dir=f"{work}/scratch")
-    ostore = CheckpointStore.from_config(ocfg, rank=0, world_size=1, node="bench-r", env=env)
-    tmpl = {"model": {k: torch.empty_like(v) for k, v in state["model"].items()}, "step": None}
-    t0 = time.perf_counter()
-    r = ostore.restore(tmpl)
-    t_restore = time.perf_counter() - t0
-    same = r is not None and all(torch.equal(tmpl["model"][k], v)
-                                 for k, v in state["model"].items())
-    ostore.close()
-    plain = make_tier("object", f"s3://{bucket}/bench-{run}/plain", env)
-    blob = f"{work}/blob.bin"
-    with open(blob, "wb") as f:
-        f.truncate(total)  # same byte count; contents do not matter to the transfer
-    t0 = time.perf_counter()
-    plain.fs.put_file(blob, f"{plain.root}/blob.bin")
-    t_put = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    plain.fs.get_file(f"{plain.root}/blob.bin", f"{work}/blob.back")
-    t_get = time.perf_counter() - t0
+    t_get, t_restore, same = [], [], True
+    remote = f"{bucket}/bench-{run}/plain/0"
+    for who in "ABBA":
+        if who == "A":
+            shutil.rmtree(f"{work}/got", ignore_errors=True)
+            os.makedirs(f"{work}/got")
+            t0 = time.perf_counter()
+            plain.get([f"{remote}/{n}" for n in files], [f"{work}/got/{n}" for n in files])
+            t_get.append(time.perf_counter() - t0)
+            continue
+        ostore = CheckpointStore.from_config(ocfg, rank=0, world_size=1, node="bench-r", env=env)
+        tmpl = {"model": {k: torch.empty_like(v) for k, v in want.items()}, "step": None}
+        t0 = time.perf_counter()
+        r = ostore.restore(tmpl)
+        t_restore.append(time.perf_counter() - t0)
+        ostore.close()
+        same = same and r is not None and r.step == newest and all(
+            torch.equal(tmpl["model"][k], v) for k, v in want.items())
     gib = total / (1 << 30)
-    return {"obj_up_gibs": gib / up["seconds"], "s3fs_put_gibs": gib / t_put,
-            "obj_restore_gibs": gib / t_restore, "s3fs_get_gibs": gib / t_get,
-            "obj_bit_exact": float(same)}
+    return {"obj_up_gibs": gib / statistics.mean(t_up),
+            "s3fs_put_gibs": gib / statistics.mean(t_put),
+            "obj_restore_gibs": gib / statistics.mean(t_restore),
+            "s3fs_get_gibs": gib / statistics.mean(t_get), "obj_bit_exact": float(same)}
 
 
 def main() -> int:
@@ -183,15 +250,18 @@ def main() -> int:
     state = make_state(a.size_gb)
     total = nbytes(state)
     print(f"state: {len(state['model'])} tensors, {total / (1 << 30):.2f} GiB; dir {work}")
+    load_start = os.getloadavg()[0]
     loop = blocking_loop(state, work, a.saves)
-    t_dd = dd_direct(f"{work}/dd.bin", total)
     rs = restore_compare(state, work)
     b = {k: (statistics.median(loop[k]), p95(loop[k])) for k in ("torch", "dcp", "store")}
     for k, (med, hi) in b.items():
         print(f"blocking {k:6s}: median {med * 1e3:8.1f} ms  p95 {hi * 1e3:8.1f} ms")
-    durable = statistics.median(loop["durable"])
+    durable, t_dd = statistics.median(loop["durable"]), statistics.median(loop["dd"])
+    # each save is paired with the dd run right after it: the ratio of a pair sees the same load
+    paired = statistics.median(d / s for d, s in zip(loop["dd"], loop["durable"]))
     gib = total / (1 << 30)
-    print(f"durable on NVMe tier: {gib / durable:.2f} GiB/s (dd oflag=direct {gib / t_dd:.2f})")
+    print(f"durable on NVMe tier: {gib / durable:.2f} GiB/s (dd oflag=direct {gib / t_dd:.2f}); "
+          f"paired ratio {paired:.2f}")
     print(f"restore NVMe: store {rs['restore_store_s']:.2f} s (with checksums), "
           f"dcp.load {rs['restore_dcp_s']:.2f} s; bit-exact={bool(rs['bit_exact'])}")
     result = {
@@ -200,7 +270,7 @@ def main() -> int:
         "block_dcp_async_ms": round(b["dcp"][0] * 1e3, 1),
         "block_torch_save_ms": round(b["torch"][0] * 1e3, 1),
         "block_ratio_vs_dcp": round(b["store"][0] / b["dcp"][0], 3),
-        "durable_vs_dd": round(t_dd / durable, 3),
+        "durable_vs_dd": round(paired, 3),
         "restore_vs_dcp_load": round(rs["restore_store_s"] / rs["restore_dcp_s"], 3),
         "bit_exact": int(rs["bit_exact"]),
     }
@@ -224,6 +294,10 @@ def main() -> int:
         })
     if not a.dir:
         shutil.rmtree(work, ignore_errors=True)
+    load_end = os.getloadavg()[0]
+    print(f"load average (1 min): {load_start:.1f} at start, {load_end:.1f} at end "
+          f"on {os.cpu_count()} CPUs")
+    result["load1"] = round(max(load_start, load_end), 1)
     print("RESULT " + " ".join(f"{k}={v}" for k, v in result.items()))
     return 0
 
