@@ -232,7 +232,9 @@ class SealingWriter(FileSystemWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         prefix = plan.storage_data.prefix
-        jobs = [(f"{prefix}{n}.distcp", bucket)
+        # within a file, the state's own order: the order in which a snapshot fills buffers
+        order = {id(item): n for n, item in enumerate(plan.items)}
+        jobs = [(f"{prefix}{n}.distcp", sorted(bucket, key=lambda i: order[id(i)]))
                 for n, bucket in enumerate(split_items(plan.items, self.thread_count))]
         with ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="slurmkit-seal") as pool:
             parts = list(pool.map(lambda job: self._write_file(job[0], job[1], planner), jobs))

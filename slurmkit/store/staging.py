@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from slurmkit.errors import ConfigError
+from slurmkit.errors import ConfigError, SlurmkitError
 
 JSON_PREFIX = "__json__."
 
@@ -99,25 +100,82 @@ class StagingBuffers:
 
     def snapshot(self, state: dict[Any, Any]) -> dict[str, Any]:
         """Copy ``state`` into the buffers; return the flat DCP state dict that points at them."""
+        flat, copies = self.prepare(state)
+        fill(copies, FillGate([c[0] for c in copies]))
+        return flat
+
+    def prepare(self, state: dict[Any, Any]) -> tuple[dict[str, Any], list[Copy]]:
+        """The flat DCP state over the (not yet filled) buffers, and the copies that fill them.
+
+        Everything that can reject a state (unsupported values, clashing keys) happens here,
+        before any background writer is started on the result.
+        """
         flat: dict[str, Any] = {}
-        needs_sync = False
+        copies: list[Copy] = []
         for key, parent, k in walk(state):
             v = parent[k]
             if isinstance(v, torch.Tensor):
                 local = v.to_local() if _is_dtensor(v) else v  # type: ignore[attr-defined]
                 buf = self._buffer_for(key, local)
-                buf.copy_(local.detach(), non_blocking=local.device.type != "cpu")
-                needs_sync = needs_sync or local.device.type != "cpu"
+                copies.append((key, buf, local.detach()))
                 flat[key] = _rewrap(v, buf) if _is_dtensor(v) else buf
             else:
                 flat[JSON_PREFIX + key] = encode_json(v)
-        if needs_sync:
-            torch.cuda.synchronize()
         if len(flat) != sum(1 for _ in walk(state)):
             raise ConfigError(detected="two state keys flatten to the same name",
                               requirement="unique dotted key paths",
                               fix="rename keys that contain dots")
-        return flat
+        return flat, copies
+
+
+Copy = tuple[str, torch.Tensor, torch.Tensor]  # (flat key, staging buffer, source)
+
+
+class FillGate:
+    """Which staging buffers hold their snapshot yet; the writer waits per key.
+
+    Lets the background writer serialize tensor i while the training thread still copies
+    tensor i+1 (the durable time then overlaps the snapshot instead of following it).
+    """
+
+    def __init__(self, keys: list[str]) -> None:
+        self._cv = threading.Condition()
+        self._pending = set(keys)
+        self._aborted = False
+
+    def set(self, key: str) -> None:
+        with self._cv:
+            self._pending.discard(key)
+            self._cv.notify_all()
+
+    def abort(self) -> None:
+        """The snapshot failed: every waiter raises instead of reading a half-filled buffer."""
+        with self._cv:
+            self._aborted = True
+            self._cv.notify_all()
+
+    def wait(self, key: str) -> None:
+        with self._cv:
+            self._cv.wait_for(lambda: self._aborted or key not in self._pending)
+            if self._aborted:
+                raise SlurmkitError(f"snapshot of {key!r} was aborted; nothing is written")
+
+
+def fill(copies: list[Copy], gate: FillGate) -> None:
+    """Copy every source into its buffer, opening the gate key by key (CPU sources at once,
+    accelerator sources after the one synchronize that makes their copies complete)."""
+    on_device = []
+    for key, buf, src in copies:
+        if src.device.type == "cpu":
+            buf.copy_(src)
+            gate.set(key)
+        else:
+            buf.copy_(src, non_blocking=True)
+            on_device.append(key)
+    if on_device:
+        torch.cuda.synchronize()
+        for key in on_device:
+            gate.set(key)
 
 
 def _rewrap(dt: Any, local: torch.Tensor) -> Any:

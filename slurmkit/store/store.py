@@ -27,7 +27,7 @@ from slurmkit.store.promoter import Promoter, error_fields
 from slurmkit.store.queue import PromotionQueue, referenced_steps
 from slurmkit.store.restore import RestoreResult, restore_newest
 from slurmkit.store.retention import gc_tier
-from slurmkit.store.staging import StagingBuffers
+from slurmkit.store.staging import FillGate, StagingBuffers, fill
 from slurmkit.store.tier import FsspecTier, Tier, expand_env, make_tier
 from slurmkit.store.writer import SAVE_ERRORS, PrimaryWriter, tier_lock
 
@@ -150,10 +150,17 @@ class CheckpointStore:
             log.info("save of step %d waited %.2f s for the previous save", step, waited)
             self._emit({"event": "ckpt_waited", "step": step, "waited_s": round(waited, 3),
                         "reason": "previous save still in flight (busy_policy=wait)"})
-        flat = self._staging.snapshot(state)
-        blocking = time.perf_counter() - t0
+        flat, copies = self._staging.prepare(state)
+        # the writer starts now and serializes each tensor as soon as its copy is done
+        gate = FillGate([key for key, _, _ in copies])
         fut: Future[Manifest | None] = Future()
-        self._job = self._pool.submit(self._persist, step, flat, fut)
+        self._job = self._pool.submit(self._persist, step, flat, gate, fut)
+        try:
+            fill(copies, gate)
+        except BaseException:
+            gate.abort()  # the writer fails this save (ckpt_failed) instead of waiting
+            raise
+        blocking = time.perf_counter() - t0
         self._inflight = SaveHandle(step, fut, blocking)
         return self._inflight
 
@@ -181,11 +188,12 @@ class CheckpointStore:
             dests.append("object")
         return sorted(set(dests), key=dests.index)
 
-    def _persist(self, step: int, flat: dict[str, Any], done: Future[Manifest | None]) -> None:
+    def _persist(self, step: int, flat: dict[str, Any], gate: FillGate,
+                 done: Future[Manifest | None]) -> None:
         """Write and commit (then resolve ``done``: the handle, and the staging buffers are
         free again); then queue promotions and apply retention."""
         try:
-            m, tier = self._write_primary(step, flat)
+            m, tier = self._write_primary(step, flat, gate)
         except BaseException as exc:  # never leave the handle unresolved
             done.set_exception(exc)
             raise
@@ -193,12 +201,12 @@ class CheckpointStore:
         if m is not None and tier is not None:
             self._after_commit(m, tier)
 
-    def _write_primary(self, step: int, flat: dict[str, Any]
+    def _write_primary(self, step: int, flat: dict[str, Any], gate: FillGate
                        ) -> tuple[Manifest | None, FsspecTier | None]:
         t0 = time.perf_counter()
         for w in self._writers:
             try:
-                m = w.write(step, self._saves_seq(), flat, self._decide)
+                m = w.write(step, self._saves_seq(), flat, self._decide, gate)
                 break
             except SAVE_ERRORS as exc:  # the writer thread reports every failure as an event
                 log.error("checkpoint step %d failed on %s: %s", step, w.tier.uri, exc)

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.planner import WriteItem
 
 from slurmkit.store.catalog import check_step, write_latest
 from slurmkit.store.coord import Coordinator
@@ -34,6 +36,7 @@ from slurmkit.store.manifest import (
     step_dir,
 )
 from slurmkit.store.sealing import SealingWriter
+from slurmkit.store.staging import FillGate
 from slurmkit.store.tier import FsspecTier, Tier, TierError, fsync_dir
 
 METADATA = ".metadata"
@@ -91,6 +94,20 @@ def seal_files(directory: str, names: list[str], rank: int, algo: str) -> list[F
     return entries
 
 
+class GatedPlanner(DefaultSavePlanner):
+    """DCP's default planner, except that it hands out a tensor only once its staging copy
+    is complete (planning itself needs shapes and dtypes only)."""
+
+    def __init__(self, gate: FillGate | None) -> None:
+        super().__init__()
+        self._gate = gate
+
+    def resolve_data(self, write_item: WriteItem) -> Any:
+        if self._gate is not None:
+            self._gate.wait(write_item.index.fqn)
+        return super().resolve_data(write_item)
+
+
 def sealed_entries(directory: str, names: list[str], rank: int, algo: str,
                    sealed: dict[str, tuple[str, int]]) -> list[FileEntry]:
     """Entries for ``names`` from the checksums taken while writing (files already fsynced);
@@ -122,8 +139,11 @@ class PrimaryWriter:
         self.token = token
 
     def write(self, step: int, seq: int, flat: dict[str, Any],
-              decide: Callable[[int], list[str]]) -> Manifest:
-        """Write, seal, build the manifest (rank 0 decides promotions), commit. Collective."""
+              decide: Callable[[int], list[str]], gate: FillGate | None = None) -> Manifest:
+        """Write, seal, build the manifest (rank 0 decides promotions), commit. Collective.
+
+        ``gate``: the snapshot may still be filling ``flat``; each tensor is serialized only
+        once its copy finished."""
         partial = f"{PARTIAL}/{step_dir(step)}.{self.token}-{seq}"
         directory = self.tier.local_path(partial)
         if directory is None:
@@ -133,7 +153,7 @@ class PrimaryWriter:
         dist = self.coord.distributed
         t0 = time.perf_counter()
         try:
-            dcp.save(flat, storage_writer=writer,
+            dcp.save(flat, storage_writer=writer, planner=GatedPlanner(gate),
                      process_group=self.coord.group if dist else None, no_dist=not dist)
         except SAVE_ERRORS:  # DCP raises CheckpointException on every rank; drop the partial
             self.tier.rm(partial, recursive=True)
