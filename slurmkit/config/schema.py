@@ -117,7 +117,7 @@ class SupervisorConfig:
     startup_timeout_s: float = 300.0  # first heartbeat must come within this
     spare_nodes: int = 0  # allocate nodes + spare_nodes, train on nodes
     poll_interval_s: float = 0.5  # how often agents look at their ranks and each other
-    node_timeout_s: float = 5.0  # an agent silent this long is a lost node
+    node_timeout_s: float = 3.0  # an agent silent this long is a lost node (beats every poll)
     heartbeat_ledger_interval_s: float = 10.0  # how often sampled heartbeats go to the ledger
 
     def __post_init__(self) -> None:

@@ -157,3 +157,21 @@ def test_node_loss_without_a_spare_requeues_without_the_node(env, reference, tmp
     assert len(starts) == 2 and lost not in starts[1]["nodes"]
     # Released at once, not after Slurm's ~120 s requeue hold.
     assert starts[1]["t"] - requeue["t"] < 60, starts[1]["t"] - requeue["t"]
+
+
+def test_time_limit_warning_checkpoints_and_requeues(env, reference, tmp_path) -> None:
+    """A 2-minute limit with a 60 s warning against ~70 s of training: the real signal path."""
+    args = [a for a in COMMON if "STEP_DELAY" not in a]
+    job, run_dir = submit([*args, "job.name=f-time", "job.time=00:02:00", "job.signal_lead_s=60",
+                           "+job.env.SLURMKIT_STEP_DELAY_S=1.5"], env, str(tmp_path))
+    state = finish(job, env, timeout_s=600)
+    assert state == "COMPLETED", state
+    assert final(run_dir)["param_sha256"] == reference
+    saved = events(run_dir, "checkpointed_on_signal")
+    assert saved and saved[0]["signal"] == "time_limit", saved
+    requeues = events(run_dir, "requeue")
+    assert requeues and "time limit" in requeues[0]["reason"]
+    # Nothing was lost: the requeued run resumed from the step saved on the warning.
+    restored = [e["step"] for e in events(run_dir, "ckpt_restored")]
+    assert restored[0] == saved[0]["step"], (restored, saved)
+    assert not events(run_dir, "failure")
