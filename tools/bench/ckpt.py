@@ -47,7 +47,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from slurmkit.store import CheckpointStore, StoreConfig
-from slurmkit.store.tier import make_tier
+from slurmkit.store.config import CHECKSUMS
 
 
 # DCP warns on every call that it runs without a process group: that is the point here
@@ -117,8 +117,9 @@ def s3_env(work: str) -> tuple[dict[str, str], int | None]:
     return {**os.environ, **srv.env()}, srv.pid
 
 
-def blocking_loop(state: dict[str, Any], work: str, saves: int) -> dict[str, Any]:
-    cfg = StoreConfig(nvme_uri=f"{work}/nvme", keep_nvme=1)
+def blocking_loop(state: dict[str, Any], work: str, saves: int, checksum: str
+                  ) -> dict[str, Any]:
+    cfg = StoreConfig(nvme_uri=f"{work}/nvme", keep_nvme=1, checksum=checksum)
     store = CheckpointStore.from_config(cfg, rank=0, world_size=1, node="bench", env={})
     res: dict[str, list[float]] = {"torch": [], "dcp": [], "store": [], "durable": [], "dd": []}
     total = nbytes(state)
@@ -127,7 +128,7 @@ def blocking_loop(state: dict[str, Any], work: str, saves: int) -> dict[str, Any
         res["torch"].append(torch_save_fsync(state, f"{work}/torch.pt"))
         mutate(state, 3 * i + 2)
         t0 = time.perf_counter()
-        fut = dcp.async_save(state, checkpoint_id=f"{work}/dcp_async", no_dist=True)
+        fut: Any = dcp.async_save(state, checkpoint_id=f"{work}/dcp_async", no_dist=True)
         res["dcp"].append(time.perf_counter() - t0)
         fut.result()
         mutate(state, 3 * i + 3)
@@ -143,11 +144,12 @@ def blocking_loop(state: dict[str, Any], work: str, saves: int) -> dict[str, Any
     return res
 
 
-def restore_compare(state: dict[str, Any], work: str) -> dict[str, float]:
+def restore_compare(state: dict[str, Any], work: str, checksum: str) -> dict[str, float]:
     """NVMe restore by the store (verify + load) against dcp.load of the same files."""
-    cfg = StoreConfig(nvme_uri=f"{work}/nvme", keep_nvme=1)
+    cfg = StoreConfig(nvme_uri=f"{work}/nvme", keep_nvme=1, checksum=checksum)
     store = CheckpointStore.from_config(cfg, rank=0, world_size=1, node="bench", env={})
-    tmpl = {"model": {k: torch.empty_like(v) for k, v in state["model"].items()}, "step": None}
+    tmpl: dict[str, Any] = {"model": {k: torch.empty_like(v) for k, v in state["model"].items()},
+                            "step": None}
     t0 = time.perf_counter()
     r = store.restore(tmpl)
     t_store = time.perf_counter() - t0
@@ -185,18 +187,20 @@ def store_upload(store: CheckpointStore, state: dict[str, Any], step: int,
     return float(up[0]["seconds"]), int(up[0]["bytes"])
 
 
-def object_compare(state: dict[str, Any], work: str, env: dict[str, str]) -> dict[str, float]:
+def object_compare(state: dict[str, Any], work: str, env: dict[str, str], checksum: str
+                   ) -> dict[str, float]:
     bucket = env.get("SLURMKIT_S3_BUCKET", "checkpoints")
     run = secrets.token_hex(3)
     plain = plain_s3fs(env)
     events: list[dict[str, Any]] = []
     cfg = StoreConfig(nvme_uri=f"{work}/nvme_o", object_uri=f"s3://{bucket}/bench-{run}/store",
-                      object_every_saves=1, keep_nvme=1, keep_object=1)
+                      object_every_saves=1, keep_nvme=1, keep_object=1, checksum=checksum)
     store = CheckpointStore.from_config(cfg, rank=0, world_size=1, node="bench", env=env,
                                         on_event=events.append)
     steps = iter(range(10_000, 10_010))
     store_upload(store, state, next(steps), events)  # warm-up: the server grows its volumes
-    t_put, t_up = [], []
+    t_put: list[float] = []
+    t_up: list[float] = []
     for who in "ABBA":
         if who == "B":
             secs, total = store_upload(store, state, next(steps), events)
@@ -224,7 +228,8 @@ def object_compare(state: dict[str, Any], work: str, env: dict[str, str]) -> dic
             t_get.append(time.perf_counter() - t0)
             continue
         ostore = CheckpointStore.from_config(ocfg, rank=0, world_size=1, node="bench-r", env=env)
-        tmpl = {"model": {k: torch.empty_like(v) for k, v in want.items()}, "step": None}
+        tmpl: dict[str, Any] = {"model": {k: torch.empty_like(v) for k, v in want.items()},
+                                "step": None}
         t0 = time.perf_counter()
         r = ostore.restore(tmpl)
         t_restore.append(time.perf_counter() - t0)
@@ -244,6 +249,8 @@ def main() -> int:
     ap.add_argument("--saves", type=int, default=5)
     ap.add_argument("--dir", default="")
     ap.add_argument("--no-s3", action="store_true")
+    ap.add_argument("--checksum", default=StoreConfig.checksum, choices=CHECKSUMS,
+                    help="the store's checksum (default: the store's default)")
     a = ap.parse_args()
     work = a.dir or tempfile.mkdtemp(prefix="ckbench-")
     os.makedirs(work, exist_ok=True)
@@ -251,8 +258,8 @@ def main() -> int:
     total = nbytes(state)
     print(f"state: {len(state['model'])} tensors, {total / (1 << 30):.2f} GiB; dir {work}")
     load_start = os.getloadavg()[0]
-    loop = blocking_loop(state, work, a.saves)
-    rs = restore_compare(state, work)
+    loop = blocking_loop(state, work, a.saves, a.checksum)
+    rs = restore_compare(state, work, a.checksum)
     b = {k: (statistics.median(loop[k]), p95(loop[k])) for k in ("torch", "dcp", "store")}
     for k, (med, hi) in b.items():
         print(f"blocking {k:6s}: median {med * 1e3:8.1f} ms  p95 {hi * 1e3:8.1f} ms")
@@ -266,6 +273,7 @@ def main() -> int:
           f"dcp.load {rs['restore_dcp_s']:.2f} s; bit-exact={bool(rs['bit_exact'])}")
     result = {
         "size_gib": round(gib, 3),
+        "checksum": a.checksum,
         "block_store_ms": round(b["store"][0] * 1e3, 1),
         "block_dcp_async_ms": round(b["dcp"][0] * 1e3, 1),
         "block_torch_save_ms": round(b["torch"][0] * 1e3, 1),
@@ -278,7 +286,7 @@ def main() -> int:
     if not a.no_s3:
         env, pid = s3_env(work)
         try:
-            ob = object_compare(state, work, env)
+            ob = object_compare(state, work, env, a.checksum)
         finally:
             if pid is not None:
                 from slurmkit.testing.s3server import stop_pid
