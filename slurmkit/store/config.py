@@ -35,7 +35,8 @@ class StoreConfig:
     busy_policy: str = "wait"
     # Files one rank copies at the same time during a promotion (bounded concurrency).
     max_concurrent_copies: int = 4
-    # DCP writer threads per rank = files per rank per checkpoint (more files copy in parallel).
+    # DCP writer threads per rank = files per rank per checkpoint (more files copy in parallel;
+    # each thread hashes its file while writing it, so this is also the hashing parallelism).
     write_threads: int = 2
     # Promotions of rank r start (r % stagger_slots) * stagger_s seconds late (0 = no stagger).
     stagger_s: float = 0.0
@@ -48,7 +49,8 @@ class StoreConfig:
     retry_pending_s: float = 60.0
     # Rank 0 waits this long for other ranks' files before committing a promotion (seconds).
     commit_timeout_s: float = 600.0
-    # Checksum of every file in the manifest: sha256 or crc32 (faster, still catches bit flips).
+    # Checksum of every file in the manifest: sha256 or crc32 (half the CPU per byte, still
+    # catches bit flips and truncation; no protection against deliberate tampering).
     checksum: str = "sha256"
     # AWS profile for the object tier ("" = credentials from the environment mapping).
     s3_profile: str = ""
@@ -60,7 +62,8 @@ class StoreConfig:
             raise ConfigError(
                 detected="store with no tier (nvme_uri, lustre_uri and object_uri all empty)",
                 requirement="at least one checkpoint tier",
-                fix="set store.nvme_uri, store.lustre_uri or store.object_uri (or use store=default)",
+                fix="set store.nvme_uri, store.lustre_uri or store.object_uri "
+                    "(or use store=default)",
             )
         if self.busy_policy not in BUSY_POLICIES:
             raise ConfigError(

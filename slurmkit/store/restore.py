@@ -1,8 +1,9 @@
 """Restore the newest step that verifies on some tier, into a template state, in place.
 
 Per step (newest first, the union of every rank's view): each rank picks the fastest tier
-whose copy verifies *deeply* (every file's checksum; remote copies are downloaded to a local
-directory and checked there), the ranks agree (all must succeed), and only then DCP reads
+whose copy verifies *deeply* (every file's checksum; local files are hashed in parallel;
+remote copies are downloaded to a local directory in parallel byte ranges and hashed on the
+way, see transfer.py), the ranks agree (all must succeed), and only then DCP reads
 ``.metadata`` (pickled by DCP, so never opened before its checksum matched) and the shards.
 A step that fails anywhere is skipped with its reason and the next older one is tried.
 """

@@ -1,7 +1,10 @@
 """CheckpointStore: the API the trainer and the supervisor call.
 
 Threads of one rank: the training thread (``save`` snapshots and returns), one background
-writer (DCP to the primary tier, commit), one promoter (slower tiers, retention). With a
+writer (DCP to the primary tier, commit), one promoter (slower tiers, retention). The writer
+starts with the snapshot: it serializes a tensor as soon as its staging copy is done
+(staging.FillGate). A save's handle resolves at the commit; queueing its promotions and
+retention follow on the writer thread (``wait()`` covers both). With a
 process group, the store owns two gloo groups made at init (a collective call on every
 rank): one for the writer, one for the training thread's decisions and for restore.
 """
