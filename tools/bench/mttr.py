@@ -1,0 +1,584 @@
+"""Mean time to recovery: slurmkit's supervisor against plain sbatch + srun + requeue, per fault.
+
+Real faults in real jobs on the local Slurm cluster (tools/local-cluster), one class at a time:
+
+| class        | fault                                        | slurmkit path                  |
+|--------------|----------------------------------------------|--------------------------------|
+| crash        | SIGKILL of rank 3                            | restart inside the allocation  |
+| hang         | SIGSTOP of rank 1 (heartbeat_timeout_s=8)    | restart inside the allocation  |
+| nccl         | SLURMKIT_FAULT=nccl_abort:2:15:once          | restart inside the allocation  |
+| node_spare   | `local-cluster kill-node` (spare_nodes=1)    | continue on the spare node     |
+| node_requeue | `local-cluster kill-node`, no spare          | requeue without the node       |
+
+slurmkit: ``python -m slurmkit.submit +exp=tiny`` (40 steps, a checkpoint every 10, 0.25 s per
+step, ``parallel.pg_timeout_s=60``). Detection = fault -> the ledger's ``failure`` event;
+resume = fault -> the next ``train_resumed`` (rank 0 restored the checkpoint and trains on).
+
+Baseline (what a user has without slurmkit): the same frozen config.yaml (written with
+``submit.emit=sbatch``) run by a plain ``sbatch --requeue`` script: ``srun --kill-on-bad-exit=1``
+starts one task per rank with RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, and after a
+non-zero srun the script runs ``scontrol requeue $SLURM_JOB_ID`` (Slurm holds it ~120 s). Node
+loss: Slurm's own NODE_FAIL requeue (one run serves both node classes). The hang ends only at the
+process-group timeout (60 s). Detection = fault -> srun returned / the job left RUNNING
+(whichever first); resume = fault -> ``train_resumed`` in the ledger. The trainer gets
+SLURMKIT_LEDGER and SLURMKIT_HEARTBEAT_FILE (the bench reads steps and pids from it) and
+SLURMKIT_NODE=$SLURMD_NODENAME (every emulated node shares one hostname here; on a real
+cluster the hostname would tell the per-node checkpoint tiers apart).
+
+Then one slurmkit run of --goodput-minutes with three faults (crash, hang, node loss onto the
+spare) at 1/4, 1/2, 3/4 of it; goodput from ``slurmkit.supervise.report.summarize``.
+
+    python tools/bench/mttr.py [--classes crash,hang,...] [--skip-baseline] [--skip-goodput]
+                               [--repeats 1] [--goodput-minutes 10]
+
+Every wait has a deadline; jobs are cancelled and nodes restored in ``finally`` blocks. Ends with
+exactly one line ``RESULT key=value ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)  # run as a script from anywhere: import the checkout's slurmkit
+
+from slurmkit.slurm.hostlist import expand_hostlist  # noqa: E402
+from slurmkit.supervise.ledger import Ledger, read_ledger  # noqa: E402
+from slurmkit.supervise.report import summarize  # noqa: E402
+
+CLASSES = ("crash", "hang", "nccl", "node_spare", "node_requeue")
+EXPECTED_CLS = {"crash": "rank_crash", "hang": "hang", "nccl": "nccl_error",
+                "node_spare": "node_loss", "node_requeue": "node_loss"}
+HEARTBEAT_TIMEOUT_S, PG_TIMEOUT_S = 8, 60
+STEPS, INTERVAL, FAULT_STEP, NCCL_STEP = 40, 10, 13, 15
+COMMON = ["+exp=tiny", f"train.steps={STEPS}", f"train.ckpt_interval_steps={INTERVAL}",
+          "+job.env.SLURMKIT_STEP_DELAY_S=0.25", f"parallel.pg_timeout_s={PG_TIMEOUT_S}",
+          f"supervisor.heartbeat_timeout_s={HEARTBEAT_TIMEOUT_S}"]
+# Targets: detection (crash; hang = heartbeat timeout + 2) and time to resume per path.
+TARGET_DETECT_S = {"crash": 2.0, "hang": HEARTBEAT_TIMEOUT_S + 2.0}
+TARGET_RESUME_S = {"crash": 20.0, "hang": 20.0, "nccl": 20.0, "node_spare": 30.0, "node_requeue": 45.0}
+START_DEADLINE_S = 300.0  # submit -> the faulted rank reached FAULT_STEP (queue + ~20 s start)
+RESUME_DEADLINE_S = {"slurmkit": 180.0, "baseline": 420.0}  # fault -> train_resumed
+NODE_BACK_DEADLINE_S = 120.0
+T = TypeVar("T")
+DEFAULT_CLUSTER_DIR = os.environ.get("SLURMKIT_CLUSTER_DIR", "/tmp/slurmkit-cluster")
+
+
+class BenchError(RuntimeError):
+    """A job did not get where it had to within its deadline; the message says where."""
+
+
+@dataclass
+class Measure:
+    """One fault in one run: seconds from the fault to detection and to resumed training."""
+    detect_s: float | None
+    resume_s: float | None
+    note: str = ""
+    job: str = ""
+    run_dir: str = ""
+
+
+@dataclass
+class ClassResult:
+    slurmkit: list[Measure] = field(default_factory=list)
+    baseline: list[Measure] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------ cluster plumbing
+
+class Cluster:
+    """The local cluster's commands with this bench's environment; every call has a timeout."""
+
+    def __init__(self, env: Mapping[str, str], clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.env, self.clock, self.sleep = dict(env), clock, sleep
+
+    def run(self, cmd: Sequence[str], timeout_s: float = 60, cwd: str | None = None,
+            check: bool = False) -> subprocess.CompletedProcess[str]:
+        res = subprocess.run(list(cmd), env=self.env, cwd=cwd, capture_output=True, text=True,
+                             timeout=timeout_s, check=False)
+        if check and res.returncode != 0:
+            raise BenchError(f"{' '.join(cmd)} exited {res.returncode}:\n{res.stdout}{res.stderr}")
+        return res
+
+    def job_field(self, job: str, fmt: str) -> str | None:
+        """One squeue field (%T state, %N nodes) of a job; '' once it left the queue, None when
+        squeue itself failed (a busy controller: ask again)."""
+        res = self.run(["squeue", "-h", "-j", job, "-o", fmt], timeout_s=30)
+        if res.returncode != 0:
+            return "" if "Invalid job id" in res.stderr else None
+        return res.stdout.strip()
+
+    def cancel(self, job: str) -> None:
+        if job:
+            self.run(["scancel", job], timeout_s=60)
+
+    def wait_gone(self, job: str, deadline_s: float = 90.0) -> None:
+        end = self.clock() + deadline_s
+        while job and self.clock() < end and self.job_field(job, "%T") != "":
+            self.sleep(0.5)
+
+    def kill_node(self, node: str) -> None:
+        self.run([os.path.join(REPO, "tools", "local-cluster"), "kill-node", node], check=True)
+
+    def restore_node(self, node: str) -> None:
+        """Start the node's slurmd again and wait until Slurm schedules on it (resume if DOWN)."""
+        self.run([os.path.join(REPO, "tools", "local-cluster"), "start-node", node])
+        end = self.clock() + NODE_BACK_DEADLINE_S
+        while self.clock() < end:
+            state = self.run(["sinfo", "-h", "-N", "-n", node, "-o", "%T"], timeout_s=30).stdout.strip()
+            if state.startswith(("idle", "mix", "alloc")) and "*" not in state:
+                return
+            if "down" in state or "drain" in state:
+                self.run(["scontrol", "update", f"nodename={node}", "state=resume"], timeout_s=30)
+            self.sleep(1.0)
+        raise BenchError(f"{node} did not come back within {NODE_BACK_DEADLINE_S:.0f} s: restore it "
+                         f"with `tools/local-cluster start-node {node}` and "
+                         f"`scontrol update nodename={node} state=resume`")
+
+
+def load_env(path: str) -> dict[str, str]:
+    if not os.path.exists(path):
+        raise BenchError(f"no cluster environment at {path}: run `tools/local-cluster up` first")
+    with open(path) as f:
+        cluster = json.load(f)
+    return {**os.environ, **{k: str(v) for k, v in cluster.items()}, "PYTHONUNBUFFERED": "1"}
+
+
+# ------------------------------------------------------------------ reading a run
+
+def events(run_dir: str, name: str, after: float = float("-inf")) -> list[dict]:
+    return [e for e in read_ledger(os.path.join(run_dir, "ledger.jsonl"))
+            if e.get("event") == name and float(e["t"]) >= after]
+
+
+def heartbeat(run_dir: str, rank: int) -> dict:
+    try:
+        with open(os.path.join(run_dir, "heartbeat", f"rank{rank}.json")) as f:
+            return dict(json.load(f))
+    except (OSError, ValueError):  # not written yet, or caught mid-replace
+        return {}
+
+
+def wait_for(what: str, probe: Callable[[], T | None], deadline_s: float, clock: Callable[[], float],
+             sleep: Callable[[float], None], poll_s: float = 0.1) -> T:
+    """Poll ``probe`` until it returns something truthy; BenchError after ``deadline_s``."""
+    end = clock() + deadline_s
+    while clock() < end:
+        got = probe()
+        if got:
+            return got
+        sleep(poll_s)
+    raise BenchError(f"timed out after {deadline_s:.0f} s waiting for {what}")
+
+
+def wait_step(c: Cluster, run_dir: str, rank: int, step: int, generation: int | None = None,
+              deadline_s: float = START_DEADLINE_S) -> dict:
+    """The heartbeat of ``rank`` once it reached ``step`` (in ``generation`` when given)."""
+    def probe() -> dict:
+        hb = heartbeat(run_dir, rank)
+        ok = int(hb.get("step", -1)) >= step and generation in (None, hb.get("generation"))
+        return hb if ok else {}
+    return wait_for(f"rank {rank} at step {step} in {run_dir}", probe, deadline_s, c.clock, c.sleep)
+
+
+def first_event(c: Cluster, run_dir: str, name: str, after: float, deadline_s: float) -> dict:
+    def probe() -> dict:
+        found = events(run_dir, name, after)
+        return found[0] if found else {}
+    return wait_for(f"{name} in {run_dir}", probe, deadline_s, c.clock, c.sleep, 0.2)
+
+
+def mark_fault(run_dir: str, kind: str, when: float, **fields: object) -> None:
+    Ledger(os.path.join(run_dir, "ledger.jsonl"), source="bench").append(
+        "fault_injected", kind=kind, time=when, **fields)
+
+
+def nccl_fault_time(c: Cluster, run_dir: str, deadline_s: float = START_DEADLINE_S) -> float:
+    """When rank 2 fired its nccl_abort: the once-marker is created just before the abort."""
+    path = os.path.join(run_dir, "faults", f"nccl_abort-rank2-step{NCCL_STEP}.fired")
+    wait_for(f"the nccl_abort marker {path}", lambda: os.path.exists(path), deadline_s,
+             c.clock, c.sleep)
+    return os.stat(path).st_mtime
+
+
+# ------------------------------------------------------------------ slurmkit
+
+def submit_slurmkit(c: Cluster, args: Sequence[str], root: str) -> tuple[str, str]:
+    res = c.run([sys.executable, "-m", "slurmkit.submit", *args, f"submit.run_root={root}"],
+                timeout_s=180, cwd=root)
+    job = re.search(r"job (\S+) \(slurm\)", res.stdout)
+    run_dir = re.search(r"run directory : (\S+)", res.stdout)
+    if res.returncode != 0 or not job or not run_dir:
+        raise BenchError(f"slurmkit.submit failed ({res.returncode}):\n{res.stdout}{res.stderr[-3000:]}")
+    return job.group(1), run_dir.group(1)
+
+
+def inject_slurmkit(c: Cluster, cls: str, run_dir: str) -> tuple[float, str]:
+    """Wait for the fault step, inject the fault; (fault epoch time, node killed or '')."""
+    if cls == "nccl":
+        when = nccl_fault_time(c, run_dir)
+        mark_fault(run_dir, "nccl_abort", when, rank=2, step=NCCL_STEP)
+        return when, ""
+    rank = 1 if cls == "hang" else 3
+    step = int(wait_step(c, run_dir, rank, FAULT_STEP)["step"])
+    if cls in ("crash", "hang"):
+        pid = [e["pids"][e["ranks"].index(rank)] for e in events(run_dir, "ranks_started")
+               if rank in e["ranks"]][-1]
+        when = c.clock()
+        os.kill(int(pid), signal.SIGKILL if cls == "crash" else signal.SIGSTOP)
+        mark_fault(run_dir, "sigkill" if cls == "crash" else "sigstop", when, rank=rank, step=step)
+        return when, ""
+    start = events(run_dir, "allocation_start")[-1]
+    node = start["train_nodes" if cls == "node_spare" else "nodes"][1]
+    when = c.clock()
+    c.kill_node(node)
+    mark_fault(run_dir, "node_loss", when, node=node, step=step)
+    return when, node
+
+
+def measure_slurmkit(c: Cluster, cls: str, root: str, tag: str) -> Measure:
+    args = [*COMMON, f"job.name=mttr-sk-{cls}-{tag}"]
+    if cls == "nccl":
+        args.append(f"+job.env.SLURMKIT_FAULT=nccl_abort:2:{NCCL_STEP}:once")
+    if cls == "node_spare":
+        args.append("supervisor.spare_nodes=1")
+    job, run_dir, node = "", "", ""
+    try:
+        job, run_dir = submit_slurmkit(c, args, root)
+        fault_t, node = inject_slurmkit(c, cls, run_dir)
+        failure = first_event(c, run_dir, "failure", fault_t - 1.0, RESUME_DEADLINE_S["slurmkit"])
+        resumed = first_event(c, run_dir, "train_resumed", fault_t, RESUME_DEADLINE_S["slurmkit"])
+        note = f"{failure.get('cls')}/{next(iter(d['action'] for d in events(run_dir, 'decision', fault_t - 1)), '?')}"
+        if failure.get("cls") != EXPECTED_CLS[cls]:
+            note += f" MISCLASSIFIED (expected {EXPECTED_CLS[cls]})"
+        return Measure(float(failure["t"]) - fault_t, float(resumed["t"]) - fault_t, note, job, run_dir)
+    except BenchError as e:
+        return Measure(None, None, f"FAILED: {str(e).splitlines()[0]}", job, run_dir)
+    finally:
+        c.cancel(job)
+        if node:
+            c.restore_node(node)
+        c.wait_gone(job)
+
+
+# ------------------------------------------------------------------ baseline: sbatch + srun + requeue
+
+BASELINE_SCRIPT = """#!/bin/bash
+#SBATCH --job-name={name}
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=2
+#SBATCH --time=00:15:00
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output={run_dir}/logs/baseline_%j.out
+# The same training job without slurmkit: plain srun, and requeue when it fails.
+export SLURMKIT_RUN_DIR={run_dir}
+export SLURMKIT_CONFIG={run_dir}/config.yaml
+export SLURMKIT_LEDGER={run_dir}/ledger.jsonl
+export SLURMKIT_STEP_DELAY_S=0.25
+{fault_env}export MASTER_ADDR=127.0.0.1
+export MASTER_PORT=$(( 20000 + (SLURM_JOB_ID * 4 + ${{SLURM_RESTART_COUNT:-0}}) % 20000 ))
+export WORLD_SIZE=$SLURM_NTASKS LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE
+echo "start $(date +%s.%N) restart=${{SLURM_RESTART_COUNT:-0}}" >> {run_dir}/baseline_events.txt
+srun --kill-on-bad-exit=1 --cpu-bind=none bash -c 'export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID \\
+  SLURMKIT_NODE=$SLURMD_NODENAME SLURMKIT_HEARTBEAT_FILE=$SLURMKIT_RUN_DIR/heartbeat/rank$SLURM_PROCID.json
+  exec {python} -u -m slurmkit.train > $SLURMKIT_RUN_DIR/logs/rank$SLURM_PROCID.log 2>&1'
+rc=$?
+echo "srun_end $(date +%s.%N) rc=$rc" >> {run_dir}/baseline_events.txt
+if [ $rc -ne 0 ]; then
+  scontrol requeue $SLURM_JOB_ID
+fi
+exit $rc
+"""
+
+
+def write_baseline(c: Cluster, cls: str, root: str, tag: str) -> tuple[str, str]:
+    """Freeze the config with submit.emit=sbatch and write the plain script; (script, run dir)."""
+    name = f"mttr-bl-{cls}-{tag}"
+    res = c.run([sys.executable, "-m", "slurmkit.submit", *COMMON, f"job.name={name}",
+                 "submit.emit=sbatch", f"submit.run_root={root}"], timeout_s=180, cwd=root)
+    m = re.search(r"wrote (\S+)/job\.sbatch", res.stdout)
+    if res.returncode != 0 or not m:
+        raise BenchError(f"submit.emit=sbatch failed ({res.returncode}):\n{res.stdout}{res.stderr[-3000:]}")
+    run_dir = m.group(1)
+    fault_env = f"export SLURMKIT_FAULT=nccl_abort:2:{NCCL_STEP}:once\n" if cls == "nccl" else ""
+    path = os.path.join(run_dir, "baseline.sbatch")
+    with open(path, "w") as f:
+        f.write(BASELINE_SCRIPT.format(name=name, run_dir=run_dir, fault_env=fault_env,
+                                       python=sys.executable))
+    return path, run_dir
+
+
+def srun_end_after(run_dir: str, after: float) -> float | None:
+    try:
+        with open(os.path.join(run_dir, "baseline_events.txt")) as f:
+            ends = [float(ln.split()[1]) for ln in f if ln.startswith("srun_end ")]
+    except OSError:
+        return None
+    return next((t for t in ends if t >= after), None)
+
+
+def inject_baseline(c: Cluster, cls: str, job: str, run_dir: str) -> tuple[float, str]:
+    if cls == "nccl":
+        return nccl_fault_time(c, run_dir), ""
+    rank = 1 if cls == "hang" else 3
+    hb = wait_step(c, run_dir, rank, FAULT_STEP)
+    if cls in ("crash", "hang"):
+        when = c.clock()
+        os.kill(int(hb["pid"]), signal.SIGKILL if cls == "crash" else signal.SIGSTOP)
+        return when, ""
+    node = expand_hostlist(c.job_field(job, "%N") or "")[1]
+    when = c.clock()
+    c.kill_node(node)
+    return when, node
+
+
+def baseline_detect(c: Cluster, job: str, run_dir: str, fault_t: float, deadline_s: float) -> float:
+    """Fault -> srun returned (the script logs it) or the job left RUNNING, whichever first."""
+    def probe() -> float:
+        state = c.job_field(job, "%T")
+        if state is not None and state != "RUNNING":
+            return c.clock()
+        return srun_end_after(run_dir, fault_t) or 0.0
+    left = wait_for(f"baseline job {job} to notice the fault", probe, deadline_s, c.clock, c.sleep, 0.25)
+    srun_end = srun_end_after(run_dir, fault_t)
+    return min(left, srun_end or left) - fault_t
+
+
+def measure_baseline(c: Cluster, cls: str, root: str, tag: str) -> Measure:
+    job, run_dir, node = "", "", ""
+    try:
+        script, run_dir = write_baseline(c, cls, root, tag)
+        job = c.run(["sbatch", "--parsable", script], check=True).stdout.strip().split(";")[0]
+        fault_t, node = inject_baseline(c, cls, job, run_dir)
+        detect = baseline_detect(c, job, run_dir, fault_t, PG_TIMEOUT_S + 90.0)
+        resumed = first_event(c, run_dir, "train_resumed", fault_t, RESUME_DEADLINE_S["baseline"])
+        return Measure(detect, float(resumed["t"]) - fault_t, "srun+requeue", job, run_dir)
+    except BenchError as e:
+        return Measure(None, None, f"FAILED: {str(e).splitlines()[0]}", job, run_dir)
+    finally:
+        c.cancel(job)
+        if node:
+            c.restore_node(node)
+        c.wait_gone(job)
+
+
+# ------------------------------------------------------------------ goodput over a long run
+
+def fresh_generation(run_dir: str, after: float) -> tuple[int] | None:
+    """(generation,) training runs in again after ``after``; None while it restarts."""
+    started = events(run_dir, "train_started", after)
+    ranks = events(run_dir, "ranks_started")
+    return (int(ranks[-1]["generation"]),) if started and ranks else None
+
+
+def goodput_fault(c: Cluster, run_dir: str, kind: str, since: float) -> tuple[float, str]:
+    """Inject ``kind`` once training runs again after ``since``; (fault time, node killed or '')."""
+    (gen,) = wait_for(f"training to run again in {run_dir}", lambda: fresh_generation(run_dir, since),
+                   RESUME_DEADLINE_S["slurmkit"], c.clock, c.sleep, 0.5)
+    rank = 1 if kind == "hang" else 3
+    restored = int(events(run_dir, "train_started")[-1].get("step") or 0)
+    step = int(wait_step(c, run_dir, rank, restored + 2, gen, 120.0)["step"])
+    started = [e for e in events(run_dir, "ranks_started") if rank in e["ranks"]][-1]
+    when = c.clock()
+    if kind == "node_loss":
+        c.kill_node(started["node"])
+        mark_fault(run_dir, kind, when, node=started["node"], step=step)
+        return when, str(started["node"])
+    os.kill(int(started["pids"][started["ranks"].index(rank)]),
+            signal.SIGKILL if kind == "crash" else signal.SIGSTOP)
+    mark_fault(run_dir, "sigkill" if kind == "crash" else "sigstop", when, rank=rank, step=step)
+    return when, ""
+
+
+def run_goodput(c: Cluster, root: str, minutes: float) -> tuple[float | None, str]:
+    """One run of ``minutes`` with a crash, a hang and a node loss; (goodput, report text)."""
+    limit = int(minutes + 6)
+    args = ["+exp=tiny", "train.steps=1000000", f"train.ckpt_interval_steps={INTERVAL}",
+            "+job.env.SLURMKIT_STEP_DELAY_S=0.25", f"parallel.pg_timeout_s={PG_TIMEOUT_S}",
+            f"supervisor.heartbeat_timeout_s={HEARTBEAT_TIMEOUT_S}", "supervisor.spare_nodes=1",
+            f"job.time={limit // 60:02d}:{limit % 60:02d}:00", "job.name=mttr-goodput"]
+    job, run_dir, lost = "", "", ""
+    try:
+        job, run_dir = submit_slurmkit(c, args, root)
+        t0, span = c.clock(), minutes * 60.0
+        since = t0
+        for i, kind in enumerate(("crash", "hang", "node_loss"), start=1):
+            c.sleep(max(0.0, t0 + span * i / 4 - c.clock()))  # the run trains on meanwhile
+            when, node = goodput_fault(c, run_dir, kind, since)
+            lost = node
+            since = float(first_event(c, run_dir, "failure", when - 1.0, 120.0)["t"])
+            if node:
+                c.restore_node(node)  # the job runs on its spare; give the cluster its node back
+            lost = ""
+        c.sleep(max(0.0, t0 + span - c.clock()))
+        cut = c.clock()
+    except BenchError as e:
+        return None, f"goodput run FAILED: {e}\n  run dir {run_dir}"
+    finally:
+        c.cancel(job)
+        if lost:
+            c.restore_node(lost)
+        c.wait_gone(job)
+    kept = [e for e in read_ledger(os.path.join(run_dir, "ledger.jsonl")) if float(e["t"]) <= cut]
+    rep = summarize(kept)
+    lines = [f"goodput run {job} ({run_dir}): wall {rep.wall_s:.0f} s, productive {rep.productive_s:.0f} s, "
+             f"goodput {rep.goodput:.3f}, final step {rep.final_step}, steps lost {rep.steps_lost}"]
+    for f in rep.failures:
+        lines.append(f"  {f.cls:10s} rank {f.rank} {f.node:6s} -> {f.action}: detect "
+                     f"{_fmt(f.detection_s)} s, restore {_fmt(f.restore_s)} s, steps lost {f.steps_lost}")
+    return rep.goodput, "\n".join(lines)
+
+
+# ------------------------------------------------------------------ reporting
+
+def _fmt(v: float | None, width: int = 0) -> str:
+    return f"{'na':>{width}s}" if v is None else f"{v:{width}.2f}"
+
+
+def med(ms: Sequence[Measure], attr: str) -> float | None:
+    vals = [getattr(m, attr) for m in ms if getattr(m, attr) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def ratio(base: float | None, ours: float | None) -> str:
+    return "na" if base is None or not ours else f"{base / ours:.1f}x"
+
+
+def verdict(value: float | None, target: float | None) -> str:
+    if target is None:
+        return "-"
+    return "MISS (no value)" if value is None else ("ok" if value <= target else "MISS")
+
+
+def print_table(results: dict[str, ClassResult]) -> None:
+    print(f"\n{'class':13s} {'variant':9s} {'detect s':>9s} {'resume s':>9s}  runs / note")
+    for cls, r in results.items():
+        for name, ms in (("slurmkit", r.slurmkit), ("baseline", r.baseline)):
+            if ms:
+                notes = "; ".join(sorted({m.note for m in ms}))
+                print(f"{cls:13s} {name:9s} {_fmt(med(ms, 'detect_s'), 9)} {_fmt(med(ms, 'resume_s'), 9)}"
+                      f"  n={len(ms)} {notes}")
+        d, res = med(r.slurmkit, "detect_s"), med(r.slurmkit, "resume_s")
+        bd, bres = med(r.baseline, "detect_s"), med(r.baseline, "resume_s")
+        print(f"{'':13s} {'ratio':9s} {ratio(bd, d):>9s} {ratio(bres, res):>9s}  (baseline / slurmkit)")
+        td, tr = TARGET_DETECT_S.get(cls), TARGET_RESUME_S[cls]
+        print(f"{'':13s} {'target':9s} {verdict(d, td) + (f' <={td:.0f}' if td else ''):>9s} "
+              f"{verdict(res, tr) + f' <={tr:.0f}':>9s}")
+
+
+def result_line(results: dict[str, ClassResult], goodput: float | None) -> str:
+    parts = []
+    for cls, r in results.items():
+        parts += [f"{cls}_detect_s={_fmt(med(r.slurmkit, 'detect_s'))}",
+                  f"{cls}_resume_s={_fmt(med(r.slurmkit, 'resume_s'))}",
+                  f"{cls}_baseline_resume_s={_fmt(med(r.baseline, 'resume_s'))}"]
+    parts.append(f"goodput={'na' if goodput is None else f'{goodput:.4f}'}")
+    return "RESULT " + " ".join(parts)
+
+
+def print_measure(cls: str, variant: str, i: int, m: Measure) -> None:
+    print(f"{cls:13s} {variant:9s} #{i} detect {_fmt(m.detect_s)} s  resume {_fmt(m.resume_s)} s  "
+          f"job {m.job or '-'} {m.note}  {m.run_dir}", flush=True)
+
+
+# ------------------------------------------------------------------ main
+
+def run_classes(c: Cluster, classes: Sequence[str], repeats: int, baseline: bool,
+                root: str) -> dict[str, ClassResult]:
+    results = {cls: ClassResult() for cls in classes}
+    for i in range(1, repeats + 1):
+        node_baseline: Measure | None = None  # Slurm's NODE_FAIL requeue serves both node classes
+        for cls in classes:
+            m = measure_slurmkit(c, cls, root, f"{i}")
+            results[cls].slurmkit.append(m)
+            print_measure(cls, "slurmkit", i, m)
+            if not baseline:
+                continue
+            if cls.startswith("node") and node_baseline is not None:
+                results[cls].baseline.append(node_baseline)
+                continue
+            b = measure_baseline(c, "node" if cls.startswith("node") else cls, root, f"{i}")
+            node_baseline = b if cls.startswith("node") else node_baseline
+            results[cls].baseline.append(b)
+            print_measure(cls, "baseline", i, b)
+    return results
+
+
+def snapshot(root: str) -> str:
+    """Export git HEAD to ROOT/src; returns that directory (its slurmkit, conf/, templates)."""
+    src = os.path.join(root, "src")
+    os.makedirs(src)
+    rev = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True, timeout=60, check=True).stdout.strip()
+    with subprocess.Popen(["git", "-C", REPO, "archive", "--format=tar", "HEAD"],
+                          stdout=subprocess.PIPE) as git:
+        subprocess.run(["tar", "-x", "-C", src], stdin=git.stdout, check=True, timeout=120)
+    if git.returncode != 0:
+        raise BenchError(f"git archive HEAD failed ({git.returncode})")
+    print(f"slurmkit snapshot: git HEAD {rev} in {src}", flush=True)
+    return src
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--classes", default=",".join(CLASSES),
+                    help=f"comma-separated subset of {','.join(CLASSES)} (default: all)")
+    ap.add_argument("--skip-baseline", action="store_true", help="measure slurmkit only")
+    ap.add_argument("--skip-goodput", action="store_true", help="no long goodput run")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per class and variant (default 1)")
+    ap.add_argument("--goodput-minutes", type=float, default=10.0,
+                    help="length of the goodput run in minutes (default 10)")
+    ap.add_argument("--cluster-env", default=os.path.join(DEFAULT_CLUSTER_DIR, "env.json"),
+                    help="the local cluster's env.json (default %(default)s)")
+    ap.add_argument("--keep", action="store_true", help="keep the run directories (printed)")
+    ap.add_argument("--snapshot", action="store_true",
+                    help="run the committed slurmkit (git HEAD exported under the run root and put "
+                         "first on PYTHONPATH), not the working tree others may be editing")
+    args = ap.parse_args(argv)
+    args.classes = [x for x in args.classes.split(",") if x]
+    bad = [x for x in args.classes if x not in CLASSES]
+    if bad or not args.classes:
+        ap.error(f"unknown class(es) {bad}: choose from {','.join(CLASSES)}")
+    if args.repeats < 1 or args.goodput_minutes <= 0:
+        ap.error("--repeats must be >= 1 and --goodput-minutes > 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    c = Cluster(load_env(args.cluster_env))
+    load = os.getloadavg()[0]
+    root = tempfile.mkdtemp(prefix="mttr-", dir=os.environ.get("TMPDIR", "/tmp"))
+    if args.snapshot:
+        c.env["PYTHONPATH"] = os.pathsep.join(filter(None, [snapshot(root), c.env.get("PYTHONPATH")]))
+    print(f"runs under {root}; load average at start {load:.1f} on {os.cpu_count()} cores "
+          "(the cluster is shared: expect noise)", flush=True)
+    results = run_classes(c, args.classes, args.repeats, not args.skip_baseline, root)
+    print_table(results)
+    goodput = None
+    if not args.skip_goodput:
+        goodput, text = run_goodput(c, root, args.goodput_minutes)
+        print("\n" + text)
+    print(f"load average at end {os.getloadavg()[0]:.1f}")
+    if not args.keep:
+        subprocess.run(["rm", "-rf", root], check=False, timeout=120)
+    print(result_line(results, goodput))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
