@@ -49,7 +49,10 @@ def new_run_dir(cfg: SlurmkitConfig, clock: Callable[[], float] = time.time) -> 
 
 
 def validate(cfg: SlurmkitConfig) -> None:
-    """Checks that need more than one component: the parallel layout against the cluster."""
+    """Checks that need more than one component: timeouts, the parallel layout vs the cluster."""
+    from slurmkit.supervise.timeouts import check_timeouts
+
+    check_timeouts(cfg)
     if any("slurmkit.train" in part for part in cfg.job.command):
         from slurmkit.train.planner import check_config
 

@@ -308,9 +308,32 @@ class NodeAgent:
         signal.signal(signal.SIGTERM, handler)
 
     # ------------------------------------------------------------------ main loop
+    def check_slurm_timeouts(self) -> None:
+        """Node 0: compare the profile's KillWait with the controller's; warn in the ledger."""
+        if self.ctx.executor != "slurm":
+            return
+        from slurmkit.slurm.client import SlurmClient
+        from slurmkit.slurm.errors import SlurmError
+        from slurmkit.slurm.parsers import parse_duration_s
+        from slurmkit.slurm.runner import SubprocessRunner
+
+        try:
+            raw = SlurmClient(SubprocessRunner(env=self.env), timeout_s=10).config().get("KillWait", "")
+            kill_wait = parse_duration_s(raw) if raw else None
+        except SlurmError as exc:
+            log.warning("could not read Slurm's KillWait: %s", exc)
+            return
+        if kill_wait is not None and kill_wait < self.cfg.cluster.kill_wait_s:
+            msg = (f"Slurm's KillWait is {kill_wait} s but cluster.kill_wait_s={self.cfg.cluster.kill_wait_s}: "
+                   "a final checkpoint after the time limit has less time than planned")
+            log.warning(msg)
+            self.ledger.append("config_warning", message=msg, kill_wait_s=kill_wait)
+
     def run(self) -> int:
         self.install_signal_handlers()
         self.start_alive_thread()
+        if self.ctx.node_rank == 0:
+            self.check_slurm_timeouts()
         if self.ctx.node_rank == 0:
             self.ledger.append("allocation_start", job_id=self.ctx.job_id, attempt=self.ctx.attempt,
                                restart_count=self.ctx.restart_count, nodes=list(self.ctx.nodes),

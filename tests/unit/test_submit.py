@@ -34,6 +34,7 @@ def _run(argv: list[str], tmp_path) -> tuple[int, str]:
     (["+exp=tiny", "job.time=25:99:99x"], ["25:99:99x"]),
     (["+exp=tiny", "job.nodez=3"], ["nodez"]),
     (["+exp=tiny", "cluster=local_slurm", "job.nodes=9"], ["9 nodes", "at most 4 nodes"]),
+    (["+exp=tiny", "supervisor.heartbeat_timeout_s=900"], ["heartbeat_timeout_s=900", "pg_timeout_s=600"]),
 ])
 def test_bad_input_fails_clearly_and_creates_nothing(argv, fragments, tmp_path) -> None:
     code, text = _run([*argv, "cluster.kind=slurm"] if "cluster=nowhere" not in argv else argv, tmp_path)
