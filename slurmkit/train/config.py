@@ -131,7 +131,9 @@ class TrainConfig:
     ckpt_at_end: bool = True  # save a checkpoint after the last step
     # Stop after this step with a durable checkpoint and exit 95 as if signalled; 0 = off.
     stop_at_step: int = 0
-    deterministic: bool = True  # torch.use_deterministic_algorithms (exact resume)
+    # torch.use_deterministic_algorithms, and DDP gradients summed in rank order whatever the
+    # bucket layout (slurmkit.train.reduce): bit-exact resume, at some speed.
+    deterministic: bool = True
     cpu_peak_tflops: float = 0.5  # peak TFLOP/s of one CPU rank, for MFU on CPU runs
 
     def __post_init__(self) -> None:

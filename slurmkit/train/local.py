@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from omegaconf import OmegaConf
 
+from slurmkit.errors import ConfigError
+
 
 def free_port() -> int:
     """A TCP port that was free a moment ago (the rendezvous binds it right after)."""
@@ -68,21 +70,33 @@ class LocalRun:
 
 
 def spawn_ranks(config_path: str, run_dir: str, world_size: int, *,
-                env: Mapping[str, str] | None = None, generation: int = 0,
+                env: Mapping[str, str] | None = None, generation: int = 0, nodes: int = 1,
                 python: str = sys.executable) -> LocalRun:
-    """Start ``world_size`` ranks of ``python -m slurmkit.train`` on this machine."""
+    """Start ``world_size`` ranks of ``python -m slurmkit.train`` on this machine.
+
+    ``nodes > 1`` emulates that many nodes of ``world_size // nodes`` consecutive ranks each:
+    LOCAL_RANK and LOCAL_WORLD_SIZE as on such a node, and SLURMKIT_NODE ``<name>-<i>`` (so
+    each emulated node has its own node-local checkpoint tier, as the node agent gives it).
+    """
+    if nodes < 1 or world_size % nodes:
+        raise ConfigError(detected=f"{world_size} ranks on {nodes} emulated nodes",
+                          requirement="nodes >= 1 dividing the world size",
+                          fix="pass a number of nodes that divides world_size")
+    per_node = world_size // nodes
     base = dict(os.environ if env is None else env)
+    node_name = base.get("SLURMKIT_NODE", socket.gethostname())
     port = free_port()
     os.makedirs(run_dir, exist_ok=True)
     procs, logs = [], []
     for rank in range(world_size):
         rank_env = {
             **base,
-            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
-            "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
+            "RANK": str(rank), "LOCAL_RANK": str(rank % per_node),
+            "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(per_node),
+            "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port), "SLURMKIT_RUN_DIR": run_dir,
             "SLURMKIT_CONFIG": config_path, "SLURMKIT_GENERATION": str(generation),
-            "SLURMKIT_NODE": base.get("SLURMKIT_NODE", socket.gethostname()),
+            "SLURMKIT_NODE": node_name if nodes == 1 else f"{node_name}-{rank // per_node}",
             "SLURMKIT_LEDGER": base.get("SLURMKIT_LEDGER",
                                         os.path.join(run_dir, "ledger.jsonl")),
             # Two ranks share a few cores here: one thread each avoids oversubscription.

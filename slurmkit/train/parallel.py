@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from slurmkit.errors import ConfigError
 from slurmkit.train.config import ParallelConfig, TrainConfig
 from slurmkit.train.model import Transformer
+from slurmkit.train.reduce import rank_order_hook
 
 log = logging.getLogger(__name__)
 
@@ -71,16 +72,25 @@ def require_supported(parallel: ParallelConfig) -> None:
             )
 
 
-def wrap(model: Transformer, strategy: str, runtime: Runtime,
-         parallel: ParallelConfig) -> nn.Module:
-    """DDP (replicated) or FSDP2 (each block sharded, then the root) over all ranks."""
+def wrap(model: Transformer, strategy: str, runtime: Runtime, parallel: ParallelConfig, *,
+         rank_order: bool = True) -> nn.Module:
+    """DDP (replicated) or FSDP2 (each block sharded, then the root) over all ranks.
+
+    ``rank_order``: DDP reduces gradients with ``rank_order_hook``, whose sums do not depend
+    on DDP's bucket layout (which changes after a DDP's first iteration, so a resumed run
+    would otherwise not be bit-exact with more than two ranks). FSDP2 reduce-scatters each
+    parameter group in one fixed layout from its first step on and needs no hook.
+    """
     if strategy == "ddp":
         ids = [runtime.device.index] if runtime.device.type == "cuda" else None
         # The rotary table is a deterministic buffer: syncing it is waste. torch 2.13 marks
         # broadcast_buffers deprecated, but its replacement still syncs at init.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
-            return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+            ddp = DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+        if rank_order:
+            ddp.register_comm_hook(None, rank_order_hook)
+        return ddp
     if strategy != "fsdp":
         raise ConfigError(detected=f"strategy {strategy!r}", requirement="ddp or fsdp",
                           fix="set parallel.strategy to ddp, fsdp or auto")

@@ -94,7 +94,7 @@ class Trainer:
         torch.manual_seed(self.t.seed)  # identical init on every rank before sharding
         base = Transformer(self.m, activation_checkpointing=self.p.activation_checkpointing)
         self.model: nn.Module = wrap(base.to(self.runtime.device), self.strategy, self.runtime,
-                                     self.p)
+                                     self.p, rank_order=self.t.deterministic)
         self.optimizer = self._new_optimizer()
         self.scheduler = WarmupCosine(self.optimizer, lr=self.t.lr,
                                       warmup_steps=self.t.warmup_steps,
