@@ -33,6 +33,11 @@ class StoreConfig:
     keep_object: int = 5
     # What save() does while the previous save of this rank is still writing: wait or skip.
     busy_policy: str = "wait"
+    # Start writing while save() still copies the state into the staging buffers: the
+    # checkpoint is durable sooner (by up to the copy time), but the writer's hashing competes
+    # with the training thread for CPU, so save() blocks longer on a busy or small machine.
+    # Worth it where cores are spare (a GPU node); off by default.
+    overlap_snapshot: bool = False
     # Files one rank copies at the same time during a promotion (bounded concurrency).
     max_concurrent_copies: int = 4
     # DCP writer threads per rank = files per rank per checkpoint (more files copy in parallel;

@@ -1,9 +1,9 @@
 """CheckpointStore: the API the trainer and the supervisor call.
 
 Threads of one rank: the training thread (``save`` snapshots and returns), one background
-writer (DCP to the primary tier, commit), one promoter (slower tiers, retention). The writer
-starts with the snapshot: it serializes a tensor as soon as its staging copy is done
-(staging.FillGate). A save's handle resolves at the commit; queueing its promotions and
+writer (DCP to the primary tier, commit), one promoter (slower tiers, retention). With
+``overlap_snapshot`` the writer starts with the snapshot and serializes a tensor as soon as
+its staging copy is done (staging.FillGate). A save's handle resolves at the commit; queueing its promotions and
 retention follow on the writer thread (``wait()`` covers both). With a
 process group, the store owns two gloo groups made at init (a collective call on every
 rank): one for the writer, one for the training thread's decisions and for restore.
@@ -154,15 +154,17 @@ class CheckpointStore:
             self._emit({"event": "ckpt_waited", "step": step, "waited_s": round(waited, 3),
                         "reason": "previous save still in flight (busy_policy=wait)"})
         flat, copies = self._staging.prepare(state)
-        # the writer starts now and serializes each tensor as soon as its copy is done
         gate = FillGate([key for key, _, _ in copies])
         fut: Future[Manifest | None] = Future()
-        self._job = self._pool.submit(self._persist, step, flat, gate, fut)
+        if self.cfg.overlap_snapshot:  # the writer serializes each tensor once it is copied
+            self._job = self._pool.submit(self._persist, step, flat, gate, fut)
         try:
             fill(copies, gate)
         except BaseException:
-            gate.abort()  # the writer fails this save (ckpt_failed) instead of waiting
+            gate.abort()  # an overlapping writer fails this save (ckpt_failed), never waits
             raise
+        if not self.cfg.overlap_snapshot:
+            self._job = self._pool.submit(self._persist, step, flat, gate, fut)
         blocking = time.perf_counter() - t0
         self._inflight = SaveHandle(step, fut, blocking)
         return self._inflight

@@ -85,11 +85,13 @@ def test_bad_state_is_rejected_before_any_write(tmp_path: Any) -> None:
         os.listdir(tmp_path / "nvme" / "n" / ".partial") == []
 
 
-def test_failed_copy_fails_the_save_and_frees_the_writer(tmp_path: Any,
+@pytest.mark.parametrize("overlap", [False, True])
+def test_failed_copy_fails_the_save_and_frees_the_writer(tmp_path: Any, overlap: bool,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     events: list[dict[str, Any]] = []
-    store = CheckpointStore.from_config(StoreConfig(nvme_uri=str(tmp_path / "nvme")), rank=0,
-                                        world_size=1, node="n", env={}, on_event=events.append)
+    cfg = StoreConfig(nvme_uri=str(tmp_path / "nvme"), overlap_snapshot=overlap)
+    store = CheckpointStore.from_config(cfg, rank=0, world_size=1, node="n", env={},
+                                        on_event=events.append)
 
     def broken_fill(copies: Any, gate: FillGate) -> None:
         raise RuntimeError("copy failed (e.g. a device error)")
@@ -101,5 +103,27 @@ def test_failed_copy_fails_the_save_and_frees_the_writer(tmp_path: Any,
     h = store.save(2, {"w": torch.ones(3)})  # the writer thread is free again
     assert h.wait(30)
     store.close()
-    assert [e["step"] for e in events if e["event"] == "ckpt_failed"] == [1]
+    # an overlapping writer had started: it reports the aborted save; else nothing started
+    assert [e["step"] for e in events if e["event"] == "ckpt_failed"] == ([1] if overlap else [])
     assert store.latest_verified() == 2
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_saves_round_trip_with_and_without_overlap(tmp_path: Any, overlap: bool) -> None:
+    cfg = StoreConfig(nvme_uri=str(tmp_path / "nvme"), overlap_snapshot=overlap, keep_nvme=3)
+    store = CheckpointStore.from_config(cfg, rank=0, world_size=1, node="n", env={})
+    state = {"m": {f"w{i}": torch.full((4096,), float(i)) for i in range(8)}, "step": 0}
+    for step in (1, 2, 3):
+        for t in state["m"].values():
+            t.add_(100.0)  # mutated right after save() returns: the snapshot must not see it
+        state["step"] = step
+        h = store.save(step, state)
+        for t in state["m"].values():
+            t.add_(0.5)
+        assert h.wait(30)
+    tmpl = {"m": {k: torch.zeros(4096) for k in state["m"]}, "step": None}
+    r = store.restore(tmpl)
+    store.close()
+    assert r is not None and r.step == 3 and tmpl["step"] == 3
+    for i, k in enumerate(state["m"]):
+        assert torch.equal(tmpl["m"][k], torch.full((4096,), i + 300.0 + 1.0))
