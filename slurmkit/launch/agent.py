@@ -265,20 +265,44 @@ class NodeAgent:
 
     def node0_decide(self, gen: int, participants: list[int]) -> Decision:
         evidence, lost = self.gather_evidence(gen, participants)
-        failure = root_cause(evidence)
+        slurm_view = self.slurm_node_view(lost)
+        failure = root_cause(evidence + slurm_view)
         if failure is None:
             failure_d = Decision(Action.RESTART, "generation stopped without evidence")
             self.history.restarts += 1
             return failure_d
         self.ledger.append("failure", generation=gen, cls=failure.cls.value, rank=failure.rank,
                            node=failure.node, evidence=failure.evidence, time_of_fault=failure.time,
-                           ranks_affected=list(failure.ranks_affected))
+                           ranks_affected=list(failure.ranks_affected),
+                           slurm_view=[e.detail for e in slurm_view])
         spares = [n for n in self.spares if n not in lost]
         decision = decide(failure, self.history, latest_checkpoint_step(self.ledger_path), self.limits,
                           spares, lost)
         if decision.action == Action.REQUEUE and self.ctx.executor != "slurm":
             decision = Decision(Action.STOP, decision.reason + "; no Slurm to requeue with (local mode)")
         return decision
+
+    def slurm_node_view(self, lost: list[str]) -> list[Evidence]:
+        """What the controller says of the nodes whose agents went silent (evidence, no waiting:
+        Slurm itself notices only after SlurmdTimeout)."""
+        if not lost or self.ctx.executor != "slurm":
+            return []
+        from slurmkit.slurm.client import SlurmClient
+        from slurmkit.slurm.errors import SlurmError
+        from slurmkit.slurm.runner import SubprocessRunner
+
+        try:
+            nodes = {n.name: n for n in SlurmClient(SubprocessRunner(env=self.env), timeout_s=5).nodes()}
+        except SlurmError as exc:
+            log.warning("scontrol show node failed: %s", exc)
+            return []
+        out = []
+        for name in lost:
+            if name in nodes:
+                n = nodes[name]
+                detail = f"slurm: {name} state={n.state}" + (f" reason={n.reason}" if n.reason else "")
+                out.append(Evidence(time.time(), name, -1, "slurm", FailureClass.NODE_LOSS, detail))
+        return out
 
     def apply_replacement(self, bad: tuple[str, ...]) -> None:
         for name in bad:
