@@ -280,7 +280,10 @@ class CheckpointStore:
         if self._inflight is not None:
             self._inflight.wait()
         self._settle(None)
-        scratch = self.primary.local_path(".restore") or tempfile.mkdtemp()
+        # per rank: ranks of one node share the primary tier, and each removes its download
+        # after loading it (a shared directory would vanish under a slower rank)
+        base = self.primary.local_path(".restore") or tempfile.mkdtemp()
+        scratch = os.path.join(base, f"rank_{self.rank}")
         return restore_newest(template_state, self.tiers or [self.primary], self.fg,
                               scratch, self._emit)
 

@@ -127,3 +127,17 @@ def test_saves_round_trip_with_and_without_overlap(tmp_path: Any, overlap: bool)
     assert r is not None and r.step == 3 and tmpl["step"] == 3
     for i, k in enumerate(state["m"]):
         assert torch.equal(tmpl["m"][k], torch.full((4096,), i + 300.0 + 1.0))
+
+
+def test_restore_scratch_is_per_rank(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks of one node share the NVMe tier; each downloads into (and removes) its own dir."""
+    seen: list[str] = []
+    monkeypatch.setattr("slurmkit.store.store.restore_newest",
+                        lambda tmpl, tiers, coord, scratch, emit: seen.append(scratch))
+    for rank in (0, 3):
+        store = CheckpointStore.from_config(StoreConfig(nvme_uri=str(tmp_path / "nvme")),
+                                            rank=rank, world_size=1, node="n", env={})
+        store.restore({})
+        store.close()
+    assert seen == [str(tmp_path / "nvme" / "n" / ".restore" / "rank_0"),
+                    str(tmp_path / "nvme" / "n" / ".restore" / "rank_3")]
