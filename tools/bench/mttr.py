@@ -425,7 +425,7 @@ def run_goodput(c: Cluster, root: str, minutes: float) -> tuple[float | None, st
                 c.restore_node(node)  # the job runs on its spare; give the cluster its node back
             lost = ""
         c.sleep(max(0.0, t0 + span - c.clock()))
-        cut = c.clock()
+        cut, state = c.clock(), c.job_field(job, "%T")
     except BenchError as e:
         return None, f"goodput run FAILED: {e}\n  run dir {run_dir}"
     finally:
@@ -437,6 +437,10 @@ def run_goodput(c: Cluster, root: str, minutes: float) -> tuple[float | None, st
     rep = summarize(kept)
     lines = [f"goodput run {job} ({run_dir}): wall {rep.wall_s:.0f} s, productive {rep.productive_s:.0f} s, "
              f"goodput {rep.goodput:.3f}, final step {rep.final_step}, steps lost {rep.steps_lost}"]
+    if state != "RUNNING":  # the job died before the cut: say so, the figures include it
+        sacct = c.run(["sacct", "-X", "-n", "-P", "-j", job, "-o", "State,ExitCode,End"]).stdout.split()
+        lines.append(f"  job {job} was no longer running at the end ({state or 'gone'}; sacct "
+                     f"{' '.join(sacct) or '?'}): the rest of the time counts as lost")
     for f in rep.failures:
         lines.append(f"  {f.cls:10s} rank {f.rank} {f.node:6s} -> {f.action}: detect "
                      f"{_fmt(f.detection_s)} s, restore {_fmt(f.restore_s)} s, steps lost {f.steps_lost}")
