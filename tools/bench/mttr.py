@@ -104,6 +104,7 @@ class Cluster:
     def __init__(self, env: Mapping[str, str], clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.env, self.clock, self.sleep = dict(env), clock, sleep
+        self.killed: set[str] = set()  # nodes this bench took down and has not restored yet
 
     def run(self, cmd: Sequence[str], timeout_s: float = 60, cwd: str | None = None,
             check: bool = False) -> subprocess.CompletedProcess[str]:
@@ -121,6 +122,10 @@ class Cluster:
             return "" if "Invalid job id" in res.stderr else None
         return res.stdout.strip()
 
+    def restore_all(self) -> None:
+        for node in sorted(self.killed):
+            self.restore_node(node)
+
     def cancel(self, job: str) -> None:
         if job:
             self.run(["scancel", job], timeout_s=60)
@@ -131,6 +136,7 @@ class Cluster:
             self.sleep(0.5)
 
     def kill_node(self, node: str) -> None:
+        self.killed.add(node)  # before the kill: a half-failed kill is still restored
         self.run([os.path.join(REPO, "tools", "local-cluster"), "kill-node", node], check=True)
 
     def restore_node(self, node: str) -> None:
@@ -140,6 +146,7 @@ class Cluster:
         while self.clock() < end:
             state = self.run(["sinfo", "-h", "-N", "-n", node, "-o", "%T"], timeout_s=30).stdout.strip()
             if state.startswith(("idle", "mix", "alloc")) and "*" not in state:
+                self.killed.discard(node)
                 return
             if "down" in state or "drain" in state:
                 self.run(["scontrol", "update", f"nodename={node}", "state=resume"], timeout_s=30)
@@ -255,10 +262,10 @@ def measure_slurmkit(c: Cluster, cls: str, root: str, tag: str) -> Measure:
         args.append(f"+job.env.SLURMKIT_FAULT=nccl_abort:2:{NCCL_STEP}:once")
     if cls == "node_spare":
         args.append("supervisor.spare_nodes=1")
-    job, run_dir, node = "", "", ""
+    job, run_dir = "", ""
     try:
         job, run_dir = submit_slurmkit(c, args, root)
-        fault_t, node = inject_slurmkit(c, cls, run_dir)
+        fault_t, _node = inject_slurmkit(c, cls, run_dir)
         failure = first_event(c, run_dir, "failure", fault_t - 1.0, RESUME_DEADLINE_S["slurmkit"])
         resumed = first_event(c, run_dir, "train_resumed", fault_t, RESUME_DEADLINE_S["slurmkit"])
         note = f"{failure.get('cls')}/{next(iter(d['action'] for d in events(run_dir, 'decision', fault_t - 1)), '?')}"
@@ -269,8 +276,7 @@ def measure_slurmkit(c: Cluster, cls: str, root: str, tag: str) -> Measure:
         return Measure(None, None, f"FAILED: {str(e).splitlines()[0]}", job, run_dir)
     finally:
         c.cancel(job)
-        if node:
-            c.restore_node(node)
+        c.restore_all()
         c.wait_gone(job)
 
 
@@ -359,11 +365,11 @@ def baseline_detect(c: Cluster, job: str, run_dir: str, fault_t: float, deadline
 
 
 def measure_baseline(c: Cluster, cls: str, root: str, tag: str) -> Measure:
-    job, run_dir, node = "", "", ""
+    job, run_dir = "", ""
     try:
         script, run_dir = write_baseline(c, cls, root, tag)
         job = c.run(["sbatch", "--parsable", script], check=True).stdout.strip().split(";")[0]
-        fault_t, node = inject_baseline(c, cls, job, run_dir)
+        fault_t, _node = inject_baseline(c, cls, job, run_dir)
         detect = baseline_detect(c, job, run_dir, fault_t, PG_TIMEOUT_S + 90.0)
         resumed = first_event(c, run_dir, "train_resumed", fault_t, RESUME_DEADLINE_S["baseline"])
         return Measure(detect, float(resumed["t"]) - fault_t, "srun+requeue", job, run_dir)
@@ -371,8 +377,7 @@ def measure_baseline(c: Cluster, cls: str, root: str, tag: str) -> Measure:
         return Measure(None, None, f"FAILED: {str(e).splitlines()[0]}", job, run_dir)
     finally:
         c.cancel(job)
-        if node:
-            c.restore_node(node)
+        c.restore_all()
         c.wait_gone(job)
 
 
@@ -411,7 +416,7 @@ def run_goodput(c: Cluster, root: str, minutes: float) -> tuple[float | None, st
             "+job.env.SLURMKIT_STEP_DELAY_S=0.25", f"parallel.pg_timeout_s={PG_TIMEOUT_S}",
             f"supervisor.heartbeat_timeout_s={HEARTBEAT_TIMEOUT_S}", "supervisor.spare_nodes=1",
             f"job.time={limit // 60:02d}:{limit % 60:02d}:00", "job.name=mttr-goodput"]
-    job, run_dir, lost = "", "", ""
+    job, run_dir = "", ""
     try:
         job, run_dir = submit_slurmkit(c, args, root)
         t0, span = c.clock(), minutes * 60.0
@@ -419,19 +424,16 @@ def run_goodput(c: Cluster, root: str, minutes: float) -> tuple[float | None, st
         for i, kind in enumerate(("crash", "hang", "node_loss"), start=1):
             c.sleep(max(0.0, t0 + span * i / 4 - c.clock()))  # the run trains on meanwhile
             when, node = goodput_fault(c, run_dir, kind, since)
-            lost = node
             since = float(first_event(c, run_dir, "failure", when - 1.0, 120.0)["t"])
             if node:
                 c.restore_node(node)  # the job runs on its spare; give the cluster its node back
-            lost = ""
         c.sleep(max(0.0, t0 + span - c.clock()))
         cut, state = c.clock(), c.job_field(job, "%T")
     except BenchError as e:
         return None, f"goodput run FAILED: {e}\n  run dir {run_dir}"
     finally:
         c.cancel(job)
-        if lost:
-            c.restore_node(lost)
+        c.restore_all()
         c.wait_gone(job)
     kept = [e for e in read_ledger(os.path.join(run_dir, "ledger.jsonl")) if float(e["t"]) <= cut]
     rep = summarize(kept)
@@ -571,12 +573,15 @@ def main(argv: list[str] | None = None) -> int:
         c.env["PYTHONPATH"] = os.pathsep.join(filter(None, [snapshot(root), c.env.get("PYTHONPATH")]))
     print(f"runs under {root}; load average at start {load:.1f} on {os.cpu_count()} cores "
           "(the cluster is shared: expect noise)", flush=True)
-    results = run_classes(c, args.classes, args.repeats, not args.skip_baseline, root)
-    print_table(results)
-    goodput = None
-    if not args.skip_goodput:
-        goodput, text = run_goodput(c, root, args.goodput_minutes)
-        print("\n" + text)
+    try:
+        results = run_classes(c, args.classes, args.repeats, not args.skip_baseline, root)
+        print_table(results)
+        goodput = None
+        if not args.skip_goodput:
+            goodput, text = run_goodput(c, root, args.goodput_minutes)
+            print("\n" + text)
+    finally:
+        c.restore_all()  # never leave a node down, whatever went wrong
     print(f"load average at end {os.getloadavg()[0]:.1f}")
     if not args.keep:
         subprocess.run(["rm", "-rf", root], check=False, timeout=120)
