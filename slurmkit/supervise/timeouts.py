@@ -20,7 +20,9 @@ def failure_env(cfg: SlurmkitConfig, run_dir: str, base: Mapping[str, str]) -> d
     pg_timeout = int(cfg.parallel.pg_timeout_s)
     wanted = {
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        # The flight recorder's ring buffer (torch >= 2.7 name; the old
+        # TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated and, if set, counts as the user's choice).
+        "TORCH_FR_BUFFER_SIZE": "2000",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": os.path.join(run_dir, "nccl_trace", "rank_"),
         "TORCH_NCCL_PROPAGATE_ERROR": "1",
@@ -29,6 +31,8 @@ def failure_env(cfg: SlurmkitConfig, run_dir: str, base: Mapping[str, str]) -> d
     }
     if "NCCL_ASYNC_ERROR_HANDLING" in base:  # the old name counts as the user's choice
         wanted.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING")
+    if "TORCH_NCCL_TRACE_BUFFER_SIZE" in base:
+        wanted.pop("TORCH_FR_BUFFER_SIZE")
     return {k: v for k, v in wanted.items() if k not in base}
 
 

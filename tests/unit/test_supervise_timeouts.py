@@ -11,7 +11,7 @@ from slurmkit.config import SlurmkitConfig, compose
 from slurmkit.errors import ConfigError
 from slurmkit.supervise.timeouts import check_timeouts, failure_env
 
-WANTED = ["TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT",
+WANTED = ["TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT",
           "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_PROPAGATE_ERROR", "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"]
 
 
@@ -37,7 +37,7 @@ def test_failure_env_defaults(cfg: SlurmkitConfig) -> None:
     env = failure_env(cfg, "/runs/r1", {})
     assert sorted(env) == sorted(WANTED)
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
-    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and int(env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and int(env["TORCH_FR_BUFFER_SIZE"]) > 0
     assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/runs/r1/nccl_trace/rank_"
     assert env["TORCH_NCCL_PROPAGATE_ERROR"] == "1"
 
@@ -121,3 +121,8 @@ def test_warning_plus_kill_wait_too_short_for_a_snapshot(cfg: SlurmkitConfig) ->
     text = actionable(info.value)
     assert "job.signal_lead_s=2 + cluster.kill_wait_s=0" in text and "= 6 s" in text
     check_timeouts(with_(c, job={"signal_lead_s": suggested_lead(info.value)}))
+
+
+def test_old_flight_recorder_name_counts_as_the_users_choice(cfg: SlurmkitConfig) -> None:
+    env = failure_env(cfg, "/runs/r1", {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"})
+    assert "TORCH_FR_BUFFER_SIZE" not in env and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env
