@@ -33,6 +33,7 @@ from slurmkit.supervise.classify import Evidence, root_cause
 from slurmkit.supervise.ledger import LEDGER_NAME, Ledger, read_ledger
 from slurmkit.supervise.monitor import EXIT_CHECKPOINTED_ON_SIGNAL, RankMonitor
 from slurmkit.supervise.policy import Action, Decision, History, Limits, State, StateMachine, decide
+from slurmkit.supervise.slurmview import kill_wait_warning, node_evidence
 from slurmkit.supervise.timeouts import failure_env
 
 log = logging.getLogger(__name__)
@@ -265,7 +266,7 @@ class NodeAgent:
 
     def node0_decide(self, gen: int, participants: list[int]) -> Decision:
         evidence, lost = self.gather_evidence(gen, participants)
-        slurm_view = self.slurm_node_view(lost)
+        slurm_view = node_evidence(lost, self.env) if self.ctx.executor == "slurm" else []
         failure = root_cause(evidence + slurm_view)
         if failure is None:
             failure_d = Decision(Action.RESTART, "generation stopped without evidence")
@@ -281,28 +282,6 @@ class NodeAgent:
         if decision.action == Action.REQUEUE and self.ctx.executor != "slurm":
             decision = Decision(Action.STOP, decision.reason + "; no Slurm to requeue with (local mode)")
         return decision
-
-    def slurm_node_view(self, lost: list[str]) -> list[Evidence]:
-        """What the controller says of the nodes whose agents went silent (evidence, no waiting:
-        Slurm itself notices only after SlurmdTimeout)."""
-        if not lost or self.ctx.executor != "slurm":
-            return []
-        from slurmkit.slurm.client import SlurmClient
-        from slurmkit.slurm.errors import SlurmError
-        from slurmkit.slurm.runner import SubprocessRunner
-
-        try:
-            nodes = {n.name: n for n in SlurmClient(SubprocessRunner(env=self.env), timeout_s=5).nodes()}
-        except SlurmError as exc:
-            log.warning("scontrol show node failed: %s", exc)
-            return []
-        out = []
-        for name in lost:
-            if name in nodes:
-                n = nodes[name]
-                detail = f"slurm: {name} state={n.state}" + (f" reason={n.reason}" if n.reason else "")
-                out.append(Evidence(time.time(), name, -1, "slurm", FailureClass.NODE_LOSS, detail))
-        return out
 
     def apply_replacement(self, bad: tuple[str, ...]) -> None:
         for name in bad:
@@ -332,32 +311,14 @@ class NodeAgent:
         signal.signal(signal.SIGTERM, handler)
 
     # ------------------------------------------------------------------ main loop
-    def check_slurm_timeouts(self) -> None:
-        """Node 0: compare the profile's KillWait with the controller's; warn in the ledger."""
-        if self.ctx.executor != "slurm":
-            return
-        from slurmkit.slurm.client import SlurmClient
-        from slurmkit.slurm.errors import SlurmError
-        from slurmkit.slurm.parsers import parse_duration_s
-        from slurmkit.slurm.runner import SubprocessRunner
-
-        try:
-            raw = SlurmClient(SubprocessRunner(env=self.env), timeout_s=10).config().get("KillWait", "")
-            kill_wait = parse_duration_s(raw) if raw else None
-        except SlurmError as exc:
-            log.warning("could not read Slurm's KillWait: %s", exc)
-            return
-        if kill_wait is not None and kill_wait < self.cfg.cluster.kill_wait_s:
-            msg = (f"Slurm's KillWait is {kill_wait} s but cluster.kill_wait_s={self.cfg.cluster.kill_wait_s}: "
-                   "a final checkpoint after the time limit has less time than planned")
-            log.warning(msg)
-            self.ledger.append("config_warning", message=msg, kill_wait_s=kill_wait)
-
     def run(self) -> int:
         self.install_signal_handlers()
         self.start_alive_thread()
-        if self.ctx.node_rank == 0:
-            self.check_slurm_timeouts()
+        if self.ctx.node_rank == 0 and self.ctx.executor == "slurm":
+            warning = kill_wait_warning(self.cfg.cluster.kill_wait_s, self.env)
+            if warning:
+                log.warning(warning)
+                self.ledger.append("config_warning", message=warning)
         if self.ctx.node_rank == 0:
             self.ledger.append("allocation_start", job_id=self.ctx.job_id, attempt=self.ctx.attempt,
                                restart_count=self.ctx.restart_count, nodes=list(self.ctx.nodes),
