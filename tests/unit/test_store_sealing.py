@@ -78,7 +78,7 @@ def test_failed_stream_leaves_no_record(tmp_path: Any) -> None:
 
 
 def test_stream_counts_and_hashes_memoryviews(tmp_path: Any) -> None:
-    s = SealingStream(str(tmp_path / "x"), "crc32", kick_bytes=4)
+    s = SealingStream(str(tmp_path / "x"), "crc32")
     s.write(b"hello ")
     s.write(memoryview(torch.arange(4, dtype=torch.int32).numpy()))
     assert s.tell() == 6 + 16
