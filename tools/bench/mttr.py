@@ -26,7 +26,9 @@ SLURMKIT_NODE=$SLURMD_NODENAME (every emulated node shares one hostname here; on
 cluster the hostname would tell the per-node checkpoint tiers apart).
 
 Then one slurmkit run of --goodput-minutes with three faults (crash, hang, node loss onto the
-spare) at 1/4, 1/2, 3/4 of it; goodput from ``slurmkit.supervise.report.summarize``.
+spare) at 1/4, 1/2, 3/4 of it; goodput from ``slurmkit.supervise.report.summarize`` over the
+ledger up to the end of the window (submission -> submission + --goodput-minutes), so time after
+a job that died early counts as lost.
 
     python tools/bench/mttr.py [--classes crash,hang,...] [--skip-baseline] [--skip-goodput]
                                [--repeats 1] [--goodput-minutes 10]
@@ -372,7 +374,8 @@ def measure_baseline(c: Cluster, cls: str, root: str, tag: str) -> Measure:
         fault_t, _node = inject_baseline(c, cls, job, run_dir)
         detect = baseline_detect(c, job, run_dir, fault_t, PG_TIMEOUT_S + 90.0)
         resumed = first_event(c, run_dir, "train_resumed", fault_t, RESUME_DEADLINE_S["baseline"])
-        return Measure(detect, float(resumed["t"]) - fault_t, "srun+requeue", job, run_dir)
+        how = "Slurm NODE_FAIL requeue" if cls == "node" else "srun + scontrol requeue"
+        return Measure(detect, float(resumed["t"]) - fault_t, how, job, run_dir)
     except BenchError as e:
         return Measure(None, None, f"FAILED: {str(e).splitlines()[0]}", job, run_dir)
     finally:
@@ -436,7 +439,9 @@ def run_goodput(c: Cluster, root: str, minutes: float) -> tuple[float | None, st
         c.restore_all()
         c.wait_gone(job)
     kept = [e for e in read_ledger(os.path.join(run_dir, "ledger.jsonl")) if float(e["t"]) <= cut]
-    rep = summarize(kept)
+    # The window ends at the cut, not at the last event: a job that died early must not shorten
+    # the wall time its goodput is divided by (an in-memory marker; nothing is written).
+    rep = summarize([*kept, {"t": cut, "event": "bench_window_end", "source": "bench"}])
     lines = [f"goodput run {job} ({run_dir}): wall {rep.wall_s:.0f} s, productive {rep.productive_s:.0f} s, "
              f"goodput {rep.goodput:.3f}, final step {rep.final_step}, steps lost {rep.steps_lost}"]
     if state != "RUNNING":  # the job died before the cut: say so, the figures include it
