@@ -30,12 +30,19 @@ class NodeContext:
 def node_context(env: Mapping[str, str]) -> NodeContext:
     """Build the context from Slurm's task environment, or from submitit's local executor."""
     if "SLURM_NODEID" in env and "SLURM_JOB_ID" in env:
-        nodes = tuple(expand_hostlist(env.get("SLURM_JOB_NODELIST", env.get("SLURMD_NODENAME", ""))))
+        # One srun step per node (sbatch_templates/launch_agents.sh.j2) says where it is itself:
+        # inside a one-node step SLURM_NODEID is always 0.
+        if env.get("SLURMKIT_NODES") and env.get("SLURMKIT_NODE_RANK"):
+            nodes = tuple(env["SLURMKIT_NODES"].split(","))
+            node_rank, num_nodes = int(env["SLURMKIT_NODE_RANK"]), len(nodes)
+        else:
+            nodes = tuple(expand_hostlist(env.get("SLURM_JOB_NODELIST", env.get("SLURMD_NODENAME", ""))))
+            node_rank, num_nodes = int(env["SLURM_NODEID"]), int(env.get("SLURM_NNODES", len(nodes) or 1))
         name = env.get("SLURMD_NODENAME") or socket.gethostname()
         # srun launches from the batch host (node 0); its address is given to every task.
         addr = env.get("SLURM_LAUNCH_NODE_IPADDR") or (nodes[0] if nodes else "127.0.0.1")
         return NodeContext(
-            node_rank=int(env["SLURM_NODEID"]), num_nodes=int(env.get("SLURM_NNODES", len(nodes) or 1)),
+            node_rank=node_rank, num_nodes=num_nodes,
             node_name=name, nodes=nodes or (name,), job_id=env["SLURM_JOB_ID"],
             restart_count=int(env.get("SLURM_RESTART_COUNT", "0") or 0), master_addr=addr,
             executor="slurm")

@@ -81,22 +81,24 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
     return params
 
 
+def launch_agents(log_dir: str, args: list[str], command: str) -> str:
+    """Shell lines that start one agent per node, each in its own srun step."""
+    prefix = shlex.join(["srun", "--unbuffered", *args])
+    return _env().get_template("launch_agents.sh.j2").render(
+        log_dir=log_dir, srun_prefix=prefix, command=command).rstrip("\n")
+
+
 class SlurmkitExecutor(SlurmExecutor):
-    """submitit's SlurmExecutor whose script can take the time-limit warning while srun runs."""
+    """submitit's SlurmExecutor whose script starts one srun step per node (see
+    sbatch_templates/launch_agents.sh.j2) instead of one step over all nodes."""
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
-        text = super()._make_submission_file_text(command, uid)
-        return wrap_srun_line(text)
-
-
-def wrap_srun_line(script: str) -> str:
-    lines = script.splitlines()
-    idx = [i for i, ln in enumerate(lines) if ln.startswith("srun ")]
-    if len(idx) != 1:
-        raise RuntimeError(f"expected one srun line in submitit's script, found {len(idx)}")
-    wrapped = _env().get_template("forward_signal.sh.j2").render(srun_line=lines[idx[0]]).rstrip("\n")
-    lines[idx[0]] = wrapped
-    return "\n".join(lines) + "\n"
+        lines = super()._make_submission_file_text(command, uid).splitlines()
+        idx = [i for i, ln in enumerate(lines) if ln.startswith("srun ")]
+        if len(idx) != 1:
+            raise RuntimeError(f"expected one srun line in submitit's script, found {len(idx)}")
+        lines[idx[0]] = launch_agents(str(self.folder), list(self.parameters.get("srun_args", [])), command)
+        return "\n".join(lines) + "\n"
 
 
 def make_executor(spec: JobSpec, python: str | None = None) -> SlurmkitExecutor:
@@ -114,12 +116,11 @@ def render_submitit_script(spec: JobSpec, python: str | None = None) -> str:
 def render_standalone(spec: JobSpec, script_path: str, python: str | None = None) -> str:
     """A self-contained sbatch script (no submitit pickles) for centers that use plain sbatch."""
     py = python or sys.executable
-    srun = ["srun", "--unbuffered", "--ntasks-per-node=1",
-            "--output", os.path.join(spec.run_dir, "logs", "%j_agent_%n.out"), *srun_args(spec),
-            py, "-u", "-m", AGENT_MODULE, spec.run_dir]
+    launch = launch_agents(os.path.join(spec.run_dir, "logs"), srun_args(spec),
+                           shlex.join([py, "-u", "-m", AGENT_MODULE, spec.run_dir]))
     return _env().get_template("standalone.sbatch.j2").render(
         spec=spec, script_path=script_path, mem=_mem(spec.mem_gb) if spec.mem_gb is not None else "",
-        exclude=exclude_expr(spec) or "", srun_cmd=shlex.join(srun))
+        exclude=exclude_expr(spec) or "", launch=launch)
 
 
 __all__ = ["executor_parameters", "make_executor", "render_standalone", "render_submitit_script",

@@ -76,6 +76,9 @@ def _run_script_with_fake_srun(tmp_path, script: str) -> subprocess.CompletedPro
     fake = bindir / "srun"
     fake.write_text("#!/bin/bash\necho fake-srun \"$@\"\n")
     fake.chmod(0o755)
+    scontrol = bindir / "scontrol"
+    scontrol.write_text("#!/bin/bash\nprintf 'node1\\nnode2\\n'\n")
+    scontrol.chmod(0o755)
     path = tmp_path / "job.sh"
     path.write_text(script)
     env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
@@ -100,7 +103,7 @@ def test_hostile_values_render_harmless(tmp_path) -> None:
         d.mkdir()
         res = _run_script_with_fake_srun(d, script)
         assert res.returncode == 0, res.stderr
-        assert "fake-srun" in res.stdout
+        assert res.stdout.count("fake-srun") == 2, res.stdout  # one step per node
         assert not pwned.exists(), "a config value was executed by the shell"
 
 
