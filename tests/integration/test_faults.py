@@ -120,17 +120,23 @@ def _restore_node(env, node: str) -> None:
     raise AssertionError(f"{node} did not come back")
 
 
-def test_node_loss_with_a_spare_continues_on_the_spare(env, reference, tmp_path) -> None:
-    job, run_dir = submit([*COMMON, "job.name=f-spare", "supervisor.spare_nodes=1"], env, str(tmp_path))
+def _lose_second_node_and_recover(env, reference: str, job: str, run_dir: str) -> str:
+    """Kill the node of ranks 2-3 (slurmd and its processes) mid-run; the run must recover."""
     step = wait_for_step(run_dir, 3, 13)
     (start,) = events(run_dir, "allocation_start")
-    lost = start["train_nodes"][1]
+    lost = str(start["train_nodes"][1])
     mark_fault(run_dir, "node_loss", node=lost, step=step)
     try:
         _kill_node(env, lost)
         assert_recovered(run_dir, job, env, reference, step)
     finally:
         _restore_node(env, lost)
+    return lost
+
+
+def test_node_loss_with_a_spare_continues_on_the_spare(env, reference, tmp_path) -> None:
+    job, run_dir = submit([*COMMON, "job.name=f-spare", "supervisor.spare_nodes=1"], env, str(tmp_path))
+    lost = _lose_second_node_and_recover(env, reference, job, run_dir)
     failures = events(run_dir, "failure")
     assert failures[0]["cls"] == "node_loss" and failures[0]["node"] == lost, failures
     assert events(run_dir, "decision")[0]["action"] == "replace_node"
@@ -141,15 +147,7 @@ def test_node_loss_with_a_spare_continues_on_the_spare(env, reference, tmp_path)
 
 def test_node_loss_without_a_spare_requeues_without_the_node(env, reference, tmp_path) -> None:
     job, run_dir = submit([*COMMON, "job.name=f-requeue"], env, str(tmp_path))
-    step = wait_for_step(run_dir, 3, 13)
-    (start,) = events(run_dir, "allocation_start")
-    lost = start["nodes"][1]
-    mark_fault(run_dir, "node_loss", node=lost, step=step)
-    try:
-        _kill_node(env, lost)
-        assert_recovered(run_dir, job, env, reference, step)
-    finally:
-        _restore_node(env, lost)
+    lost = _lose_second_node_and_recover(env, reference, job, run_dir)
     assert events(run_dir, "failure")[0]["cls"] == "node_loss"
     (requeue,) = events(run_dir, "requeue")
     assert requeue["exclude"] == [lost]
