@@ -189,11 +189,19 @@ class PrimaryWriter:
         final = step_dir(manifest.step)
         rank = self.coord.rank
         with tier_lock(self.tier):
-            if self.tier.exists(partial):
-                if self.tier.exists(final):  # an older save of the same step (after a restart)
-                    self.tier.rm(final, recursive=True)
-                self.tier.commit(partial, final)
-                fsync_dir(os.path.dirname(self.tier.local_path(final) or "."))
+            src, dst = self.tier.local_path(partial), self.tier.local_path(final)
+            if src is not None and dst is not None and os.path.isdir(src):
+                # File by file, never a whole-directory swap: ranks that share this node's
+                # directory each move what they find, and none can delete a file another rank
+                # already moved (an older save of the same step is simply overwritten; the
+                # manifest written below names exactly this save's files).
+                os.makedirs(dst, exist_ok=True)
+                for name in os.listdir(src):
+                    os.replace(os.path.join(src, name), os.path.join(dst, name))
+                with contextlib.suppress(OSError):  # another rank may still be moving its files
+                    os.rmdir(src)
+                fsync_dir(dst)
+                fsync_dir(os.path.dirname(dst))
             self.tier.write_atomic(f"{final}/{MANIFEST}", manifest.to_json())
         status = check_step(self.tier, manifest.step, deep=False,
                             files=lambda m: [f for f in m.files if f.rank == rank])
