@@ -10,6 +10,7 @@ import sys
 from collections.abc import Mapping
 
 from slurmkit.slurm.client import SlurmClient
+from slurmkit.slurm.errors import SlurmError
 from slurmkit.slurm.runner import SubprocessRunner
 
 TERMINAL = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"]
@@ -38,7 +39,7 @@ def wait_terminal(job_id: str, env: Mapping[str, str], timeout_s: float = 300) -
     client = SlurmClient(SubprocessRunner(env=env))
     try:
         return client.wait_for_state(job_id, TERMINAL, timeout_s, poll_s=0.5, source="sacct")
-    except Exception:
+    except SlurmError:  # timed out, or ended in a state the list lacks: report what it is now
         return client.job_state(job_id, source="sacct")
 
 
