@@ -161,8 +161,7 @@ class FsspecTier:
         """Size of every file directly in ``rel`` (one listing request); {} if missing."""
         try:
             if self._local:
-                with os.scandir(self._p(rel)) as it:
-                    return {e.name: e.stat().st_size for e in it if e.is_file()}
+                return _local_sizes(self._p(rel))
             entries = self.fs.ls(self._p(rel), detail=True)
         except FileNotFoundError:
             return {}
@@ -247,6 +246,24 @@ class FsspecTier:
     def _mkparent(self, rel: str) -> None:
         if self._local:
             os.makedirs(os.path.dirname(self._p(rel)), exist_ok=True)
+
+
+def _local_sizes(path: str) -> dict[str, int]:
+    """name -> size of the regular files in ``path``.
+
+    An entry that vanishes between the listing and its stat (another rank of this node
+    renaming a temporary file into place) is left out; only a missing ``path`` itself raises
+    FileNotFoundError. One vanished temporary file once made a whole step look empty.
+    """
+    sizes = {}
+    with os.scandir(path) as it:
+        for e in it:
+            try:
+                if e.is_file():
+                    sizes[e.name] = e.stat().st_size
+            except FileNotFoundError:
+                continue
+    return sizes
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:

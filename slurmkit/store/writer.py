@@ -179,15 +179,32 @@ class PrimaryWriter:
             body = m.to_json().decode()
         manifest = Manifest.from_json(self.coord.broadcast_json(body).encode())
         t2 = time.perf_counter()
-        self.commit(partial, manifest)
+        try:
+            self.commit(partial, manifest)
+            problem = None
+        except (OSError, TierError) as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        # The commit is the one per-rank phase: agree on its outcome, so that a failure on one
+        # rank makes every rank fail this tier together (and fall back to the next tier
+        # together). A rank falling back alone would pair its next collective with the other
+        # ranks' next save, mixing two steps in one checkpoint.
+        problems = self.coord.all_gather_json(problem)
+        failed = [f"rank {r}: {p}" for r, p in enumerate(problems) if p]
+        if failed:
+            self.withdraw(manifest)
+            raise TierError(f"committing step {step} on {self.tier.uri} failed: "
+                            f"{'; '.join(failed)}")
+        write_latest(self.tier, manifest.step)
         log.debug("step %d on %s: write+seal %.3f s, gather %.3f s, commit %.3f s", step,
                   self.tier.name, t1 - t0, t2 - t1, time.perf_counter() - t2)
         return manifest
 
     def commit(self, partial: str, manifest: Manifest) -> None:
-        """Rename the partial directory into place, write the manifest last, verify, move latest."""
+        """Move this save's files into place and write the manifest last, then verify this
+        rank's files. ``latest.json`` moves only once every rank committed (see ``write``)."""
         final = step_dir(manifest.step)
         rank = self.coord.rank
+        body = manifest.to_json()
         with tier_lock(self.tier):
             src, dst = self.tier.local_path(partial), self.tier.local_path(final)
             if src is not None and dst is not None and os.path.isdir(src):
@@ -202,10 +219,33 @@ class PrimaryWriter:
                     os.rmdir(src)
                 fsync_dir(dst)
                 fsync_dir(os.path.dirname(dst))
-            self.tier.write_atomic(f"{final}/{MANIFEST}", manifest.to_json())
+            if _read_bytes(self.tier.local_path(f"{final}/{MANIFEST}")) != body:
+                # the other ranks of this node find it written already: rewriting it would
+                # only make a temporary file appear and vanish under their verification
+                self.tier.write_atomic(f"{final}/{MANIFEST}", body)
         status = check_step(self.tier, manifest.step, deep=False,
                             files=lambda m: [f for f in m.files if f.rank == rank])
         if not status.ok:
             raise TierError(f"step {manifest.step} on {self.tier.uri} did not verify after "
                             f"commit: {status.problem}")
-        write_latest(self.tier, manifest.step)
+
+    def withdraw(self, manifest: Manifest) -> None:
+        """Make this save invisible on this node again (another rank failed to commit it):
+        its manifest is removed unless it was since replaced by a different save's."""
+        path = self.tier.local_path(f"{step_dir(manifest.step)}/{MANIFEST}")
+        with tier_lock(self.tier):
+            if path is not None and _read_bytes(path) == manifest.to_json():
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
+                    log.warning("withdrew step %d on %s: not every rank committed it",
+                                manifest.step, self.tier.uri)
+
+
+def _read_bytes(path: str | None) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None

@@ -68,6 +68,56 @@ def rank_main(rank: int, world: int, root: str, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
+def shared_node_main(rank: int, world: int, root: str, port: int, out: str, saves: int,
+                     fail_commit: str) -> None:
+    """One rank of 4 on 2 emulated nodes (2 ranks share each node's NVMe directory): many
+    back-to-back saves of a small, per-step distinct state, then a restore of the last one.
+
+    ``fail_commit`` = "RANK:STEP": that rank's commit of that step on the NVMe tier raises,
+    as a full disk or an I/O error would, on that rank only.
+    """
+    import torch.distributed as dist
+
+    from slurmkit.store import CheckpointStore, StoreConfig
+    from slurmkit.store.tier import TierError
+    from slurmkit.store.writer import PrimaryWriter
+
+    if fail_commit:
+        bad_rank, bad_step = (int(x) for x in fail_commit.split(":"))
+        real_commit = PrimaryWriter.commit
+
+        def commit(self: PrimaryWriter, partial: str, manifest: Any) -> None:
+            if rank == bad_rank and manifest.step == bad_step and self.tier.name == "nvme":
+                raise TierError(f"injected commit failure on rank {rank}")
+            real_commit(self, partial, manifest)
+
+        PrimaryWriter.commit = commit  # type: ignore[method-assign]
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    events: list[dict[str, Any]] = []
+    cfg = StoreConfig(nvme_uri=f"{root}/nvme", lustre_uri=f"{root}/lustre",
+                      lustre_every_saves=1, keep_nvme=2, keep_lustre=2)
+    st = CheckpointStore.from_config(cfg, rank=rank, world_size=world, node=f"vm-{rank // 2}",
+                                     env={}, on_event=events.append)
+    state = {"model": {"w": torch.zeros(128, 32)}, f"rank{rank}": torch.zeros(4), "step": 0}
+    for step in range(1, saves + 1):
+        state["model"]["w"].fill_(step)  # replicated: rank 0 writes it
+        state[f"rank{rank}"].fill_(step * 10 + rank)  # this rank's own shard
+        state["step"] = step
+        st.save(step, state)
+    st.wait()
+    tmpl = {"model": {"w": torch.zeros(128, 32)}, f"rank{rank}": torch.zeros(4), "step": None}
+    res = st.restore(tmpl)
+    st.close()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"restored_step": res.step if res else None, "step": tmpl["step"],
+                   "w": float(tmpl["model"]["w"][0, 0]), "own": float(tmpl[f"rank{rank}"][0]),
+                   "events": [{k: e.get(k) for k in ("event", "step", "tier", "error")}
+                              for e in events]}, f)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "save_then_hang":
         save_then_hang(sys.argv[2], int(sys.argv[3]))

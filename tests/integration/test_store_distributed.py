@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ import torch.multiprocessing as mp
 
 from slurmkit.store import CheckpointStore, StoreConfig
 from slurmkit.testing.s3server import free_port
-from tests.integration.store_workers import rank_main
+from tests.integration.store_workers import rank_main, shared_node_main
 
 pytestmark = pytest.mark.integration
 
@@ -42,3 +43,52 @@ def test_two_ranks_save_restore_then_reshard_to_one(tmp_path: str) -> None:
     assert torch.equal(tmpl["model"]["w"], expected)
     assert torch.equal(tmpl["model"]["bias"], torch.ones(8) + 3)
     st.close()
+
+
+def run_shared_nodes(tmp_path: Any, saves: int, fail_commit: str = "") -> list[dict[str, Any]]:
+    root, out = str(tmp_path / "ck"), str(tmp_path)
+    mp.start_processes(shared_node_main, args=(4, root, free_port(), out, saves, fail_commit),
+                       nprocs=4, join=True, start_method="spawn")
+    results = []
+    for r in range(4):
+        with open(os.path.join(out, f"rank{r}.json")) as f:
+            results.append(json.load(f))
+    return results
+
+
+def test_back_to_back_saves_with_two_ranks_per_node_directory_all_commit(tmp_path: Any
+                                                                         ) -> None:
+    """Two ranks per node commit into one directory while the other verifies its files:
+    once, a temporary manifest file vanishing under a listing made a committed step look
+    empty ('missing shard'), and the rank that saw it fell back alone, pairing its next
+    collective with the other ranks' next save."""
+    saves = 40
+    results = run_shared_nodes(tmp_path, saves)
+    for r, res in enumerate(results):
+        failed = [e for e in res["events"] if e["event"] == "ckpt_failed"]
+        assert failed == [], (r, failed)
+        assert res["restored_step"] == saves and res["step"] == saves
+        assert res["w"] == saves and res["own"] == saves * 10 + r
+    saved = [e["step"] for e in results[0]["events"] if e["event"] == "ckpt_saved"]
+    assert saved == list(range(1, saves + 1))
+    assert all(e["tier"] == "nvme" for e in results[0]["events"] if e["event"] == "ckpt_saved")
+
+
+@pytest.mark.timeout(300)  # without the agreement the ranks deadlock
+def test_a_commit_failure_on_one_rank_fails_the_tier_on_every_rank_together(tmp_path: Any
+                                                                            ) -> None:
+    """Rank 3 alone fails to commit step 2 on its NVMe: every rank reports the NVMe failure
+    and every rank writes step 2 to the next tier, so no save pairs with another step's."""
+    results = run_shared_nodes(tmp_path, 4, fail_commit="3:2")
+    for r, res in enumerate(results):
+        failed = [(e["step"], e["tier"]) for e in res["events"] if e["event"] == "ckpt_failed"]
+        assert failed == [(2, "nvme")], (r, res["events"])
+        assert "injected commit failure on rank 3" in next(
+            e["error"] for e in res["events"] if e["event"] == "ckpt_failed")
+        assert res["restored_step"] == 4 and res["w"] == 4 and res["own"] == 40 + r
+    saved = [(e["step"], e["tier"]) for e in results[0]["events"] if e["event"] == "ckpt_saved"]
+    assert saved == [(1, "nvme"), (2, "lustre"), (3, "nvme"), (4, "nvme")]
+    # step 2 is withdrawn from both nodes' NVMe (rank 3's node never completed it)
+    for node in ("vm-0", "vm-1"):
+        assert not os.path.exists(tmp_path / "ck" / "nvme" / node / "step_0000000002" /
+                                  "manifest.json")

@@ -65,11 +65,6 @@ def wait_for_exit(run: LocalRun, rank: int) -> int:
     return int(run.procs[rank].returncode)
 
 
-# Known store bug, open: in a full CI run (not alone) the first periodic save of rank 3 fails
-# "did not verify after commit: missing shard __3_0.distcp" on the node directory it shares with
-# rank 2, and the run then hangs. Bit-exact crash resume through the real agent is covered by
-# tests/integration/test_faults.py, which passes. Remove this mark once the commit race is fixed.
-@pytest.mark.xfail(reason="store commit race on a shared node directory (see comment)", strict=False)
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_crash_after_periodic_checkpoint_then_restart_is_bit_exact(tmp_path: Any,
                                                                    strategy: str) -> None:

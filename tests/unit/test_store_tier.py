@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import uuid
+from typing import Any
 
 import pytest
 
@@ -46,3 +48,31 @@ def test_s3_tier_takes_credentials_from_env_only() -> None:
 def test_unknown_protocol_is_config_error() -> None:
     with pytest.raises(ConfigError, match="cannot be opened"):
         make_tier("object", "nosuchproto://x/y", {})
+
+
+def test_sizes_leaves_out_a_file_that_vanishes_while_listing(tmp_path: Any,
+                                                             monkeypatch: Any) -> None:
+    """Another rank renaming its temporary manifest into place between our listing and our
+    stat must not make the whole directory look empty (it once did: 'missing shard')."""
+    d = tmp_path / "t" / "step"
+    d.mkdir(parents=True)
+    (d / "__0_0.distcp").write_bytes(b"x" * 5)
+    (d / "manifest.json.tmp-1").write_bytes(b"{}")
+    real_scandir = os.scandir
+
+    class Listing:
+        def __init__(self, path: str) -> None:
+            with real_scandir(path) as it:
+                self.entries = list(it)
+            os.remove(os.path.join(path, "manifest.json.tmp-1"))  # renamed away meanwhile
+
+        def __enter__(self) -> list[Any]:
+            return self.entries
+
+        def __exit__(self, *exc: Any) -> None:
+            return None
+
+    monkeypatch.setattr(os, "scandir", Listing)
+    tier = make_tier("nvme", str(tmp_path / "t"), {})
+    assert tier.sizes("step") == {"__0_0.distcp": 5}
+    assert tier.sizes("absent") == {}
