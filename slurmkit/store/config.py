@@ -38,6 +38,9 @@ class StoreConfig:
     # with the training thread for CPU, so save() blocks longer on a busy or small machine.
     # Worth it where cores are spare (a GPU node); off by default.
     overlap_snapshot: bool = False
+    # Write checkpoint files to local tiers with O_DIRECT (bypassing the page cache), where
+    # the filesystem supports it; false: through the page cache.
+    direct_io: bool = True
     # Files one rank copies at the same time during a promotion (bounded concurrency).
     max_concurrent_copies: int = 4
     # DCP writer threads per rank = files per rank per checkpoint (more files copy in parallel;

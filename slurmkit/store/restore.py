@@ -4,7 +4,8 @@ Per step (newest first, the union of every rank's view): each rank picks the fas
 whose copy verifies *deeply* (every file's checksum; local files are hashed in parallel;
 remote copies are downloaded to a local directory in parallel byte ranges and hashed on the
 way, see transfer.py), the ranks agree (all must succeed), and only then DCP reads
-``.metadata`` (pickled by DCP, so never opened before its checksum matched) and the shards.
+``.metadata`` (pickled by DCP: opened only after its checksum matched, and unpickled through
+an allowlist, see safe_reader.py) and the shards (``weights_only``).
 A step that fails anywhere is skipped with its reason and the next older one is tried.
 """
 
@@ -24,6 +25,7 @@ from slurmkit.errors import SlurmkitError
 from slurmkit.store.catalog import check_file, check_step, list_steps
 from slurmkit.store.coord import Coordinator
 from slurmkit.store.manifest import Manifest, step_dir
+from slurmkit.store.safe_reader import SafeReader
 from slurmkit.store.staging import JSON_PREFIX, apply_json, load_targets
 from slurmkit.store.tier import Tier, TierError
 
@@ -119,13 +121,13 @@ def pick_source(tiers: Sequence[Tier], step: int, scratch: str) -> tuple[Source 
 
 def load_into(template: dict[Any, Any], local_dir: str, coord: Coordinator) -> None:
     """DCP load from a verified local directory into ``template`` (tensors in place)."""
-    reader = dcp.FileSystemReader(local_dir)
-    md = reader.read_metadata()  # unpickles .metadata: its checksum was verified by the caller
+    reader = SafeReader(local_dir)
+    md = reader.read_metadata()  # allowlisted unpickling, after its checksum matched
     sizes = {k: int(v.size[0]) for k, v in md.state_dict_metadata.items()
              if k.startswith(JSON_PREFIX) and hasattr(v, "size")}
     flat = load_targets(template, sizes)
     try:
-        dcp.load(flat, storage_reader=dcp.FileSystemReader(local_dir),
+        dcp.load(flat, storage_reader=SafeReader(local_dir),
                  process_group=coord.group if coord.distributed else None,
                  no_dist=not coord.distributed)
     except (RuntimeError, ValueError, KeyError) as exc:

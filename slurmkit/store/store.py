@@ -75,7 +75,8 @@ class CheckpointStore:
         # the primary first; other local tiers take over when it fails (e.g. a full NVMe)
         local = [primary] + [t for t in tiers if t is not primary and t.local_path("")]
         self._writers = [PrimaryWriter(t, bg, algo=cfg.checksum, write_threads=cfg.write_threads,
-                                       config_hash=config_hash, clock=clock, token=token)
+                                       config_hash=config_hash, clock=clock, token=token,
+                                       direct_io=cfg.direct_io)
                          for t in local]
         self._writer = self._writers[0]
         self._decided: dict[int, list[str]] = {}

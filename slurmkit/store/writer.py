@@ -127,7 +127,8 @@ class PrimaryWriter:
     """Writes snapshots to one local tier; lives in the store's background save thread."""
 
     def __init__(self, tier: FsspecTier, coord: Coordinator, *, algo: str, write_threads: int,
-                 config_hash: str, clock: Callable[[], float], token: str) -> None:
+                 config_hash: str, clock: Callable[[], float], token: str,
+                 direct_io: bool = True) -> None:
         if tier.local_path("") is None:
             raise TierError(f"primary tier {tier.uri} is not a local path")
         self.tier = tier
@@ -137,6 +138,7 @@ class PrimaryWriter:
         self.config_hash = config_hash
         self.clock = clock
         self.token = token
+        self.direct_io = direct_io
 
     def write(self, step: int, seq: int, flat: dict[str, Any],
               decide: Callable[[int], list[str]], gate: FillGate | None = None) -> Manifest:
@@ -149,7 +151,8 @@ class PrimaryWriter:
         if directory is None:
             raise TierError(f"primary tier {self.tier.uri} is not a local path")
         os.makedirs(directory, exist_ok=True)
-        writer = SealingWriter(directory, algo=self.algo, thread_count=self.write_threads)
+        writer = SealingWriter(directory, algo=self.algo, thread_count=self.write_threads,
+                               direct=self.direct_io)
         dist = self.coord.distributed
         t0 = time.perf_counter()
         try:
