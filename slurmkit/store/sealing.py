@@ -93,8 +93,11 @@ _pool_lock = threading.Lock()
 def _take_buffer() -> mmap.mmap:
     """A page-aligned CHUNK-byte buffer, reused across files and saves."""
     with _pool_lock:
-        if _pool:
-            return _pool.pop()
+        while _pool:
+            buf = _pool.pop()
+            if len(buf) == CHUNK:
+                return buf
+            buf.close()
     return mmap.mmap(-1, CHUNK)
 
 

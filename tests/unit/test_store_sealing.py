@@ -116,3 +116,76 @@ def test_split_items_balances_bytes() -> None:
     buckets = sealing.split_items(plan.items, 2)
     sizes = [sum(sealing._item_bytes(i) for i in b) for b in buckets]
     assert sorted(sizes) == [600, 600]  # 300 float32 in all
+
+
+def write_pattern(path: str, sizes: list[int], direct: bool) -> tuple[bytes, SealingStream]:
+    data = bytes((i * 7 + 3) % 251 for i in range(sum(sizes)))
+    s = SealingStream(path, "crc32", direct=direct)
+    pos = 0
+    for n in sizes:
+        s.write(memoryview(data)[pos:pos + n])
+        pos += n
+    return data, s
+
+
+@pytest.mark.parametrize("sizes", [
+    [0], [1], [4096], [4097], [16384], [16385], [3, 16384 * 3 + 5, 4093, 1],
+    [16384 - 1, 2, 16384 * 2 - 1], [50000, 50000, 50000],
+])
+def test_direct_stream_writes_exact_bytes_across_buffer_boundaries(
+        tmp_path: Any, monkeypatch: Any, sizes: list[int]) -> None:
+    monkeypatch.setattr(sealing, "CHUNK", 16384)  # many buffer boundaries in little data
+    path = str(tmp_path / "f")
+    data, s = write_pattern(path, sizes, direct=True)
+    assert s.direct  # this filesystem takes O_DIRECT (the fallback is tested below)
+    assert s.tell() == len(data)
+    digest, size = s.seal()
+    with open(path, "rb") as f:
+        assert f.read() == data
+    assert (digest, size) == hash_file(path, "crc32")
+
+
+def test_stream_falls_back_to_the_page_cache_when_o_direct_is_refused(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    """Refused at open (tmpfs on older kernels) and refused at the first write."""
+    import errno
+
+    monkeypatch.setattr(sealing, "CHUNK", 16384)
+    monkeypatch.setattr(sealing, "_open_direct", lambda path: None)
+    data, s = write_pattern(str(tmp_path / "a"), [40000, 3], direct=True)
+    assert not s.direct
+    s.seal()
+    assert (tmp_path / "a").read_bytes() == data
+
+    monkeypatch.undo()
+    monkeypatch.setattr(sealing, "CHUNK", 16384)
+    real_pwrite = os.pwrite
+    direct_fds: set[int] = set()
+    real_open_direct = sealing._open_direct
+
+    def open_direct(path: str) -> int | None:
+        fd = real_open_direct(path)
+        if fd is not None:
+            direct_fds.add(fd)
+        return fd
+
+    def pwrite(fd: int, b: Any, off: int) -> int:
+        if fd in direct_fds:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_pwrite(fd, b, off)
+
+    monkeypatch.setattr(sealing, "_open_direct", open_direct)
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    data, s = write_pattern(str(tmp_path / "b"), [40000, 3], direct=True)
+    assert direct_fds and not s.direct  # the first full buffer was refused and rewritten
+    digest, size = s.seal()
+    assert (tmp_path / "b").read_bytes() == data
+    assert (digest, size) == hash_file(str(tmp_path / "b"), "crc32")
+
+
+def test_aligned_buffers_are_reused_across_files(tmp_path: Any) -> None:
+    before = len(sealing._pool)
+    for name in ("x", "y", "z"):
+        _, s = write_pattern(str(tmp_path / name), [100], direct=True)
+        s.seal()
+    assert len(sealing._pool) >= min(2, sealing._POOL_MAX) and len(sealing._pool) >= before
