@@ -13,6 +13,7 @@ from slurmkit.store.manifest import (
     FileEntry,
     Manifest,
     ManifestError,
+    hash_file,
     hash_stream,
     parse_step_dir,
     step_dir,
@@ -95,12 +96,16 @@ def check_file(tier: Tier, step: int, e: FileEntry, algo: str, *, deep: bool,
         if size != e.size:
             return f"shard {e.name} has {size} bytes, manifest says {e.size} (truncated?)"
         if deep:
-            with tier.open(rel, "rb") as f:
-                digest, _ = hash_stream(f, algo, on_bytes)
+            local = tier.local_path(rel)
+            if local is not None:
+                digest, _ = hash_file(local, algo, on_bytes)
+            else:
+                with tier.open(rel, "rb") as f:
+                    digest, _ = hash_stream(f, algo, on_bytes)
             if digest != e.checksum:
                 return f"checksum mismatch in {e.name}"
-    except TierError as exc:
-        return str(exc)
+    except (TierError, OSError) as exc:
+        return f"{e.name}: {exc}"
     return None
 
 

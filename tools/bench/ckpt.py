@@ -15,7 +15,8 @@ figure is (medians over the loop unless said otherwise):
   filesystem, run once per loop iteration right after the store's save (the disk's raw
   write speed under the same conditions).
 * restore NVMe: the store (manifest + every checksum verified, then DCP load) against a
-  plain ``dcp.load`` of the same step directory.
+  plain ``dcp.load`` of the same step directory, both from a cold page cache (the files are
+  evicted with posix_fadvise before each), alternating.
 * object tier: a fresh server is warmed up with one upload first; then, alternating
   A B B A, the store's promotion of a committed step to S3 (``ckpt_durable`` seconds:
   find source, upload, commit, manifest, verify) against a plain default
@@ -144,24 +145,52 @@ def blocking_loop(state: dict[str, Any], work: str, saves: int, checksum: str
     return res
 
 
-def restore_compare(state: dict[str, Any], work: str, checksum: str) -> dict[str, float]:
-    """NVMe restore by the store (verify + load) against dcp.load of the same files."""
+def evict(directory: str) -> None:
+    """Drop a directory's files from the page cache (a restore after a restart reads the
+    disk; without this whichever method runs second would read memory)."""
+    os.sync()
+    for path in glob.glob(os.path.join(directory, "*")) + glob.glob(os.path.join(directory, ".*")):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def restore_compare(state: dict[str, Any], work: str, checksum: str, rounds: int = 2
+                    ) -> dict[str, float]:
+    """NVMe restore by the store (verify + load) against dcp.load of the same files, each from
+    a cold page cache, alternating A B B A."""
     cfg = StoreConfig(nvme_uri=f"{work}/nvme", keep_nvme=1, checksum=checksum)
     store = CheckpointStore.from_config(cfg, rank=0, world_size=1, node="bench", env={})
-    tmpl: dict[str, Any] = {"model": {k: torch.empty_like(v) for k, v in state["model"].items()},
-                            "step": None}
-    t0 = time.perf_counter()
-    r = store.restore(tmpl)
-    t_store = time.perf_counter() - t0
-    same = r is not None and tmpl["step"] == state["step"] and all(
-        torch.equal(tmpl["model"][k], v) for k, v in state["model"].items())
     step_dir = f"{work}/nvme/bench/step_{state['step']:010d}"
-    flat = {f"model.{k}": torch.empty_like(v) for k, v in state["model"].items()}
-    t0 = time.perf_counter()
-    dcp.load(flat, checkpoint_id=step_dir, no_dist=True)
-    t_dcp = time.perf_counter() - t0
+    times: dict[str, list[float]] = {"store": [], "dcp": []}
+    same = True
+
+    def by_store() -> None:
+        nonlocal same
+        tmpl: dict[str, Any] = {"model": {k: torch.empty_like(v)
+                                          for k, v in state["model"].items()}, "step": None}
+        evict(step_dir)
+        t0 = time.perf_counter()
+        r = store.restore(tmpl)
+        times["store"].append(time.perf_counter() - t0)
+        same = same and r is not None and tmpl["step"] == state["step"] and all(
+            torch.equal(tmpl["model"][k], v) for k, v in state["model"].items())
+
+    def by_dcp() -> None:
+        flat = {f"model.{k}": torch.empty_like(v) for k, v in state["model"].items()}
+        evict(step_dir)
+        t0 = time.perf_counter()
+        dcp.load(flat, checkpoint_id=step_dir, no_dist=True)
+        times["dcp"].append(time.perf_counter() - t0)
+
+    for i in range(rounds):
+        for f in ((by_store, by_dcp) if i % 2 == 0 else (by_dcp, by_store)):
+            f()
     store.close()
-    return {"restore_store_s": t_store, "restore_dcp_s": t_dcp, "bit_exact": float(same)}
+    return {"restore_store_s": statistics.median(times["store"]),
+            "restore_dcp_s": statistics.median(times["dcp"]), "bit_exact": float(same)}
 
 
 def plain_s3fs(env: dict[str, str]) -> Any:
