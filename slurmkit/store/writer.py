@@ -208,8 +208,14 @@ class PrimaryWriter:
         final = step_dir(manifest.step)
         rank = self.coord.rank
         body = manifest.to_json()
+        mpath = self.tier.local_path(f"{final}/{MANIFEST}")
         with tier_lock(self.tier):
             src, dst = self.tier.local_path(partial), self.tier.local_path(final)
+            if mpath is not None and _read_bytes(mpath) not in (None, body):
+                # an older save of this step (an earlier generation): invisible first, so its
+                # manifest never names files this save is replacing
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(mpath)
             if src is not None and dst is not None and os.path.isdir(src):
                 # File by file, never a whole-directory swap: ranks that share this node's
                 # directory each move what they find, and none can delete a file another rank
@@ -222,7 +228,7 @@ class PrimaryWriter:
                     os.rmdir(src)
                 fsync_dir(dst)
                 fsync_dir(os.path.dirname(dst))
-            if _read_bytes(self.tier.local_path(f"{final}/{MANIFEST}")) != body:
+            if _read_bytes(mpath) != body:
                 # the other ranks of this node find it written already: rewriting it would
                 # only make a temporary file appear and vanish under their verification
                 self.tier.write_atomic(f"{final}/{MANIFEST}", body)

@@ -118,6 +118,47 @@ def shared_node_main(rank: int, world: int, root: str, port: int, out: str, save
     dist.destroy_process_group()
 
 
+def object_restore_main(rank: int, world: int, root: str, port: int, out: str,
+                        object_uri: str, env: dict[str, str]) -> None:
+    """Save a DTensor-sharded state to NVMe + the object tier, lose every NVMe, restore:
+    from S3, each rank fetching only the files its shard lives in."""
+    import shutil
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from slurmkit.store import CheckpointStore, StoreConfig
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    events: list[dict[str, Any]] = []
+    cfg = StoreConfig(nvme_uri=f"{root}/nvme", object_uri=object_uri, object_every_saves=1,
+                      retry_attempts=2, retry_initial_s=0.2)
+    st = CheckpointStore.from_config(cfg, rank=rank, world_size=world, node=f"node{rank}",
+                                     env=env, on_event=events.append)
+    full = torch.arange(1 << 18, dtype=torch.float32).reshape(-1, 8)
+    state = {"model": {"w": distribute_tensor(full.clone(), mesh, [Shard(0)]),
+                       "bias": torch.ones(8)}, "step": 3}
+    st.save(3, state)
+    st.wait()
+    dist.barrier()
+    shutil.rmtree(f"{root}/nvme/node{rank}")  # the nodes' NVMe is gone
+    dist.barrier()
+    tmpl = {"model": {"w": distribute_tensor(torch.zeros_like(full), mesh, [Shard(0)]),
+                      "bias": torch.zeros(8)}, "step": None}
+    res = st.restore(tmpl)
+    ok = (res is not None and res.step == 3 and tmpl["step"] == 3
+          and torch.equal(tmpl["model"]["w"].to_local(), state["model"]["w"].to_local())
+          and torch.equal(tmpl["model"]["bias"], state["model"]["bias"]))
+    st.close()
+    restored = [e for e in events if e["event"] == "ckpt_restored"]
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"ok": ok, "tier": res.tier if res else None, "restored": restored}, f)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "save_then_hang":
         save_then_hang(sys.argv[2], int(sys.argv[3]))
