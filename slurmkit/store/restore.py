@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -48,6 +49,8 @@ class RestoreResult:
     skipped: list[tuple[int, str]] = field(default_factory=list)
     files_read: int = 0  # files this rank verified and read (its part of the step)
     bytes_read: int = 0
+    fetch_s: float = 0.0  # finding, downloading and verifying the chosen step
+    load_s: float = 0.0  # DCP reading it into the template
 
 
 @dataclass
@@ -217,7 +220,9 @@ def restore_newest(template: dict[Any, Any], tiers: Sequence[Tier], coord: Coord
                    scratch: str, emit: Callable[[dict[str, Any]], None]) -> RestoreResult | None:
     skipped: list[tuple[int, str]] = []
     for step in candidate_steps(tiers, coord):
+        t0 = time.perf_counter()
         src, why = pick_source(tiers, step, scratch, template)
+        t1 = time.perf_counter()
         verdicts = coord.all_gather_json({"ok": src is not None, "why": why})
         if not all(v["ok"] for v in verdicts):
             reason = "; ".join(f"rank {r}: {v['why']}" for r, v in enumerate(verdicts)
@@ -239,10 +244,13 @@ def restore_newest(template: dict[Any, Any], tiers: Sequence[Tier], coord: Coord
                 shutil.rmtree(src.local_dir, ignore_errors=True)
         result = RestoreResult(step, src.tier.name, src.tier.uri, skipped,
                                files_read=len(src.files),
-                               bytes_read=sum(f.size for f in src.files))
+                               bytes_read=sum(f.size for f in src.files),
+                               fetch_s=round(t1 - t0, 3),
+                               load_s=round(time.perf_counter() - t1, 3))
         emit({"event": "ckpt_restored", "step": step, "tier": src.tier.name,
               "uri": src.tier.uri, "skipped": [list(s) for s in skipped],
               "files_read": result.files_read, "bytes_read": result.bytes_read,
-              "step_bytes": src.manifest.total_bytes})
+              "step_bytes": src.manifest.total_bytes, "fetch_s": result.fetch_s,
+              "load_s": result.load_s})
         return result
     return None

@@ -20,9 +20,10 @@ figure is (medians over the loop unless said otherwise):
 * object tier: a fresh server is warmed up with one upload first; then, alternating
   A B B A, the store's promotion of a committed step to S3 (``ckpt_durable`` seconds:
   find source, upload, commit, manifest, verify) against a plain default
-  ``s3fs.S3FileSystem.put`` of the very same files (same bytes, same server), and the
-  store's restore from S3 alone (download, verify every checksum, DCP load) against a plain
-  ``s3fs.get`` of the same objects.
+  ``s3fs.S3FileSystem.put`` of the very same files (same bytes, same server); the store's
+  download of the step with every checksum verified (``fetch_s`` of its restore) against a
+  plain ``s3fs.get`` of the same objects; and the store's whole restore from S3 alone
+  (download, verify, DCP load) against ``s3fs.get`` followed by ``dcp.load``.
 
 The machine may be shared: the 1-minute load average at start and end is printed and goes
 into the RESULT line, which is always the last line. Starts a SeaweedFS server when
@@ -157,7 +158,7 @@ def evict(directory: str) -> None:
             os.close(fd)
 
 
-def restore_compare(state: dict[str, Any], work: str, checksum: str, rounds: int = 2
+def restore_compare(state: dict[str, Any], work: str, checksum: str, rounds: int = 4
                     ) -> dict[str, float]:
     """NVMe restore by the store (verify + load) against dcp.load of the same files, each from
     a cold page cache, alternating A B B A."""
@@ -239,6 +240,7 @@ def object_compare(state: dict[str, Any], work: str, env: dict[str, str], checks
         src = max(glob.glob(f"{work}/nvme_o/bench/step_*"))
         files = sorted(os.listdir(src))
         dst = f"{bucket}/bench-{run}/plain/{len(t_put)}"
+        evict(src)  # the store reads its freshly written (O_DIRECT, uncached) files: same here
         t0 = time.perf_counter()
         plain.put([f"{src}/{n}" for n in files], [f"{dst}/{n}" for n in files])
         t_put.append(time.perf_counter() - t0)
@@ -246,7 +248,7 @@ def object_compare(state: dict[str, Any], work: str, env: dict[str, str], checks
     newest = max(int(e["step"]) for e in events if e["event"] == "ckpt_durable")
     want = {k: v.clone() for k, v in state["model"].items()}
     ocfg = StoreConfig(object_uri=cfg.object_uri, scratch_dir=f"{work}/scratch")
-    t_get, t_restore, same = [], [], True
+    t_get, t_getload, t_restore, t_fetch, same = [], [], [], [], True
     remote = f"{bucket}/bench-{run}/plain/0"
     for who in "ABBA":
         if who == "A":
@@ -255,6 +257,9 @@ def object_compare(state: dict[str, Any], work: str, env: dict[str, str], checks
             t0 = time.perf_counter()
             plain.get([f"{remote}/{n}" for n in files], [f"{work}/got/{n}" for n in files])
             t_get.append(time.perf_counter() - t0)
+            flat = {f"model.{k}": torch.empty_like(v) for k, v in want.items()}
+            dcp.load(flat, checkpoint_id=f"{work}/got", no_dist=True)
+            t_getload.append(time.perf_counter() - t0)
             continue
         ostore = CheckpointStore.from_config(ocfg, rank=0, world_size=1, node="bench-r", env=env)
         tmpl: dict[str, Any] = {"model": {k: torch.empty_like(v) for k, v in want.items()},
@@ -262,6 +267,7 @@ def object_compare(state: dict[str, Any], work: str, env: dict[str, str], checks
         t0 = time.perf_counter()
         r = ostore.restore(tmpl)
         t_restore.append(time.perf_counter() - t0)
+        t_fetch.append(r.fetch_s if r is not None else float("nan"))
         ostore.close()
         same = same and r is not None and r.step == newest and all(
             torch.equal(tmpl["model"][k], v) for k, v in want.items())
@@ -269,7 +275,9 @@ def object_compare(state: dict[str, Any], work: str, env: dict[str, str], checks
     return {"obj_up_gibs": gib / statistics.mean(t_up),
             "s3fs_put_gibs": gib / statistics.mean(t_put),
             "obj_restore_gibs": gib / statistics.mean(t_restore),
-            "s3fs_get_gibs": gib / statistics.mean(t_get), "obj_bit_exact": float(same)}
+            "obj_fetch_gibs": gib / statistics.mean(t_fetch),
+            "s3fs_get_gibs": gib / statistics.mean(t_get),
+            "s3fs_get_load_gibs": gib / statistics.mean(t_getload), "obj_bit_exact": float(same)}
 
 
 def main() -> int:
@@ -322,11 +330,14 @@ def main() -> int:
 
                 stop_pid(pid)
         print(f"object upload: store {ob['obj_up_gibs']:.2f} GiB/s vs s3fs put "
-              f"{ob['s3fs_put_gibs']:.2f}; restore {ob['obj_restore_gibs']:.2f} vs s3fs get "
-              f"{ob['s3fs_get_gibs']:.2f}")
+              f"{ob['s3fs_put_gibs']:.2f}; download+verify {ob['obj_fetch_gibs']:.2f} vs s3fs "
+              f"get {ob['s3fs_get_gibs']:.2f}; whole restore {ob['obj_restore_gibs']:.2f} vs "
+              f"s3fs get + dcp.load {ob['s3fs_get_load_gibs']:.2f}")
         result.update({
             "obj_up_vs_s3fs": round(ob["obj_up_gibs"] / ob["s3fs_put_gibs"], 3),
-            "obj_restore_vs_s3fs_get": round(ob["obj_restore_gibs"] / ob["s3fs_get_gibs"], 3),
+            "obj_fetch_vs_s3fs_get": round(ob["obj_fetch_gibs"] / ob["s3fs_get_gibs"], 3),
+            "obj_restore_vs_s3fs_get_load": round(
+                ob["obj_restore_gibs"] / ob["s3fs_get_load_gibs"], 3),
             "obj_bit_exact": int(ob["obj_bit_exact"]),
         })
     if not a.dir:
