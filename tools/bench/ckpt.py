@@ -48,8 +48,11 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 
-from slurmkit.store import CheckpointStore, StoreConfig
-from slurmkit.store.config import CHECKSUMS
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)  # run as a script from anywhere: measure this checkout's slurmkit
+
+from slurmkit.store import CheckpointStore, StoreConfig  # noqa: E402
+from slurmkit.store.config import CHECKSUMS  # noqa: E402
 
 
 # DCP warns on every call that it runs without a process group: that is the point here
