@@ -1,33 +1,38 @@
 """Restore the newest step that verifies on some tier, into a template state, in place.
 
-Per step (newest first, the union of every rank's view): each rank picks the fastest tier
-whose copy verifies *deeply* (every file's checksum; local files are hashed in parallel;
-remote copies are downloaded to a local directory in parallel byte ranges and hashed on the
-way, see transfer.py), the ranks agree (all must succeed), and only then DCP reads
-``.metadata`` (pickled by DCP: opened only after its checksum matched, and unpickled through
-an allowlist, see safe_reader.py) and the shards (``weights_only``).
+Per step (newest first, the union of every rank's view), each rank:
+  * verifies ``.metadata`` (checksum), unpickles it through an allowlist (safe_reader.py), and
+    asks DCP's load planner which shard files its part of the state lives in;
+  * takes each of those files from the fastest tier holding it intact: local files are
+    hashed in place (in parallel), remote ones downloaded in parallel byte ranges and hashed
+    on the way (transfer.py). A node's NVMe holds only its ranks' files; the rest come from
+    the shared tier, and a damaged copy on one tier falls back to the next, file by file.
+    Tiers holding different saves of one step are never mixed.
+The ranks agree (all must succeed) and only then DCP reads the shards (``weights_only``).
 A step that fails anywhere is skipped with its reason and the next older one is tried.
 """
-
 from __future__ import annotations
 
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata
 
 from slurmkit.errors import SlurmkitError
-from slurmkit.store.catalog import check_file, check_step, list_steps
+from slurmkit.store.catalog import check_file, list_steps, read_manifest
 from slurmkit.store.coord import Coordinator
-from slurmkit.store.manifest import FileEntry, Manifest, step_dir
+from slurmkit.store.manifest import FileEntry, Manifest, ManifestError, step_dir
 from slurmkit.store.safe_reader import SafeReader, load_metadata
 from slurmkit.store.staging import JSON_PREFIX, apply_json, load_targets
 from slurmkit.store.tier import Tier, TierError
@@ -55,11 +60,22 @@ class RestoreResult:
 
 @dataclass
 class Source:
-    tier: Tier
+    """Where each file this rank reads comes from: a verified local path per file name."""
+
     manifest: Manifest
-    local_dir: str
-    downloaded: bool
-    files: list[FileEntry] = field(default_factory=list)  # what this rank verified and reads
+    paths: dict[str, str]
+    files: list[FileEntry]  # what this rank verified and reads
+    by_tier: dict[str, int]  # bytes read per tier
+    scratch_dirs: list[str] = field(default_factory=list)  # downloads to remove after loading
+
+    @property
+    def tier(self) -> str:
+        """The tier most of the bytes came from."""
+        return max(self.by_tier, key=lambda k: self.by_tier[k]) if self.by_tier else ""
+
+    def cleanup(self) -> None:
+        for d in self.scratch_dirs:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def candidate_steps(tiers: Sequence[Tier], coord: Coordinator) -> list[int]:
@@ -75,26 +91,6 @@ def candidate_steps(tiers: Sequence[Tier], coord: Coordinator) -> list[int]:
     return sorted(union, reverse=True)
 
 
-def _fetch(tier: Tier, step: int, m: Manifest, files: list[FileEntry], local: str
-           ) -> str | None:
-    """Download ``files`` of a remote step into ``local``, hashing on the way; the first
-    problem or None."""
-    # largest first: a small file must not hold a worker while big shards wait
-    files = sorted(files, key=lambda f: f.size, reverse=True)
-    if not files:
-        return None
-    with ThreadPoolExecutor(max_workers=max(1, min(len(files), FILE_WORKERS))) as pool:
-        got = list(pool.map(lambda f: tier.get_file_hashed(
-            f"{step_dir(step)}/{f.name}", os.path.join(local, f.name), m.checksum_algo,
-            f.size), files))
-    for f, (digest, size) in zip(files, got):
-        if size != f.size:
-            return f"shard {f.name} has {size} bytes, manifest says {f.size}"
-        if digest != f.checksum:
-            return f"checksum mismatch in {f.name}"
-    return None
-
-
 def files_needed(template: dict[Any, Any], md: Metadata) -> set[str] | None:
     """The shard files DCP will read to fill ``template`` (from the checkpoint's metadata and
     DCP's own load planner), or None when the template does not plan against it (the load
@@ -106,113 +102,170 @@ def files_needed(template: dict[Any, Any], md: Metadata) -> set[str] | None:
         planner.set_up_planner(load_targets(template, sizes), md, False)
         plan = planner.create_local_plan()
         return {md.storage_data[item.storage_index].relative_path for item in plan.items}
-    except Exception as exc:  # a template mismatch: download everything, let the load say it
-        log.info("cannot plan which files to download (%s): downloading all", exc)
+    except Exception as exc:  # a template mismatch: read everything, let the load say it
+        log.info("cannot plan which files to read (%s): reading all", exc)
         return None
 
 
-def _download(tier: Tier, step: int, m: Manifest, scratch: str,
-              template: dict[Any, Any] | None = None
-              ) -> tuple[str, str | None, list[FileEntry]]:
-    """Copy what this rank needs of a remote step into ``scratch`` and check every checksum;
-    (dir, problem, the files fetched).
+def _save_identity(m: Manifest) -> tuple[Any, ...]:
+    """Two manifests of one step describe the same save (a promoted copy) iff this matches."""
+    return (m.checksum_algo, tuple(sorted((f.name, f.size, f.checksum) for f in m.files)))
 
-    With a template, the verified ``.metadata`` comes first and DCP's load planner says which
-    shard files this rank's part of the state lives in: only those are downloaded (with N
-    ranks, about 1/N of the step each instead of all of it)."""
-    local = os.path.join(scratch, f"{tier.name}-{step_dir(step)}")
-    os.makedirs(local, exist_ok=True)
+
+class _Assembly:
+    """Finds each file of one save on the fastest tier that holds it intact.
+
+    Local tiers are read in place after a deep check; remote files are downloaded into
+    ``scratch`` with their checksum computed on the way. A node's NVMe holds only its own
+    ranks' files, so a restart in the allocation reads those from NVMe and the rest from the
+    shared tier."""
+
+    def __init__(self, tiers: list[Tier], step: int, m: Manifest, scratch: str) -> None:
+        self.tiers, self.step, self.m, self.scratch = tiers, step, m, scratch
+        self.listing: dict[str, dict[str, int]] = {}
+        for t in tiers:
+            try:
+                self.listing[t.name] = t.sizes(step_dir(step))
+            except TierError as exc:
+                log.warning("cannot list step %d on %s: %s", step, t.uri, exc)
+                self.listing[t.name] = {}
+        self.scratch_dirs: list[str] = []
+        self.by_tier: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def get(self, f: FileEntry) -> tuple[str | None, str]:
+        """(verified local path, "") or (None, every tier's reason)."""
+        problems = []
+        for t in self.tiers:
+            if self.listing[t.name].get(f.name) != f.size:
+                got = self.listing[t.name].get(f.name)
+                problems.append(f"{t.name}: " + (f"missing shard {f.name}" if got is None else
+                                                 f"shard {f.name} has {got} bytes, manifest "
+                                                 f"says {f.size} (truncated?)"))
+                continue
+            try:
+                path, bad = self._one(t, f)
+            except (TierError, OSError) as exc:
+                path, bad = None, f"{f.name}: {exc}"
+            if path is not None:
+                with self._lock:
+                    self.by_tier[t.name] = self.by_tier.get(t.name, 0) + f.size
+                return path, ""
+            problems.append(f"{t.name}: {bad}")
+        return None, "; ".join(problems)
+
+    def _one(self, t: Tier, f: FileEntry) -> tuple[str | None, str]:
+        local = t.local_path(f"{step_dir(self.step)}/{f.name}")
+        if local is not None:
+            bad = check_file(t, self.step, f, self.m.checksum_algo, deep=True,
+                             sizes=self.listing[t.name])
+            return (local, "") if bad is None else (None, bad)
+        d = os.path.join(self.scratch, f"{t.name}-{step_dir(self.step)}")
+        with self._lock:
+            if d not in self.scratch_dirs:
+                self.scratch_dirs.append(d)
+        path = os.path.join(d, f.name)
+        digest, size = t.get_file_hashed(f"{step_dir(self.step)}/{f.name}", path,
+                                         self.m.checksum_algo, f.size)
+        if size != f.size:
+            return None, f"shard {f.name} has {size} bytes, manifest says {f.size}"
+        if digest != f.checksum:
+            return None, f"checksum mismatch in {f.name}"
+        return path, ""
+
+    def cleanup(self) -> None:
+        for d in self.scratch_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _assemble(tiers: list[Tier], step: int, m: Manifest, scratch: str,
+              template: dict[Any, Any] | None) -> tuple[Source | None, str]:
+    """Every file this rank needs of save ``m``, verified, each from its fastest tier."""
+    asm = _Assembly(tiers, step, m, scratch)
     files = list(m.files)
     meta = next((f for f in files if f.name == METADATA), None)
+    paths: dict[str, str] = {}
+    used: list[FileEntry] = []
     if template is not None and meta is not None:
-        bad = _fetch(tier, step, m, [meta], local)
-        if bad is not None:
-            return local, bad, [meta]
-        with open(os.path.join(local, METADATA), "rb") as fh:
-            needed = files_needed(template, load_metadata(fh.read()))
-        if needed is not None and needed - {f.name for f in files}:
-            return local, ("metadata names files the manifest lacks: "
-                           f"{sorted(needed - {f.name for f in files})[:3]}"), [meta]
-        rest = [f for f in files if f is not meta and (needed is None or f.name in needed)]
-        return local, _fetch(tier, step, m, rest, local), [meta] + rest
-    return local, _fetch(tier, step, m, files, local), files
-
-
-def _verify_local(tier: Tier, step: int, m: Manifest, template: dict[Any, Any] | None = None
-                  ) -> tuple[str | None, list[FileEntry]]:
-    """Deep check of a local copy, files hashed in parallel; the first problem or None.
-
-    With a template, ``.metadata`` is checked first and then only the shard files DCP will
-    read for this rank (every rank checks what it reads, and the ranks agree on the outcome:
-    a shared tier is not read N times over)."""
-    sizes = tier.sizes(step_dir(step))
-
-    def check(files: list[FileEntry]) -> str | None:
-        if not files:
-            return None
-        with ThreadPoolExecutor(max_workers=max(1, min(len(files), FILE_WORKERS))) as pool:
-            problems = pool.map(lambda f: check_file(tier, step, f, m.checksum_algo,
-                                                     deep=True, sizes=sizes), files)
-            return next((p for p in problems if p), None)
-
-    files = list(m.files)
-    meta = next((f for f in files if f.name == METADATA), None)
-    path = tier.local_path(f"{step_dir(step)}/{METADATA}")
-    if template is not None and meta is not None and path is not None:
-        bad = check([meta])
-        if bad is not None:
-            return bad, [meta]
+        path, why = asm.get(meta)
+        if path is None:
+            asm.cleanup()
+            return None, why
+        paths[METADATA], used = path, [meta]
         with open(path, "rb") as fh:
             needed = files_needed(template, load_metadata(fh.read()))
         if needed is not None and needed - {f.name for f in files}:
-            return ("metadata names files the manifest lacks: "
-                    f"{sorted(needed - {f.name for f in files})[:3]}"), [meta]
-        rest = [f for f in files if f is not meta and (needed is None or f.name in needed)]
-        return check(rest), [meta] + rest
-    return check(files), files
+            asm.cleanup()
+            return None, ("metadata names files the manifest lacks: "
+                          f"{sorted(needed - {f.name for f in files})[:3]}")
+        files = [f for f in files if f is not meta and (needed is None or f.name in needed)]
+    # largest first: a small file must not hold a worker while big shards wait
+    files.sort(key=lambda f: f.size, reverse=True)
+    if files:
+        with ThreadPoolExecutor(max_workers=max(1, min(len(files), FILE_WORKERS))) as pool:
+            got = list(pool.map(asm.get, files))
+        for f, (path, why) in zip(files, got):
+            if path is None:
+                asm.cleanup()
+                return None, why
+            paths[f.name] = path
+    return Source(m, paths, used + files, dict(asm.by_tier), list(asm.scratch_dirs)), ""
 
 
 def pick_source(tiers: Sequence[Tier], step: int, scratch: str,
                 template: dict[Any, Any] | None = None) -> tuple[Source | None, str]:
-    """The fastest tier whose copy of ``step`` verifies deeply, or None and every reason."""
-    problems = []
+    """The files this rank needs of ``step``, each verified, each from the fastest tier that
+    holds it intact; or None and every reason. Tiers holding different saves of one step
+    (a re-save after a restart) are never mixed: the save on the fastest tier is tried first."""
+    problems: list[str] = []
+    saves: dict[tuple[Any, ...], tuple[Manifest, list[Tier]]] = {}
     for t in tiers:
-        st = check_step(t, step, deep=False)
-        if not st.ok or st.manifest is None:
-            problems.append(f"{t.name}: {st.problem}")
-            continue
-        m = st.manifest
         try:
-            local = t.local_path(step_dir(step))
-            if local is not None:
-                bad, used = _verify_local(t, step, m, template)
-                if bad is None:
-                    return Source(t, m, local, False, used), ""
-            else:
-                local, bad, used = _download(t, step, m, scratch, template)
-                if bad is None:
-                    return Source(t, m, local, True, used), ""
-                shutil.rmtree(local, ignore_errors=True)
-        except TierError as exc:
-            bad = str(exc)
-        problems.append(f"{t.name}: {bad}")
+            m = read_manifest(t, step)
+        except (ManifestError, TierError) as exc:
+            problems.append(f"{t.name}: {exc}")
+            continue
+        saves.setdefault(_save_identity(m), (m, []))[1].append(t)
+    for m, holders in saves.values():
+        src, why = _assemble(holders, step, m, scratch, template)
+        if src is not None:
+            return src, ""
+        problems.append(why)
     return None, "; ".join(problems) or "on no tier"
 
 
-def load_into(template: dict[Any, Any], local_dir: str, coord: Coordinator) -> None:
-    """DCP load from a verified local directory into ``template`` (tensors in place)."""
-    reader = SafeReader(local_dir)
-    md = reader.read_metadata()  # allowlisted unpickling, after its checksum matched
+class MappedReader(SafeReader):
+    """SafeReader over verified files that may lie in different directories (tiers)."""
+
+    def __init__(self, paths: dict[str, str]) -> None:
+        super().__init__(os.path.dirname(paths[METADATA]))
+        self.fs = _MappedFileSystem(paths)
+
+
+class _MappedFileSystem(FileSystem):
+    def __init__(self, paths: dict[str, str]) -> None:
+        super().__init__()
+        self.paths = paths
+
+    def concat_path(self, path: str | os.PathLike[str], suffix: str) -> str | os.PathLike[str]:
+        if suffix in self.paths:
+            return Path(self.paths[suffix])
+        return super().concat_path(path, suffix)
+
+
+def load_into(template: dict[Any, Any], paths: dict[str, str], coord: Coordinator) -> None:
+    """DCP load of verified files into ``template`` (tensors in place)."""
+    md = MappedReader(paths).read_metadata()  # allowlisted unpickling, after its checksum
     sizes = {k: int(v.size[0]) for k, v in md.state_dict_metadata.items()
              if k.startswith(JSON_PREFIX) and hasattr(v, "size")}
     flat = load_targets(template, sizes)
     try:
-        dcp.load(flat, storage_reader=SafeReader(local_dir),
+        dcp.load(flat, storage_reader=MappedReader(paths),
                  process_group=coord.group if coord.distributed else None,
                  no_dist=not coord.distributed)
     except (RuntimeError, ValueError, KeyError) as exc:
-        raise RestoreError(f"checkpoint in {local_dir} does not fit the template state: {exc}"
-                           ) from exc
+        raise RestoreError(f"checkpoint ({os.path.dirname(paths[METADATA])}) does not fit "
+                           f"the template state: {exc}") from exc
     apply_json(template, flat)
 
 
@@ -232,23 +285,24 @@ def restore_newest(template: dict[Any, Any], tiers: Sequence[Tier], coord: Coord
             log.warning("restore skips step %d: %s", step, reason)
             skipped.append((step, reason))
             emit({"event": "ckpt_skipped", "step": step, "phase": "restore", "reason": reason})
-            if src is not None and src.downloaded:
-                shutil.rmtree(src.local_dir, ignore_errors=True)
+            if src is not None:
+                src.cleanup()
             continue
         if src is None:
             raise RestoreError("internal: a verified source vanished")
         try:
-            load_into(template, src.local_dir, coord)
+            load_into(template, src.paths, coord)
         finally:
-            if src.downloaded:
-                shutil.rmtree(src.local_dir, ignore_errors=True)
-        result = RestoreResult(step, src.tier.name, src.tier.uri, skipped,
+            src.cleanup()
+        tier = next(t for t in tiers if t.name == src.tier)
+        result = RestoreResult(step, tier.name, tier.uri, skipped,
                                files_read=len(src.files),
                                bytes_read=sum(f.size for f in src.files),
                                fetch_s=round(t1 - t0, 3),
                                load_s=round(time.perf_counter() - t1, 3))
-        emit({"event": "ckpt_restored", "step": step, "tier": src.tier.name,
-              "uri": src.tier.uri, "skipped": [list(s) for s in skipped],
+        emit({"event": "ckpt_restored", "step": step, "tier": tier.name,
+              "uri": tier.uri, "skipped": [list(s) for s in skipped],
+              "bytes_by_tier": src.by_tier,
               "files_read": result.files_read, "bytes_read": result.bytes_read,
               "step_bytes": src.manifest.total_bytes, "fetch_s": result.fetch_s,
               "load_s": result.load_s})

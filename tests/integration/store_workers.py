@@ -64,7 +64,8 @@ def rank_main(rank: int, world: int, root: str, port: int, out: str) -> None:
     st.close()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"ok": ok, "tier": res.tier if res else None,
-                   "events": [e["event"] for e in events]}, f)
+                   "events": [e["event"] for e in events],
+                   "restored": [e for e in events if e["event"] == "ckpt_restored"]}, f)
     dist.destroy_process_group()
 
 

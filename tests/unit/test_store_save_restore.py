@@ -125,6 +125,10 @@ def test_corrupt_nvme_copy_restores_same_step_from_lustre(tmp_path: str,
     r = st.restore(tmpl)
     assert r is not None and (r.step, r.tier) == (5, "lustre")
     assert torch.equal(tmpl["model"]["w"], state["model"]["w"])
+    # per file: only the damaged shard came from Lustre, the intact files from NVMe
+    (ev,) = [e for e in events if e["event"] == "ckpt_restored"]
+    assert ev["bytes_by_tier"]["nvme"] > 0 and ev["bytes_by_tier"]["lustre"] > 0, ev
+    assert not r.skipped
     st.close()
 
 
