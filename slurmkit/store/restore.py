@@ -209,7 +209,8 @@ def _assemble(tiers: list[Tier], step: int, m: Manifest, scratch: str,
                 asm.cleanup()
                 return None, why
             paths[f.name] = path
-    return Source(m, paths, used + files, dict(asm.by_tier), list(asm.scratch_dirs)), ""
+    by_tier = dict(asm.by_tier) or {tiers[0].name: 0}  # (a step with no files to read)
+    return Source(m, paths, used + files, by_tier, list(asm.scratch_dirs)), ""
 
 
 def pick_source(tiers: Sequence[Tier], step: int, scratch: str,
@@ -238,7 +239,7 @@ class MappedReader(SafeReader):
     """SafeReader over verified files that may lie in different directories (tiers)."""
 
     def __init__(self, paths: dict[str, str]) -> None:
-        super().__init__(os.path.dirname(paths[METADATA]))
+        super().__init__(os.path.dirname(paths.get(METADATA) or next(iter(paths.values()))))
         self.fs = _MappedFileSystem(paths)
 
 
@@ -264,7 +265,8 @@ def load_into(template: dict[Any, Any], paths: dict[str, str], coord: Coordinato
                  process_group=coord.group if coord.distributed else None,
                  no_dist=not coord.distributed)
     except (RuntimeError, ValueError, KeyError) as exc:
-        raise RestoreError(f"checkpoint ({os.path.dirname(paths[METADATA])}) does not fit "
+        raise RestoreError(f"checkpoint ({os.path.dirname(next(iter(paths.values())))}) "
+                           "does not fit "
                            f"the template state: {exc}") from exc
     apply_json(template, flat)
 
