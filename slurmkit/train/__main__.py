@@ -156,5 +156,22 @@ def main() -> int:
         return 2
 
 
+def exit_now(code: int) -> None:
+    """Flush and leave without interpreter finalization.
+
+    Every file, the store and the process groups are closed by now. What finalization would
+    still do is run C++ static destructors, and there gloo's transport threads can abort a
+    rank that already finished cleanly ("terminate called without an active exception",
+    SIGABRT, seen once in CI after ``train_finished``). The agent would read that as a crash.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
