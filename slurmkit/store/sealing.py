@@ -1,8 +1,9 @@
 """A DCP storage writer that seals every file while writing it: one pass over the bytes.
 
 Each byte DCP serializes passes through ``SealingStream.write`` once, where it is hashed
-(the manifest checksum, so no second read pass) and handed to the page cache; one fsync per
-file at the end makes it durable. A file is recorded (name, checksum, size) only after its
+(the manifest checksum, so no second read pass) and written with O_DIRECT from reused
+aligned buffers (the page cache where the filesystem refuses it); one fsync per file at the
+end makes it durable. A file is recorded (name, checksum, size) only after its
 fsync returned; a stream that fails is closed without a record. (Starting writeback early
 with ``sync_file_range`` every 16 MiB was measured and dropped: with two files written at
 once it tripled the kernel CPU time of a save and made it slower on ext4.)
