@@ -25,6 +25,7 @@ from slurmkit.errors import SlurmkitError
 
 FORMAT = "slurmkit-ckpt/1"
 MANIFEST = "manifest.json"
+METADATA = ".metadata"  # DCP's checkpoint index (pickled; read through safe_reader.py)
 LATEST = "latest.json"
 PARTIAL = ".partial"
 QUEUE_DIR = ".queue"

@@ -32,14 +32,13 @@ from torch.distributed.checkpoint.metadata import Metadata
 from slurmkit.errors import SlurmkitError
 from slurmkit.store.catalog import check_file, list_steps, read_manifest
 from slurmkit.store.coord import Coordinator
-from slurmkit.store.manifest import FileEntry, Manifest, ManifestError, step_dir
+from slurmkit.store.manifest import METADATA, FileEntry, Manifest, ManifestError, step_dir
 from slurmkit.store.safe_reader import SafeReader, load_metadata
 from slurmkit.store.staging import JSON_PREFIX, apply_json, load_targets
 from slurmkit.store.tier import Tier, TierError
 
 log = logging.getLogger(__name__)
 FILE_WORKERS = 4  # files of one step downloaded / hashed at the same time
-METADATA = ".metadata"
 
 
 class RestoreError(SlurmkitError):
@@ -67,6 +66,7 @@ class Source:
     files: list[FileEntry]  # what this rank verified and reads
     by_tier: dict[str, int]  # bytes read per tier
     scratch_dirs: list[str] = field(default_factory=list)  # downloads to remove after loading
+    metadata: Metadata | None = None  # the verified .metadata, once read
 
     @property
     def tier(self) -> str:
@@ -91,15 +91,19 @@ def candidate_steps(tiers: Sequence[Tier], coord: Coordinator) -> list[int]:
     return sorted(union, reverse=True)
 
 
+def json_sizes(md: Metadata) -> dict[str, int]:
+    """Byte length of every JSON value the checkpoint holds (its load target's size)."""
+    return {k: int(v.size[0]) for k, v in md.state_dict_metadata.items()
+            if k.startswith(JSON_PREFIX) and hasattr(v, "size")}
+
+
 def files_needed(template: dict[Any, Any], md: Metadata) -> set[str] | None:
     """The shard files DCP will read to fill ``template`` (from the checkpoint's metadata and
     DCP's own load planner), or None when the template does not plan against it (the load
     then reports why)."""
-    sizes = {k: int(v.size[0]) for k, v in md.state_dict_metadata.items()
-             if k.startswith(JSON_PREFIX) and hasattr(v, "size")}
     try:
         planner = DefaultLoadPlanner()
-        planner.set_up_planner(load_targets(template, sizes), md, False)
+        planner.set_up_planner(load_targets(template, json_sizes(md)), md, False)
         plan = planner.create_local_plan()
         return {md.storage_data[item.storage_index].relative_path for item in plan.items}
     except Exception as exc:  # a template mismatch: read everything, let the load say it
@@ -186,6 +190,7 @@ def _assemble(tiers: list[Tier], step: int, m: Manifest, scratch: str,
     meta = next((f for f in files if f.name == METADATA), None)
     paths: dict[str, str] = {}
     used: list[FileEntry] = []
+    md: Metadata | None = None
     if template is not None and meta is not None:
         path, why = asm.get(meta)
         if path is None:
@@ -193,7 +198,8 @@ def _assemble(tiers: list[Tier], step: int, m: Manifest, scratch: str,
             return None, why
         paths[METADATA], used = path, [meta]
         with open(path, "rb") as fh:
-            needed = files_needed(template, load_metadata(fh.read()))
+            md = load_metadata(fh.read())
+        needed = files_needed(template, md)
         if needed is not None and needed - {f.name for f in files}:
             asm.cleanup()
             return None, ("metadata names files the manifest lacks: "
@@ -210,7 +216,7 @@ def _assemble(tiers: list[Tier], step: int, m: Manifest, scratch: str,
                 return None, why
             paths[f.name] = path
     by_tier = dict(asm.by_tier) or {tiers[0].name: 0}  # (a step with no files to read)
-    return Source(m, paths, used + files, by_tier, list(asm.scratch_dirs)), ""
+    return Source(m, paths, used + files, by_tier, list(asm.scratch_dirs), md), ""
 
 
 def pick_source(tiers: Sequence[Tier], step: int, scratch: str,
@@ -254,12 +260,13 @@ class _MappedFileSystem(FileSystem):
         return super().concat_path(path, suffix)
 
 
-def load_into(template: dict[Any, Any], paths: dict[str, str], coord: Coordinator) -> None:
-    """DCP load of verified files into ``template`` (tensors in place)."""
-    md = MappedReader(paths).read_metadata()  # allowlisted unpickling, after its checksum
-    sizes = {k: int(v.size[0]) for k, v in md.state_dict_metadata.items()
-             if k.startswith(JSON_PREFIX) and hasattr(v, "size")}
-    flat = load_targets(template, sizes)
+def load_into(template: dict[Any, Any], paths: dict[str, str], coord: Coordinator,
+              md: Metadata | None = None) -> None:
+    """DCP load of verified files into ``template`` (tensors in place); ``md``: their
+    metadata when already read."""
+    if md is None:
+        md = MappedReader(paths).read_metadata()  # allowlisted, after its checksum matched
+    flat = load_targets(template, json_sizes(md))
     try:
         dcp.load(flat, storage_reader=MappedReader(paths),
                  process_group=coord.group if coord.distributed else None,
@@ -293,7 +300,7 @@ def restore_newest(template: dict[Any, Any], tiers: Sequence[Tier], coord: Coord
         if src is None:
             raise RestoreError("internal: a verified source vanished")
         try:
-            load_into(template, src.paths, coord)
+            load_into(template, src.paths, coord, src.metadata)
         finally:
             src.cleanup()
         tier = next(t for t in tiers if t.name == src.tier)

@@ -29,6 +29,7 @@ from slurmkit.store.catalog import check_step, write_latest
 from slurmkit.store.coord import Coordinator
 from slurmkit.store.manifest import (
     MANIFEST,
+    METADATA,
     PARTIAL,
     FileEntry,
     Manifest,
@@ -39,7 +40,6 @@ from slurmkit.store.sealing import SealingWriter
 from slurmkit.store.staging import FillGate
 from slurmkit.store.tier import FsspecTier, Tier, TierError, fsync_dir
 
-METADATA = ".metadata"
 # DCP's CheckpointException derives from BaseException, not Exception
 log = logging.getLogger(__name__)
 SAVE_ERRORS: tuple[type[BaseException], ...] = (Exception, CheckpointException)
@@ -211,7 +211,8 @@ class PrimaryWriter:
         mpath = self.tier.local_path(f"{final}/{MANIFEST}")
         with tier_lock(self.tier):
             src, dst = self.tier.local_path(partial), self.tier.local_path(final)
-            if mpath is not None and _read_bytes(mpath) not in (None, body):
+            existing = _read_bytes(mpath)
+            if mpath is not None and existing not in (None, body):
                 # an older save of this step (an earlier generation): invisible first, so its
                 # manifest never names files this save is replacing
                 with contextlib.suppress(FileNotFoundError):
@@ -228,7 +229,7 @@ class PrimaryWriter:
                     os.rmdir(src)
                 fsync_dir(dst)
                 fsync_dir(os.path.dirname(dst))
-            if _read_bytes(mpath) != body:
+            if existing != body:
                 # the other ranks of this node find it written already: rewriting it would
                 # only make a temporary file appear and vanish under their verification
                 self.tier.write_atomic(f"{final}/{MANIFEST}", body)

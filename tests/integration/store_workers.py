@@ -30,6 +30,21 @@ def save_then_hang(root: str, big_numel: int) -> None:
     time.sleep(120)  # the test kills us long before this ends
 
 
+def join_gloo(rank: int, world: int, port: int) -> None:
+    """This spawned process becomes ``rank`` of a gloo world rendezvousing on ``port``."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+
+
+def restored_equal(res: Any, tmpl: dict[str, Any], state: dict[str, Any], step: int) -> bool:
+    """The restore found ``step`` and filled the DTensor-sharded template bit for bit."""
+    return (res is not None and res.step == step and tmpl["step"] == step
+            and torch.equal(tmpl["model"]["w"].to_local(), state["model"]["w"].to_local())
+            and torch.equal(tmpl["model"]["bias"], state["model"]["bias"]))
+
+
 def rank_main(rank: int, world: int, root: str, port: int, out: str) -> None:
     """One rank of a gloo world: DTensor-sharded + replicated state, save 2 steps, restore."""
     import torch.distributed as dist
@@ -38,8 +53,7 @@ def rank_main(rank: int, world: int, root: str, port: int, out: str) -> None:
 
     from slurmkit.store import CheckpointStore, StoreConfig
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    join_gloo(rank, world, port)
     mesh = init_device_mesh("cpu", (world,))
     events: list[dict[str, Any]] = []
     cfg = StoreConfig(nvme_uri=f"{root}/nvme", lustre_uri=f"{root}/lustre")
@@ -58,9 +72,7 @@ def rank_main(rank: int, world: int, root: str, port: int, out: str) -> None:
     tmpl = {"model": {"w": distribute_tensor(torch.zeros(64, 8), mesh, [Shard(0)]),
                       "bias": torch.zeros(8)}, "step": None}
     res = st.restore(tmpl)
-    ok = (res is not None and res.step == 2 and tmpl["step"] == 2
-          and torch.equal(tmpl["model"]["w"].to_local(), state["model"]["w"].to_local())
-          and torch.equal(tmpl["model"]["bias"], state["model"]["bias"]))
+    ok = restored_equal(res, tmpl, state, 2)
     st.close()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"ok": ok, "tier": res.tier if res else None,
@@ -94,8 +106,7 @@ def shared_node_main(rank: int, world: int, root: str, port: int, out: str, save
 
         PrimaryWriter.commit = commit  # type: ignore[method-assign]
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    join_gloo(rank, world, port)
     events: list[dict[str, Any]] = []
     cfg = StoreConfig(nvme_uri=f"{root}/nvme", lustre_uri=f"{root}/lustre",
                       lustre_every_saves=1, keep_nvme=2, keep_lustre=2)
@@ -131,8 +142,7 @@ def object_restore_main(rank: int, world: int, root: str, port: int, out: str,
 
     from slurmkit.store import CheckpointStore, StoreConfig
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    join_gloo(rank, world, port)
     mesh = init_device_mesh("cpu", (world,))
     events: list[dict[str, Any]] = []
     cfg = StoreConfig(nvme_uri=f"{root}/nvme", object_uri=object_uri, object_every_saves=1,
@@ -150,9 +160,7 @@ def object_restore_main(rank: int, world: int, root: str, port: int, out: str,
     tmpl = {"model": {"w": distribute_tensor(torch.zeros_like(full), mesh, [Shard(0)]),
                       "bias": torch.zeros(8)}, "step": None}
     res = st.restore(tmpl)
-    ok = (res is not None and res.step == 3 and tmpl["step"] == 3
-          and torch.equal(tmpl["model"]["w"].to_local(), state["model"]["w"].to_local())
-          and torch.equal(tmpl["model"]["bias"], state["model"]["bias"]))
+    ok = restored_equal(res, tmpl, state, 3)
     st.close()
     restored = [e for e in events if e["event"] == "ckpt_restored"]
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
