@@ -36,6 +36,7 @@ class ClusterConfig:
     mem_gb_per_node: float = 0  # 0: unknown, not checked
     gpu_mem_gb: float = 0  # memory of one GPU, for the planner
     gpu_peak_tflops: float = 0  # dense bf16 peak of one GPU, for MFU
+    gpu_hour_cost: float = 0  # price of one GPU-hour, for the report's cost figures (0: unset)
     exclusive: bool = False
     setup: list[str] = field(default_factory=list)  # shell lines run before the agents start
     container_image: str | None = None  # pyxis --container-image
@@ -48,7 +49,7 @@ class ClusterConfig:
         if self.kind not in CLUSTER_KINDS:
             raise ConfigError(f"cluster.kind={self.kind!r}", f"one of {', '.join(CLUSTER_KINDS)}",
                               "set cluster.kind=slurm or cluster.kind=local")
-        for name in ("gpus_per_node", "cpus_per_node", "max_nodes", "kill_wait_s"):
+        for name in ("gpus_per_node", "cpus_per_node", "max_nodes", "kill_wait_s", "gpu_hour_cost"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"cluster.{name}={getattr(self, name)}", "a value >= 0",
                                   f"fix cluster.{name} in the cluster profile")

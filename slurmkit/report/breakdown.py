@@ -1,0 +1,123 @@
+"""Where a run's wall time went: productive, detection, restart, restore, lost, queue, ...
+
+Built on the same segments and failure figures as ``python -m slurmkit.supervise``
+(slurmkit/supervise/report.py), so the productive part here is that report's productive time.
+Every instant between the first and the last ledger event gets exactly one label; where
+intervals overlap the earlier label in ``LABELS`` wins, so the parts add up to the wall time:
+
+- productive: a segment's start until it reached the last step no later segment threw away;
+- lost: from there until the fault (or the segment's last step): steps computed again later;
+- queue: ``submitted`` -> first ``allocation_start``, and each ``requeue`` -> the next one;
+- detection: the fault -> the supervisor noticed (``stopping``, else the ``failure`` event);
+- restart: noticed -> ranks started again (a new generation, a spare, or a new allocation);
+- restore: ranks started -> ``train_started`` (process start, rendezvous, checkpoint load);
+- startup: ``allocation_start`` -> the first ``train_started`` when no failure is involved;
+- other: the rest (final checkpoint and hash, teardown, stop-on-signal before a requeue).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from slurmkit.supervise.report import (
+    Event, FailureReport, Segment, failure_reports, kept_steps, segments,
+)
+
+LABELS = ("productive", "lost", "queue", "detection", "restart", "restore", "startup", "other")
+
+
+@dataclass(frozen=True)
+class Span:
+    label: str
+    start: float
+    end: float
+
+
+def _t(e: Event) -> float:
+    return float(e["t"])
+
+
+def _next(events: Sequence[Event], name: str, after: float) -> float | None:
+    return next((_t(e) for e in events if e.get("event") == name and _t(e) >= after), None)
+
+
+def _segment_spans(segs: Sequence[Segment], failures: Sequence[FailureReport]) -> list[Span]:
+    out = []
+    for i, (seg, kept) in enumerate(zip(segs, kept_steps(segs))):
+        kept_t = seg.time_at(kept)
+        out.append(Span("productive", seg.start, kept_t))
+        if i + 1 < len(segs):
+            end = segs[i + 1].start
+            faults = [f.fault_time for f in failures if seg.start <= f.fault_time < end]
+            stop = min(faults) if faults else seg.points[-1][0]
+            out.append(Span("lost", kept_t, max(kept_t, stop)))
+    return out
+
+
+def _failure_spans(events: Sequence[Event], failures: Sequence[FailureReport]) -> list[Span]:
+    out = []
+    for f in failures:
+        noticed = f.fault_time + f.detection_s if f.detection_s is not None else f.time
+        out.append(Span("detection", f.fault_time, noticed))
+        ranks = _next(events, "ranks_started", f.time)
+        if ranks is None:
+            continue
+        out.append(Span("restart", noticed, ranks))
+        started = _next(events, "train_started", ranks)
+        if started is not None:
+            out.append(Span("restore", ranks, started))
+    return out
+
+
+def _queue_and_startup(events: Sequence[Event]) -> list[Span]:
+    out = []
+    for e in events:
+        kind = e.get("event")
+        if kind in ("submitted", "requeue"):
+            alloc = _next(events, "allocation_start", _t(e))
+            if alloc is not None:
+                out.append(Span("queue", _t(e), alloc))
+            elif kind == "requeue":  # requeued and never started again (yet)
+                out.append(Span("queue", _t(e), _t(events[-1])))
+        elif kind == "allocation_start":
+            started = _next(events, "train_started", _t(e))
+            if started is not None:
+                out.append(Span("startup", _t(e), started))
+    return out
+
+
+def spans(raw: Sequence[Event]) -> list[Span]:
+    """Labelled intervals, possibly overlapping (``partition`` resolves them)."""
+    events = sorted(raw, key=_t)
+    segs = segments(events)
+    failures = failure_reports(events, segs)
+    found = [*_segment_spans(segs, failures), *_failure_spans(events, failures),
+             *_queue_and_startup(events)]
+    return [s for s in found if s.end > s.start]
+
+
+def partition(found: Sequence[Span], start: float, end: float) -> list[Span]:
+    """Non-overlapping spans covering [start, end]; the earlier label in LABELS wins."""
+    rank = {label: i for i, label in enumerate(LABELS)}
+    cuts = sorted({start, end, *(t for s in found for t in (s.start, s.end) if start < t < end)})
+    out: list[Span] = []
+    for a, b in zip(cuts, cuts[1:]):
+        covering = [s.label for s in found if s.start <= a and s.end >= b]
+        label = min(covering, key=rank.__getitem__) if covering else "other"
+        if out and out[-1].label == label and out[-1].end == a:
+            out[-1] = Span(label, out[-1].start, b)
+        else:
+            out.append(Span(label, a, b))
+    return out
+
+
+def breakdown(raw: Sequence[Event]) -> dict[str, float]:
+    """Seconds per label (all of LABELS, zeros included); they add up to the wall time."""
+    events = sorted(raw, key=_t)
+    totals = dict.fromkeys(LABELS, 0.0)
+    if not events:
+        return totals
+    for s in partition(spans(events), _t(events[0]), _t(events[-1])):
+        totals[s.label] += s.end - s.start
+    return totals

@@ -1,0 +1,240 @@
+"""Everything the report shows about one run directory, read once.
+
+Sources, all written by the run itself: ``ledger.jsonl`` (events: allocations, generations,
+failures, decisions, requeues, checkpoints per tier), ``metrics.jsonl`` (rank 0, one line per
+step: loss, tokens/s, step time, checkpoint blocking time) and the frozen ``config.yaml``
+(interval, GPUs per node, ``cluster.gpu_hour_cost``). The goodput figures are
+``slurmkit.supervise.report.summarize`` over the ledger, the very code behind
+``python -m slurmkit.supervise RUN_DIR``. A file that is missing is a note in the report,
+never a made-up figure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurmkit.errors import ConfigError
+from slurmkit.report.breakdown import breakdown
+from slurmkit.report.model import Advice, Figures, advise
+from slurmkit.supervise.ledger import LEDGER_NAME, read_ledger
+from slurmkit.supervise.report import RunReport, summarize
+
+METRICS_NAME = "metrics.jsonl"
+CONFIG_NAME = "config.yaml"
+
+
+@dataclass(frozen=True)
+class Cost:
+    gpu_hour_cost: float
+    gpus_per_node: int
+    gpu_hours: float  # allocated: every node of every allocation, spares included
+    useful_gpu_hours: float  # productive time x the GPUs that trained
+    useful_tokens: int
+    total: float
+
+    @property
+    def per_useful_gpu_hour(self) -> float:
+        return self.total / self.useful_gpu_hours if self.useful_gpu_hours > 0 else math.inf
+
+    @property
+    def per_million_tokens(self) -> float:
+        return self.total / (self.useful_tokens / 1e6) if self.useful_tokens > 0 else math.inf
+
+
+@dataclass
+class RunData:
+    run_dir: str
+    name: str
+    events: list[dict[str, Any]]
+    report: RunReport
+    breakdown: dict[str, float]
+    metrics: list[dict[str, Any]]  # per step, in file order (recomputed steps appear again)
+    config: dict[str, Any]
+    saves: list[dict[str, Any]]  # per save: step, blocking_s (metrics), seconds/tier (ledger)
+    advice: Advice | None
+    cost: Cost | None
+    notes: list[str] = field(default_factory=list)  # figures the run's files do not hold
+
+
+def _jsonl(path: str) -> list[dict[str, Any]]:
+    """Whole lines of a JSONL file; a torn last line (writer killed mid-line) is skipped."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict):
+                out.append(row)
+    return out
+
+
+def _config(path: str) -> dict[str, Any]:
+    from omegaconf import OmegaConf  # loads plain YAML: nothing in it is executed
+
+    try:
+        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except Exception as exc:  # OmegaConf raises several kinds on hostile YAML
+        raise ConfigError(f"cannot read {path}: {exc}", "the config.yaml submit froze",
+                          "report a run directory slurmkit.submit created") from exc
+    return raw if isinstance(raw, dict) else {}
+
+
+def _get(cfg: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
+    node: Any = cfg
+    for key in dotted.split("."):
+        if not isinstance(node, Mapping) or key not in node:
+            return default
+        node = node[key]
+    return default if node is None else node
+
+
+def _num(value: Any, default: float = 0.0) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return default
+    return out if math.isfinite(out) else default
+
+
+def save_rows(events: Sequence[Mapping[str, Any]], metrics: Sequence[Mapping[str, Any]]
+              ) -> list[dict[str, Any]]:
+    """One row per save: blocking time from metrics.jsonl, tier and write time from the ledger.
+
+    Matched in order by step (a step saved again after a restart is a second save; generation
+    numbers start again in every allocation, so they cannot tell saves apart).
+    """
+    pending = [(int(_num(m.get("step"))), _num(m.get("ckpt_blocking_s"))) for m in metrics
+               if _num(m.get("ckpt_blocking_s")) > 0]
+    rows = []
+    for e in sorted(events, key=lambda e: _num(e.get("t"))):
+        if e.get("event") != "ckpt_saved":
+            continue
+        step = int(_num(e.get("step")))
+        i = next((i for i, (s, _) in enumerate(pending) if s == step), None)
+        rows.append({"t": _num(e.get("t")), "step": step, "tier": str(e.get("tier", "")),
+                     "write_s": _num(e.get("seconds")),
+                     "blocking_s": None if i is None else pending.pop(i)[1]})
+    # saves that blocked training but never committed (killed mid-write): still a cost
+    rows += [{"t": None, "step": s, "tier": "", "write_s": None, "blocking_s": b} for s, b in pending]
+    return rows
+
+
+def _step_time(metrics: Sequence[Mapping[str, Any]]) -> float | None:
+    """Median compute time of a step without a save (the first step of a generation warms up)."""
+    times = sorted(_num(m.get("step_time_s")) for m in metrics
+                   if _num(m.get("ckpt_blocking_s")) == 0 and _num(m.get("step_time_s")) > 0)
+    return times[len(times) // 2] if times else None
+
+
+def _tokens_per_step(metrics: Sequence[Mapping[str, Any]]) -> int | None:
+    got = [round(_num(m.get("tokens_per_s")) * _num(m.get("step_time_s"))) for m in metrics
+           if _num(m.get("step_time_s")) > 0]
+    return max(set(got), key=got.count) if got else None
+
+
+def _allocations(events: Sequence[Mapping[str, Any]]) -> list[tuple[float, float, int]]:
+    """(start, end, nodes) per allocation: allocation_start to the next one, a requeue or the end."""
+    ordered = sorted(events, key=lambda e: _num(e.get("t")))
+    last = _num(ordered[-1].get("t")) if ordered else 0.0
+    out = []
+    for i, e in enumerate(ordered):
+        if e.get("event") != "allocation_start":
+            continue
+        t0 = _num(e.get("t"))
+        end = next((_num(x.get("t")) for x in ordered[i + 1:]
+                    if x.get("event") in ("allocation_start", "requeue", "end")), last)
+        out.append((t0, end, len(e.get("nodes") or []) or 1))
+    return out
+
+
+def _recovery_s(report: RunReport, events: Sequence[Mapping[str, Any]]) -> tuple[float, str]:
+    """R of the model: mean fault -> training again over the failures that recovered; a run
+    without one gets its startup time (allocation -> training), the same path a restart takes."""
+    got = [f.restore_s for f in report.failures if f.restore_s is not None]
+    if got:
+        return sum(got) / len(got), f"mean over {len(got)} recoveries of this run"
+    alloc = [e for e in events if e.get("event") == "allocation_start"]
+    start = [e for e in events if e.get("event") == "train_started"]
+    if alloc and start:
+        return max(0.0, _num(start[0]["t"]) - _num(alloc[0]["t"])), "this run's startup (no failure recovered)"
+    return 0.0, "unknown (0)"
+
+
+def _advice(data: RunData, mtbf_h: float | None) -> Advice | None:
+    blocking = [s["blocking_s"] for s in data.saves if s["blocking_s"] is not None]
+    step_s = _step_time(data.metrics)
+    current = int(_num(_get(data.config, "train.ckpt_interval_steps")))
+    if not blocking:
+        data.notes.append("no checkpoint blocking time in metrics.jsonl (no save, or no metrics): "
+                          "no interval advice")
+        return None
+    if step_s is None:
+        data.notes.append("no step times in metrics.jsonl: no interval advice")
+        return None
+    r = data.report
+    if mtbf_h is not None:
+        mtbf, source = mtbf_h * 3600.0, f"--mtbf-h {mtbf_h:g}"
+    elif r.failures:
+        held = r.wall_s - data.breakdown["queue"]
+        mtbf = held / len(r.failures)
+        source = f"this run: {len(r.failures)} failures in {held / 3600:.3g} h holding nodes"
+    else:
+        data.notes.append("no failure in this run and no --mtbf-h: no interval advice "
+                          "(pass --mtbf-h with your cluster's mean time between failures)")
+        return None
+    recovery, why = _recovery_s(r, data.events)
+    figures = Figures(save_s=sum(blocking) / len(blocking), mtbf_s=mtbf, recovery_s=recovery,
+                      step_s=step_s)
+    return advise(figures, current, f"{source}; R: {why}")
+
+
+def _cost(data: RunData) -> Cost | None:
+    price = _num(_get(data.config, "cluster.gpu_hour_cost"))
+    if price <= 0:
+        data.notes.append("cluster.gpu_hour_cost is not set: no cost figures")
+        return None
+    gpn = int(_num(_get(data.config, "job.gpus_per_node")) or _num(_get(data.config, "cluster.gpus_per_node")))
+    if gpn <= 0:
+        data.notes.append("no GPUs per node in the config (a CPU job): no cost figures")
+        return None
+    allocs = _allocations(data.events)
+    gpu_hours = sum((b - a) * n * gpn for a, b, n in allocs) / 3600.0
+    train_nodes = int(_num(_get(data.config, "job.nodes"), 1))
+    useful = data.report.productive_s * train_nodes * gpn / 3600.0
+    per_step = _tokens_per_step(data.metrics)
+    starts = [int(_num(e.get("step"))) for e in data.events if e.get("event") == "train_started"]
+    kept = (data.report.final_step or 0) - (min(starts) if starts else 0)
+    if per_step is None:
+        data.notes.append("no tokens per step in metrics.jsonl: no cost per million tokens")
+    return Cost(price, gpn, gpu_hours, useful, kept * (per_step or 0), gpu_hours * price)
+
+
+def load_run(run_dir: str, mtbf_h: float | None = None) -> RunData:
+    ledger = os.path.join(run_dir, LEDGER_NAME)
+    if not os.path.isfile(ledger):
+        raise ConfigError(f"no {LEDGER_NAME} in {run_dir}",
+                          "a run directory that slurmkit.submit created (or a sweep directory)",
+                          "pass the run directory printed at submit (e.g. runs/<name>/<stamp>)")
+    events = sorted(read_ledger(ledger), key=lambda e: _num(e.get("t")))
+    notes = []
+    mpath, cpath = os.path.join(run_dir, METRICS_NAME), os.path.join(run_dir, CONFIG_NAME)
+    metrics = _jsonl(mpath) if os.path.isfile(mpath) else []
+    if not metrics:
+        notes.append(f"no {METRICS_NAME}: no loss, tokens/s or checkpoint blocking figures")
+    config = _config(cpath) if os.path.isfile(cpath) else {}
+    if not config:
+        notes.append(f"no {CONFIG_NAME}: interval and cost unknown")
+    data = RunData(run_dir=run_dir, name=str(_get(config, "job.name", os.path.basename(run_dir))),
+                   events=events, report=summarize(events), breakdown=breakdown(events),
+                   metrics=metrics, config=config, saves=save_rows(events, metrics),
+                   advice=None, cost=None, notes=notes)
+    data.advice = _advice(data, mtbf_h)
+    data.cost = _cost(data)
+    return data
