@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
-from slurmkit.errors import SlurmkitError
+from slurmkit.errors import ActionableError, SlurmkitError
 
 FORMAT = "slurmkit-ckpt/1"
 MANIFEST = "manifest.json"
@@ -35,6 +35,39 @@ _CHUNK = 8 << 20  # bytes per read while hashing
 
 class ManifestError(SlurmkitError):
     """A manifest is missing, malformed, or its own checksum does not match."""
+
+
+class UnsafeManifestError(ManifestError, ActionableError):
+    """A manifest names a file outside its step directory (the checkpoint may be crafted)."""
+
+
+def check_name(name: object, what: str = "manifest file name") -> str:
+    """``name`` if it is one plain file name inside a step directory, else UnsafeManifestError.
+
+    Every reader joins these names to a step directory (restore, verify, promotion copies
+    to other tiers); a separator, ``..``, an absolute path or a NUL would make them read or
+    copy a file outside the step (to S3, say). Whoever can write a shard can rewrite the
+    manifest, so the names are checked, not trusted."""
+    bad = ""
+    if not isinstance(name, str) or not name:
+        bad = "is empty or not a string"
+    elif name in (".", ".."):
+        bad = "is a directory reference"
+    elif "/" in name or "\\" in name:
+        bad = "holds a path separator"
+    elif any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        bad = "holds a NUL or control character"
+    elif len(name.encode("utf-8", "surrogatepass")) > 255:
+        bad = "is longer than a file name can be"
+    if bad:
+        raise UnsafeManifestError(
+            detected=f"checkpoint {what} {name!r} {bad}",
+            requirement="every file of a step is a plain name inside its step directory "
+                        "(slurmkit writes only .metadata and DCP's __R_N.distcp shards)",
+            fix="treat the step as tampered with: restore falls back to an older step; "
+                "find out who wrote it, then delete it (python -m slurmkit.store gc)")
+    assert isinstance(name, str)
+    return name
 
 
 def step_dir(step: int) -> str:
@@ -142,12 +175,27 @@ class Manifest:
                 raise ManifestError("manifest checksum mismatch (manifest corrupted)")
             if body.get("format") != FORMAT:
                 raise ManifestError(f"unknown manifest format {body.get('format')!r}")
-            body["files"] = [FileEntry(**f) for f in body["files"]]
+            body["files"] = [_file_entry(f) for f in body["files"]]
+            names = [f.name for f in body["files"]]
+            if len(set(names)) != len(names):
+                raise ManifestError("malformed manifest: a file is listed twice")
             return Manifest(**body)
         except ManifestError:
             raise
         except (ValueError, KeyError, TypeError) as exc:
             raise ManifestError(f"malformed manifest: {exc}") from exc
+
+
+def _file_entry(f: dict[str, Any]) -> FileEntry:
+    e = FileEntry(**f)
+    check_name(e.name)
+    for field_name in ("size", "rank"):
+        v = getattr(e, field_name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ManifestError(f"malformed manifest: {e.name} has {field_name} {v!r}")
+    if not isinstance(e.checksum, str):
+        raise ManifestError(f"malformed manifest: {e.name} has checksum {e.checksum!r}")
+    return e
 
 
 def _self_checksum(body: dict[str, Any]) -> str:

@@ -1,15 +1,19 @@
 """Restore the newest step that verifies on some tier, into a template state, in place.
 
 Per step (newest first, the union of every rank's view), each rank:
-  * verifies ``.metadata`` (checksum), unpickles it through an allowlist (safe_reader.py), and
-    asks DCP's load planner which shard files its part of the state lives in;
+  * verifies ``.metadata`` (checksum), unpickles it through an allowlist and refuses anything
+    but tensor entries whose byte ranges lie inside files the manifest lists (safe_reader.py:
+    a crafted checkpoint is refused, never run), and asks DCP's load planner which shard
+    files its part of the state lives in;
   * takes each of those files from the fastest tier holding it intact: local files are
     hashed in place (in parallel), remote ones downloaded in parallel byte ranges and hashed
     on the way (transfer.py). A node's NVMe holds only its ranks' files; the rest come from
     the shared tier, and a damaged copy on one tier falls back to the next, file by file.
     Tiers holding different saves of one step are never mixed.
-The ranks agree (all must succeed) and only then DCP reads the shards (``weights_only``).
-A step that fails anywhere is skipped with its reason and the next older one is tried.
+The ranks agree (all must succeed) and only then DCP reads the shards (``weights_only``,
+with a load planner whose byte path refuses, through a file system that opens only the
+verified files). A step that fails anywhere is skipped with its reason (``ckpt_skipped``;
+``ckpt_rejected`` when a copy was refused as unsafe) and the next older one is tried.
 """
 from __future__ import annotations
 
@@ -25,20 +29,33 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata
 
 from slurmkit.errors import SlurmkitError
 from slurmkit.store.catalog import check_file, list_steps, read_manifest
 from slurmkit.store.coord import Coordinator
-from slurmkit.store.manifest import METADATA, FileEntry, Manifest, ManifestError, step_dir
-from slurmkit.store.safe_reader import SafeReader, load_metadata
+from slurmkit.store.manifest import (
+    METADATA,
+    FileEntry,
+    Manifest,
+    ManifestError,
+    UnsafeManifestError,
+    step_dir,
+)
+from slurmkit.store.safe_reader import (
+    SafeLoadPlanner,
+    SafeReader,
+    UnsafeMetadataError,
+    check_storage,
+    load_metadata,
+)
 from slurmkit.store.staging import JSON_PREFIX, apply_json, load_targets
 from slurmkit.store.tier import Tier, TierError
 
 log = logging.getLogger(__name__)
 FILE_WORKERS = 4  # files of one step downloaded / hashed at the same time
+UNSAFE = (UnsafeMetadataError, UnsafeManifestError)  # a copy refused as crafted
 
 
 class RestoreError(SlurmkitError):
@@ -100,12 +117,14 @@ def json_sizes(md: Metadata) -> dict[str, int]:
 def files_needed(template: dict[Any, Any], md: Metadata) -> set[str] | None:
     """The shard files DCP will read to fill ``template`` (from the checkpoint's metadata and
     DCP's own load planner), or None when the template does not plan against it (the load
-    then reports why)."""
+    then reports why). Raises UnsafeMetadataError for a byte item."""
     try:
-        planner = DefaultLoadPlanner()
+        planner = SafeLoadPlanner()
         planner.set_up_planner(load_targets(template, json_sizes(md)), md, False)
         plan = planner.create_local_plan()
         return {md.storage_data[item.storage_index].relative_path for item in plan.items}
+    except UnsafeMetadataError:
+        raise
     except Exception as exc:  # a template mismatch: read everything, let the load say it
         log.info("cannot plan which files to read (%s): reading all", exc)
         return None
@@ -184,26 +203,31 @@ class _Assembly:
 
 def _assemble(tiers: list[Tier], step: int, m: Manifest, scratch: str,
               template: dict[Any, Any] | None) -> tuple[Source | None, str]:
-    """Every file this rank needs of save ``m``, verified, each from its fastest tier."""
+    """Every file this rank needs of save ``m``, verified, each from its fastest tier.
+    Raises UnsafeMetadataError when the save's ``.metadata`` is refused."""
     asm = _Assembly(tiers, step, m, scratch)
     files = list(m.files)
     meta = next((f for f in files if f.name == METADATA), None)
     paths: dict[str, str] = {}
     used: list[FileEntry] = []
     md: Metadata | None = None
+    if template is not None and meta is None:
+        return None, f"the manifest lists no {METADATA} (nothing says where the state lies)"
     if template is not None and meta is not None:
         path, why = asm.get(meta)
         if path is None:
             asm.cleanup()
             return None, why
         paths[METADATA], used = path, [meta]
-        with open(path, "rb") as fh:
-            md = load_metadata(fh.read())
-        needed = files_needed(template, md)
-        if needed is not None and needed - {f.name for f in files}:
+        try:
+            with open(path, "rb") as fh:
+                md = load_metadata(fh.read())
+            # the manifest's sizes are what the listing and the checksums verify against
+            check_storage(md, {f.name: f.size for f in files})
+            needed = files_needed(template, md)
+        except BaseException:
             asm.cleanup()
-            return None, ("metadata names files the manifest lacks: "
-                          f"{sorted(needed - {f.name for f in files})[:3]}")
+            raise
         files = [f for f in files if f is not meta and (needed is None or f.name in needed)]
     # largest first: a small file must not hold a worker while big shards wait
     files.sort(key=lambda f: f.size, reverse=True)
@@ -224,21 +248,38 @@ def pick_source(tiers: Sequence[Tier], step: int, scratch: str,
     """The files this rank needs of ``step``, each verified, each from the fastest tier that
     holds it intact; or None and every reason. Tiers holding different saves of one step
     (a re-save after a restart) are never mixed: the save on the fastest tier is tried first."""
+    src, problems, _ = _pick(tiers, step, scratch, template)
+    return src, "; ".join(problems) or "on no tier"
+
+
+def _pick(tiers: Sequence[Tier], step: int, scratch: str, template: dict[Any, Any] | None
+          ) -> tuple[Source | None, list[str], list[str]]:
+    """pick_source's work: (source, every problem, the problems that are refusals)."""
     problems: list[str] = []
+    rejected: list[str] = []
     saves: dict[tuple[Any, ...], tuple[Manifest, list[Tier]]] = {}
     for t in tiers:
         try:
             m = read_manifest(t, step)
+        except UNSAFE as exc:
+            problems.append(f"{t.name}: {exc}")
+            rejected.append(problems[-1])
+            continue
         except (ManifestError, TierError) as exc:
             problems.append(f"{t.name}: {exc}")
             continue
         saves.setdefault(_save_identity(m), (m, []))[1].append(t)
     for m, holders in saves.values():
-        src, why = _assemble(holders, step, m, scratch, template)
+        try:
+            src, why = _assemble(holders, step, m, scratch, template)
+        except UNSAFE as exc:
+            problems.append(f"{'+'.join(t.name for t in holders)}: {exc}")
+            rejected.append(problems[-1])
+            continue
         if src is not None:
-            return src, ""
+            return src, problems, rejected
         problems.append(why)
-    return None, "; ".join(problems) or "on no tier"
+    return None, problems, rejected
 
 
 class MappedReader(SafeReader):
@@ -250,6 +291,9 @@ class MappedReader(SafeReader):
 
 
 class _MappedFileSystem(FileSystem):
+    """Opens the verified files and nothing else: a name that is not one of them (a path
+    out of the step, a file no manifest lists) is refused, not joined to a directory."""
+
     def __init__(self, paths: dict[str, str]) -> None:
         super().__init__()
         self.paths = paths
@@ -257,7 +301,8 @@ class _MappedFileSystem(FileSystem):
     def concat_path(self, path: str | os.PathLike[str], suffix: str) -> str | os.PathLike[str]:
         if suffix in self.paths:
             return Path(self.paths[suffix])
-        return super().concat_path(path, suffix)
+        raise UnsafeMetadataError(f"checkpoint load asked for {suffix!r}, which is not one of "
+                                  "the step's verified files")
 
 
 def load_into(template: dict[Any, Any], paths: dict[str, str], coord: Coordinator,
@@ -268,7 +313,7 @@ def load_into(template: dict[Any, Any], paths: dict[str, str], coord: Coordinato
         md = MappedReader(paths).read_metadata()  # allowlisted, after its checksum matched
     flat = load_targets(template, json_sizes(md))
     try:
-        dcp.load(flat, storage_reader=MappedReader(paths),
+        dcp.load(flat, storage_reader=MappedReader(paths), planner=SafeLoadPlanner(),
                  process_group=coord.group if coord.distributed else None,
                  no_dist=not coord.distributed)
     except (RuntimeError, ValueError, KeyError) as exc:
@@ -283,20 +328,32 @@ def restore_newest(template: dict[Any, Any], tiers: Sequence[Tier], coord: Coord
     skipped: list[tuple[int, str]] = []
     for step in candidate_steps(tiers, coord):
         t0 = time.perf_counter()
-        src, why = pick_source(tiers, step, scratch, template)
+        src, problems, rejected = _pick(tiers, step, scratch, template)
+        why = "; ".join(problems) or "on no tier"
         t1 = time.perf_counter()
-        verdicts = coord.all_gather_json({"ok": src is not None, "why": why})
+        verdicts = coord.all_gather_json({"ok": src is not None, "why": why,
+                                          "rejected": rejected})
+        refusals = "; ".join(f"rank {r}: {x}" if coord.world_size > 1 else x
+                             for r, v in enumerate(verdicts) for x in v["rejected"])
         if not all(v["ok"] for v in verdicts):
             reason = "; ".join(f"rank {r}: {v['why']}" for r, v in enumerate(verdicts)
                                if not v["ok"])
             if coord.world_size == 1:
                 reason = why
-            log.warning("restore skips step %d: %s", step, reason)
+            if refusals:  # someone wrote a crafted checkpoint: say so loudly
+                log.error("restore refuses step %d as unsafe: %s", step, reason)
+            else:
+                log.warning("restore skips step %d: %s", step, reason)
             skipped.append((step, reason))
-            emit({"event": "ckpt_skipped", "step": step, "phase": "restore", "reason": reason})
+            emit({"event": "ckpt_rejected" if refusals else "ckpt_skipped", "step": step,
+                  "phase": "restore", "reason": reason})
             if src is not None:
                 src.cleanup()
             continue
+        if refusals:  # the step restores from another tier; one copy of it was refused
+            log.error("restore refuses a copy of step %d as unsafe: %s", step, refusals)
+            emit({"event": "ckpt_rejected", "step": step, "phase": "restore",
+                  "reason": refusals, "restored_from_other_copy": True})
         if src is None:
             raise RestoreError("internal: a verified source vanished")
         try:

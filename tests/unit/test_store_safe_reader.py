@@ -1,4 +1,5 @@
-"""DCP's .metadata is unpickled through an allowlist: a crafted one cannot run code."""
+"""DCP's .metadata is unpickled through an allowlist: a crafted one cannot run code (the
+rest of what restore refuses: test_store_hostile.py)."""
 
 from __future__ import annotations
 
@@ -70,8 +71,10 @@ def test_store_restore_refuses_a_crafted_metadata_whose_manifest_was_rewritten(
         tmp_path: Any) -> None:
     """The checksum is no defence (whoever writes the file writes the manifest too)."""
     marker = tmp_path / "pwned"
+    events: list[dict[str, Any]] = []
     cfg = StoreConfig(nvme_uri=f"{tmp_path}/nvme")
-    st = CheckpointStore.from_config(cfg, rank=0, world_size=1, node="n0", env={})
+    st = CheckpointStore.from_config(cfg, rank=0, world_size=1, node="n0", env={},
+                                     on_event=events.append)
     st.save(1, state())
     st.wait()
     d = tmp_path / "nvme" / "n0" / step_dir(1)
@@ -83,7 +86,10 @@ def test_store_restore_refuses_a_crafted_metadata_whose_manifest_was_rewritten(
              for e in m.files]
     assert any(isinstance(e, FileEntry) and e.name == ".metadata" for e in files)
     (d / MANIFEST).write_bytes(dataclasses.replace(m, files=files).to_json())
-    with pytest.raises(UnsafeMetadataError):
-        st.restore({k: torch.zeros_like(v) for k, v in state().items()})
+    # refused, never raised: every rank must reach the vote; the step is skipped as unsafe
+    assert st.restore({k: torch.zeros_like(v) for k, v in state().items()}) is None
     assert not marker.exists()
+    (ev,) = [e for e in events if e["event"] == "ckpt_rejected"]
+    assert ev["step"] == 1 and ("posix.system" in ev["reason"] or "os.system" in ev["reason"])
+    assert "Detected:" in ev["reason"] and "Fix:" in ev["reason"]
     st.close()
