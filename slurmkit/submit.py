@@ -175,7 +175,11 @@ def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console)
         nodes=spec.nodes, ranks_per_node=spec.ranks_per_node, config_hash=config_hash(cfg))
     print_submitted(console, submitted, spec)
     if cfg.submit.wait:
-        code = wait_job(submitted, env, cfg.submit.timeout_s)
+        from slurmkit.progress import follow_progress
+
+        left_s = follow_progress(submitted.run_dir, submitted.job_id, submitted.executor, env, console,
+                                 cfg.submit.timeout_s)
+        code = wait_job(submitted, env, left_s)
         (console if code == 0 else err).print(f"job {submitted.job_id} "
                                               f"{'completed' if code == 0 else 'did not complete'}")
         return code

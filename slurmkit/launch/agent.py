@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from slurmkit import EXIT_NO_REQUEUE
 from slurmkit.config import SlurmkitConfig, load_frozen
+from slurmkit.launch.cancel_request import read_cancel_request
 from slurmkit.launch.context import NodeContext, node_context
 from slurmkit.launch.ranks import RankProcess, spawn_rank, stop_ranks
 from slurmkit.launch.rendezvous import connect
@@ -395,6 +396,8 @@ class NodeAgent:
 
     def after_signal(self, gen: int) -> int:
         """Every rank saved a final checkpoint on the warning and left."""
+        if read_cancel_request(self.run_dir) is not None:
+            self.signal_kind = "cancel"  # slurmkit cancel --checkpoint: end here, never requeue
         self.sm.to(State.CHECKPOINTING, self.signal_kind or "signal")
         if self.ctx.node_rank == 0:
             self.ledger.append("checkpointed_on_signal", generation=gen, signal=self.signal_kind,
@@ -407,8 +410,19 @@ class NodeAgent:
         # Preemption: Slurm requeues a preempted job itself. Local mode: nothing to requeue.
         self.sm.to(State.COMPLETED, "left on signal")
         if self.ctx.node_rank == 0:
-            self.ledger.append("end", status="signalled", signal=self.signal_kind, exit_code=0)
+            cancelled = self.signal_kind == "cancel"
+            self.ledger.append("end", status="cancelled" if cancelled else "signalled",
+                               signal=self.signal_kind, exit_code=0)
+            if cancelled and self.ctx.executor == "slurm":
+                self.cancel_own_job()
         return 0
+
+    def cancel_own_job(self) -> None:
+        """Node 0, after a requested final checkpoint: Slurm ends the job CANCELLED (no requeue)."""
+        from slurmkit.slurm.client import SlurmClient
+        from slurmkit.slurm.runner import SubprocessRunner
+
+        SlurmClient(SubprocessRunner(env=self.env)).cancel(self.ctx.job_id)
 
     def finish(self, code: int) -> int:
         """Leave together: node 0 keeps the store alive until every agent has read what it needs."""

@@ -1,0 +1,65 @@
+"""Live progress for ``submit.wait=true``: a bar of steps with the current loss, then the summary.
+
+The same readers as ``slurmkit status --watch`` (:class:`slurmkit.runview.RunWatcher`, one
+batched Slurm query per refresh through :class:`slurmkit.jobstates.JobPoller`), drawn as a
+rich progress bar instead of a table. When the job is over the run's summary table is printed,
+the one ``python -m slurmkit.supervise RUN_DIR`` prints.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from slurmkit.jobstates import JobPoller, JobRef
+from slurmkit.runview import RunWatcher
+from slurmkit.status import clean, make_client
+
+
+def _description(phase: str, state: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in f"{state.lower()} / {phase}")
+
+
+def follow_progress(run_dir: str, job_id: str, executor: str, env: Mapping[str, str],
+                    console: Console, timeout_s: float = 0, *, poll_s: float = 1.0,
+                    max_poll_s: float = 10.0, poller: JobPoller | None = None,
+                    sleep: Callable[[float], None] = time.sleep,
+                    clock: Callable[[], float] = time.monotonic) -> float:
+    """Show the run's progress until its job is over; returns the seconds of ``timeout_s``
+    left (``timeout_s`` itself when it is 0, no limit) for the caller's final wait."""
+    watcher = RunWatcher(run_dir)
+    poller = poller or JobPoller(make_client(env) if executor == "slurm" else None)
+    ref = JobRef(job_id, executor)
+    start = clock()
+    interval = poll_s
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("steps  loss {task.fields[loss]}  {task.fields[tps]} tok/s"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task("submitted", total=None, loss="-", tps="-")
+        while True:
+            changed = watcher.refresh()
+            job = poller.poll([ref])[ref]
+            v = watcher.view
+            if v is not None:
+                bar.update(task, description=_description(v.phase, job.state),
+                           total=v.total_steps, completed=v.step or 0,
+                           loss="-" if v.loss is None else f"{v.loss:.4f}",
+                           tps="-" if v.tokens_per_s is None else f"{v.tokens_per_s:,.0f}")
+            if job.over or (timeout_s > 0 and clock() - start >= timeout_s):
+                break
+            interval = poll_s if changed else min(max_poll_s, interval * 1.5)
+            sleep(interval)
+    watcher.refresh()
+    if watcher.view is not None and watcher.view.report is not None:
+        from slurmkit.supervise.__main__ import summary_table
+
+        console.print(summary_table(watcher.view.report))
+    else:
+        console.print(clean(f"no ledger events in {run_dir}"))
+    if timeout_s <= 0:
+        return timeout_s
+    return max(1.0, timeout_s - (clock() - start))

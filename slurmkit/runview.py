@@ -1,0 +1,454 @@
+"""What a run directory says about its run right now, read cheaply enough to refresh every second.
+
+The verbs that watch runs (status, runs, logs, cancel, submit.wait) read the same three sources:
+
+- ``ledger.jsonl``: allocations, generations, checkpoints per tier, failures, the end. It grows
+  for the whole run (heartbeat samples every ``supervisor.heartbeat_ledger_interval_s``), so a
+  watcher reads it incrementally (:class:`LedgerTail` keeps its byte offset) and a listing reads
+  only its first line and its last block (:func:`ledger_edges`).
+- ``metrics.jsonl`` (rank 0 of the reference trainer, one line per step): step, loss, tokens/s,
+  MFU. Only its last complete line matters, read from the file's end (:func:`last_json_line`).
+- ``heartbeat/rank0.json``: the step of any program that beats, when there are no metrics.
+
+Run directories are on a shared file system and written by the job: every file here is
+untrusted input. Unreadable or torn lines are skipped, never fatal; values are type-checked
+before they are shown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from slurmkit.errors import ConfigError
+from slurmkit.supervise.ledger import LEDGER_NAME
+from slurmkit.supervise.report import RunReport, summarize
+
+METRICS_NAME = "metrics.jsonl"
+SWEEP_NAME = "sweep.json"
+END_STATUSES = frozenset({"completed", "stopped", "signalled", "cancelled", "failed", "ended"})
+TAIL_BYTES = 64 * 1024  # one block from a file's end: far more than one metrics/ledger line
+
+
+# ------------------------------------------------------------------ reading files cheaply
+
+def _parse_lines(chunk: bytes) -> list[dict[str, Any]]:
+    out = []
+    for raw in chunk.split(b"\n"):
+        raw = raw.strip()
+        if not raw:
+            continue
+        try:
+            value = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue  # a torn or foreign line: the ledger's own reader skips it too
+        if isinstance(value, dict):
+            out.append(value)
+    return out
+
+
+class LedgerTail:
+    """The events of one JSONL file, read incrementally: each :meth:`poll` reads only new bytes.
+
+    A line still being written (no newline yet) waits for the next poll. A file that shrank
+    (replaced) is read again from the start.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.events: list[dict[str, Any]] = []
+        self._offset = 0
+        self._partial = b""
+
+    def poll(self) -> bool:
+        """Read what was appended since the last poll; True when new events arrived."""
+        try:
+            size = os.path.getsize(self.path)
+        except OSError:
+            return False
+        if size < self._offset:
+            self.events, self._offset, self._partial = [], 0, b""
+        if size == self._offset:
+            return False
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            chunk = f.read(size - self._offset)
+        self._offset += len(chunk)
+        data = self._partial + chunk
+        cut = data.rfind(b"\n") + 1
+        self._partial = data[cut:]
+        new = _parse_lines(data[:cut])
+        self.events.extend(new)
+        return bool(new)
+
+
+def _read_tail(path: str, nbytes: int = TAIL_BYTES) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - nbytes))
+            data = f.read(nbytes)
+    except OSError:
+        return b""
+    if size > nbytes:  # the first line of the block is probably cut: drop it
+        data = data[data.find(b"\n") + 1:]
+    return data
+
+
+def last_json_line(path: str) -> dict[str, Any] | None:
+    """The last complete JSON object line of ``path`` (read from its end), or None."""
+    data = _read_tail(path, 8192)
+    if not data.endswith(b"\n"):
+        data = data[: data.rfind(b"\n") + 1]  # the last line is still being written
+    lines = _parse_lines(data)
+    return lines[-1] if lines else None
+
+
+def first_json_line(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as f:
+            line = f.readline(TAIL_BYTES)
+    except OSError:
+        return None
+    lines = _parse_lines(line)
+    return lines[0] if lines else None
+
+
+def ledger_edges(run_dir: str) -> list[dict[str, Any]]:
+    """The ledger's first event and those of its last block: enough for a one-line listing."""
+    path = os.path.join(run_dir, LEDGER_NAME)
+    first = first_json_line(path)
+    tail = _parse_lines(_read_tail(path))
+    return ([first] if first is not None and (not tail or tail[0] != first) else []) + tail
+
+
+def read_heartbeat_step(run_dir: str) -> int | None:
+    path = os.path.join(run_dir, "heartbeat", "rank0.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            beat = json.load(f)
+    except (OSError, ValueError):
+        return None
+    step = beat.get("step") if isinstance(beat, dict) else None
+    return step if isinstance(step, int) else None
+
+
+def read_config(run_dir: str) -> dict[str, Any]:
+    """The frozen config as plain data (safe YAML: a config file runs no code), {} if unreadable."""
+    try:
+        with open(os.path.join(run_dir, "config.yaml"), encoding="utf-8") as f:
+            raw = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def _get(raw: Mapping[str, Any], dotted: str) -> Any:
+    value: Any = raw
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
+# ------------------------------------------------------------------ the view of one run
+
+@dataclass(frozen=True)
+class RunView:
+    """One run as far as its files tell (Slurm's view is added by the caller)."""
+
+    run_dir: str
+    name: str
+    job_id: str | None
+    executor: str | None  # "slurm" | "local" | None (never submitted)
+    phase: str  # submitted | starting | training | recovering | requeued | <end status>
+    ended: bool
+    nodes: list[str]
+    generation: int | None
+    step: int | None
+    total_steps: int | None
+    loss: float | None
+    tokens_per_s: float | None
+    mfu: float | None
+    checkpoints: dict[str, int]  # tier -> newest step saved or made durable there
+    failures: dict[str, int]  # failure class -> count
+    goodput: float | None  # None until the ledger holds a whole summary
+    report: RunReport | None = field(default=None, compare=False, repr=False)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def phase_of(events: Sequence[Mapping[str, Any]]) -> tuple[str, bool]:
+    """(what the run is doing, whether it ended) from its events in ledger order."""
+    phase = "created"
+    for e in events:
+        kind = e.get("event")
+        if kind == "submitted":
+            phase = "submitted"
+        elif kind == "allocation_start":
+            phase = "starting"
+        elif kind == "ranks_started":
+            phase = "running"
+        elif kind in ("train_started", "train_resumed"):
+            phase = "training"
+        elif kind == "failure":
+            phase = "recovering"
+        elif kind == "requeue":
+            phase = "requeued"
+        elif kind == "checkpointed_on_signal":
+            phase = "checkpointing"
+        elif kind == "cancel_requested":
+            phase = "cancelling"
+        elif kind == "end":
+            phase = str(e.get("status") or "ended")
+    return phase, phase in END_STATUSES
+
+
+def _job(events: Iterable[Mapping[str, Any]]) -> tuple[str | None, str | None]:
+    job_id = executor = None
+    for e in events:
+        if e.get("event") == "submitted":
+            job_id = str(e["job_id"]) if e.get("job_id") is not None else job_id
+            executor = str(e.get("executor") or "") or executor
+        elif e.get("event") == "allocation_start" and job_id is None and e.get("job_id") is not None:
+            job_id = str(e["job_id"])
+            executor = str(e.get("executor") or "") or executor
+    return job_id, executor
+
+
+def checkpoints_by_tier(events: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for e in events:
+        step = _int(e.get("step"))
+        if e.get("event") in ("ckpt_saved", "ckpt_durable") and step is not None and e.get("tier"):
+            tier = str(e["tier"])
+            out[tier] = max(out.get(tier, step), step)
+    return out
+
+
+def _latest(events: Sequence[Mapping[str, Any]], kind: str) -> Mapping[str, Any] | None:
+    return next((e for e in reversed(events) if e.get("event") == kind), None)
+
+
+def _ledger_step(events: Sequence[Mapping[str, Any]]) -> int | None:
+    for e in reversed(events):
+        if e.get("event") == "heartbeat" and isinstance(e.get("steps"), dict):
+            steps = [s for s in (_int(v) for v in e["steps"].values()) if s is not None]
+            if steps:
+                return min(steps)
+        if e.get("event") in ("train_started", "train_finished", "train_stopped", "ckpt_saved"):
+            step = _int(e.get("step"))
+            if step is not None:
+                return step
+    return None
+
+
+def build_view(run_dir: str, events: Sequence[Mapping[str, Any]], *, full: bool,
+               config: Mapping[str, Any] | None = None) -> RunView:
+    """The view of ``run_dir`` from its ``events`` (all of them when ``full``: then failures and
+    goodput come from :func:`slurmkit.supervise.report.summarize`, the numbers the run's report
+    shows; a listing passes only the ledger's edges and gets failures seen there, no goodput)."""
+    cfg = read_config(run_dir) if config is None else config
+    job_id, executor = _job(events)
+    phase, ended = phase_of(events)
+    alloc = _latest(events, "allocation_start")
+    started = _latest(events, "ranks_started")
+    metrics = last_json_line(os.path.join(run_dir, METRICS_NAME))
+    metrics_step = _int(metrics.get("step")) if metrics else None
+    step = max((s for s in (metrics_step, _ledger_step(events), read_heartbeat_step(run_dir))
+                if s is not None), default=None)
+    report = summarize(events) if full and events else None
+    failures = (dict(report.failures_by_class) if report is not None else
+                dict(Counter(str(e.get("cls")) for e in events if e.get("event") == "failure")))
+    name = _get(cfg, "job.name") or (str(_latest(events, "submitted").get("name"))  # type: ignore[union-attr]
+                                     if _latest(events, "submitted") else os.path.basename(run_dir))
+    nodes = alloc.get("train_nodes") or alloc.get("nodes") if alloc else None
+    return RunView(
+        run_dir=run_dir, name=str(name), job_id=job_id, executor=executor, phase=phase, ended=ended,
+        nodes=[str(n) for n in nodes] if isinstance(nodes, list) else [],
+        generation=_int(started.get("generation")) if started else None,
+        step=step, total_steps=_int(_get(cfg, "train.steps")),
+        loss=_float(metrics.get("loss")) if metrics else None,
+        tokens_per_s=_float(metrics.get("tokens_per_s")) if metrics else None,
+        mfu=_float(metrics.get("mfu")) if metrics else None,
+        checkpoints=checkpoints_by_tier(events), failures=failures,
+        goodput=report.goodput if report is not None else None, report=report)
+
+
+class RunWatcher:
+    """One run followed over time: reads only what changed since the last :meth:`refresh`."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+        self.tail = LedgerTail(os.path.join(run_dir, LEDGER_NAME))
+        self.config = read_config(run_dir)
+        self.view: RunView | None = None
+        self._metrics_size = -1
+
+    def refresh(self) -> bool:
+        """Re-read the run; True when anything it shows may have changed."""
+        grew = self.tail.poll()
+        try:
+            size = os.path.getsize(os.path.join(self.run_dir, METRICS_NAME))
+        except OSError:
+            size = -1
+        changed = grew or size != self._metrics_size or self.view is None
+        self._metrics_size = size
+        if changed:
+            previous = self.view
+            full = grew or previous is None or previous.report is None
+            view = build_view(self.run_dir, self.tail.events, full=full, config=self.config)
+            if not full and previous is not None:  # metrics moved, the ledger did not
+                view = _with_report(view, previous)
+            self.view = view
+        return changed
+
+
+def _with_report(view: RunView, previous: RunView) -> RunView:
+    from dataclasses import replace
+
+    return replace(view, failures=previous.failures, goodput=previous.goodput, report=previous.report)
+
+
+# ------------------------------------------------------------------ what a target names
+
+@dataclass(frozen=True)
+class Variant:
+    index: int
+    overrides: list[str]
+    run_dir: str
+
+
+@dataclass(frozen=True)
+class Sweep:
+    path: str
+    name: str
+    job_id: str | None
+    variants: list[Variant]
+
+    def job_ref(self, v: Variant) -> str | None:
+        """The Slurm id of one array task (``<array job>_<index>``)."""
+        return f"{self.job_id}_{v.index}" if self.job_id else None
+
+
+def read_sweep(path: str) -> Sweep:
+    """The sweep directory's ``sweep.json`` (see the sweep layout in the README)."""
+    file = os.path.join(path, SWEEP_NAME)
+    try:
+        with open(file, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{file} cannot be read: {exc}", "a sweep.json written by slurmkit.submit -m",
+                          "pass the sweep directory printed at submit") from exc
+    variants = raw.get("variants") if isinstance(raw, dict) else None
+    if not isinstance(variants, list):
+        raise ConfigError(f"{file} has no list of variants", "sweep.json with a 'variants' list",
+                          "pass the sweep directory printed at submit")
+    out: list[Variant] = []
+    for v in variants:
+        if not isinstance(v, dict) or not isinstance(v.get("run_dir"), str):
+            continue
+        run_dir = v["run_dir"] if os.path.isabs(v["run_dir"]) else os.path.join(path, v["run_dir"])
+        out.append(Variant(int(v.get("index", len(out))), [str(o) for o in v.get("overrides") or []],
+                           run_dir))
+    job = raw.get("job_id")
+    return Sweep(path, str(raw.get("name") or os.path.basename(path)),
+                 str(job) if job is not None else None, out)
+
+
+def is_run_dir(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, LEDGER_NAME)) or os.path.isfile(
+        os.path.join(path, "config.yaml"))
+
+
+def is_sweep_dir(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, SWEEP_NAME))
+
+
+def find_dirs(root: str, max_depth: int = 3) -> tuple[list[str], list[str]]:
+    """(run directories, sweep directories) below ``root``: ``<root>/<name>/<stamp>[/...]``.
+
+    A sweep's variant run directories count as runs too. Nothing deeper than ``max_depth``
+    is visited, so a run root holding other trees costs little to list.
+    """
+    runs, sweeps = [], []
+    stack = [(os.path.abspath(root), 0)]
+    while stack:
+        path, depth = stack.pop()
+        if depth > 0 and is_sweep_dir(path):
+            sweeps.append(path)
+        elif depth > 0 and is_run_dir(path):
+            runs.append(path)
+            continue
+        if depth >= max_depth:
+            continue
+        try:
+            entries = list(os.scandir(path))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False) and not entry.name.startswith("."):
+                stack.append((entry.path, depth + 1))
+    return runs, sweeps
+
+
+def default_run_root(env: Mapping[str, str]) -> str:
+    """``submit.run_root`` of the composed default config (the root submit writes into)."""
+    from slurmkit.config.compose import compose_dict
+
+    try:
+        raw = compose_dict([])
+        root = _get(raw, "submit.run_root")
+    except Exception:  # an unreadable site conf must not stop a listing: fall back to the default
+        root = None
+    return str(root or "runs")
+
+
+def resolve(target: str, run_root: str) -> tuple[str, str]:
+    """("run" | "sweep", absolute directory) for a run directory, sweep directory or job id."""
+    if os.path.isdir(target):
+        path = os.path.abspath(target)
+        if is_sweep_dir(path):
+            return "sweep", path
+        if is_run_dir(path):
+            return "run", path
+        raise ConfigError(f"{target} holds neither {LEDGER_NAME}, config.yaml nor {SWEEP_NAME}",
+                          "a run or sweep directory that slurmkit.submit created",
+                          "pass the run directory printed at submit, or list runs with slurmkit runs")
+    if not target.replace("_", "").isdigit():
+        raise ConfigError(f"{target!r} is no directory and no job id",
+                          "a run directory, a sweep directory or a Slurm job id",
+                          "list recent runs with: slurmkit runs")
+    runs, sweeps = find_dirs(run_root)
+    for path in sweeps:
+        try:
+            sweep = read_sweep(path)
+        except ConfigError:
+            continue
+        if sweep.job_id == target:
+            return "sweep", path
+        for v in sweep.variants:
+            if sweep.job_ref(v) == target:
+                return "run", v.run_dir
+    for path in runs:
+        edges = ledger_edges(path)
+        if any(str(e.get("job_id")) == target for e in edges
+               if e.get("event") in ("submitted", "allocation_start")):
+            return "run", path
+    raise ConfigError(f"no run under {os.path.abspath(run_root)} belongs to job {target}",
+                      "the job's run directory below the run root",
+                      "pass the run directory itself, or --root RUN_ROOT where it was submitted")
