@@ -1,13 +1,19 @@
-"""`python -m slurmkit.submit +exp=NAME [cluster=NAME] [key=value ...]`
+"""`python -m slurmkit.submit [-m] +exp=NAME [cluster=NAME] [key=value ...]`
 
 Compose the config, validate it, freeze it into a new run directory, render the job through
 submitit and submit it: to Slurm when a controller answers (cluster=auto), else as local
 processes. Returns as soon as the job is queued and prints where to follow it.
+
+With -m (--multirun), Hydra's sweep syntax (key=a,b, range(), choice()) runs every combination
+as one Slurm job array, one run directory per variant under one sweep directory
+(slurmkit/sweep/); submit.array_parallelism=K runs at most K variants at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import getpass
+import logging
 import os
 import secrets
 import shutil
@@ -16,6 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from rich.console import Console
+from rich.markup import escape
 
 from slurmkit.config import SlurmkitConfig, compose, config_hash, to_yaml
 from slurmkit.errors import ConfigError, SlurmkitError, SubmissionError
@@ -23,6 +30,7 @@ from slurmkit.render import JobSpec, build_jobspec, make_executor, render_standa
 from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
 
 USAGE = __doc__ or ""
+log = logging.getLogger(__name__)
 
 
 def slurm_reachable(env: Mapping[str, str], timeout_s: float = 5.0) -> bool:
@@ -111,6 +119,43 @@ def submit_local(spec: JobSpec) -> Submitted:
     return Submitted(str(job.job_id), spec.run_dir, "local", job)
 
 
+def warn_singleton(spec: JobSpec, env: Mapping[str, str], console: Console) -> None:
+    """Say why the job will sit PENDING: --dependency=singleton holds it while another job of
+    this user with the same name is queued or running. One squeue call; silent if it fails."""
+    if not spec.singleton:
+        return
+    from slurmkit.slurm.client import SlurmClient
+    from slurmkit.slurm.runner import SubprocessRunner
+
+    try:
+        rows = SlurmClient(SubprocessRunner(env=env), timeout_s=10).squeue(
+            user=env.get("USER") or getpass.getuser())
+    except Exception as exc:  # only a hint: never let it stop a submission
+        log.info("squeue for the singleton hint failed: %s", exc)
+        return
+    same = [r for r in rows if r.name == spec.name]
+    if not same:
+        return
+    listed = ", ".join(f"{r.job_id} ({r.state})" for r in same[:5]) + (" ..." if len(same) > 5 else "")
+    console.print(
+        f"[bold yellow]note[/]: {len(same)} job(s) named {escape(spec.name)} already queued or running: "
+        f"{escape(listed)}. With job.singleton=true (--dependency=singleton) this job stays PENDING "
+        "(reason: Dependency) until they end. To run them at the same time, submit with "
+        "job.singleton=false or another job.name.", highlight=False)
+
+
+def refuse_sweep_without_multirun(argv: list[str]) -> None:
+    from slurmkit.sweep import sweeping
+
+    swept = sweeping(argv)
+    if swept:
+        raise ConfigError(
+            f"{' '.join(swept)} asks for a sweep (a list of values) without -m",
+            "a sweep runs with -m / --multirun, one variant per combination",
+            f"add -m: python -m slurmkit.submit -m {' '.join(argv)}; or quote a value meant as one "
+            "string (key='a,b')")
+
+
 def print_submitted(console: Console, s: Submitted, spec: JobSpec) -> None:
     console.print(f"[bold green]submitted[/] {spec.name}: job [bold]{s.job_id}[/] ({s.executor})")
     console.print(f"  run directory : {s.run_dir}")
@@ -145,8 +190,16 @@ def wait_job(s: Submitted, env: Mapping[str, str], timeout_s: float) -> int:
 
 def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console) -> int:
     if any(a in ("-h", "--help") for a in argv):
-        console.print(USAGE)
+        console.print(USAGE, markup=False, highlight=False)
         return 0
+    from slurmkit.sweep import split_multirun
+
+    multirun, argv = split_multirun(argv)
+    if multirun:
+        from slurmkit.sweep.submit import run_sweep
+
+        return run_sweep(argv, env, console, err)
+    refuse_sweep_without_multirun(argv)
     cfg = resolve_cluster(compose(argv), env)
     validate(cfg)
     run_dir = new_run_dir(cfg)
@@ -164,6 +217,8 @@ def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console)
             f.write(render_standalone(spec, path))
         console.print(f"wrote {path}\nsubmit it with: sbatch {path}")
         return 0
+    if cfg.cluster.kind == "slurm":
+        warn_singleton(spec, env, console)
     freeze(cfg, run_dir)
     try:
         submitted = submit_slurm(spec) if cfg.cluster.kind == "slurm" else submit_local(spec)

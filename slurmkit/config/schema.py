@@ -102,11 +102,15 @@ class SubmitConfig:
     run_root: str = "runs"  # run directories are created below this (a shared file system)
     wait: bool = False  # block until the job ends (and exit with its status)
     timeout_s: float = 0  # with wait: give up after this long (0: no limit)
+    array_parallelism: int = 0  # a sweep (-m): at most this many variants at once (0: no limit)
 
     def __post_init__(self) -> None:
         if self.emit not in ("", "sbatch"):
             raise ConfigError(f"submit.emit={self.emit!r}", "'' or 'sbatch'",
                               "set submit.emit=sbatch to write a standalone script")
+        if self.array_parallelism < 0:
+            raise ConfigError(f"submit.array_parallelism={self.array_parallelism}", "a value >= 0",
+                              "set submit.array_parallelism=0 (no limit) or the most variants at once")
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Where this node agent is: node rank, node count, job id, read once from the environment."""
+"""Where this node agent is: node rank, node count, job id (and array task), read once from the
+environment; and which run directory a job array's task works in."""
 
 from __future__ import annotations
 
@@ -20,6 +21,16 @@ class NodeContext:
     restart_count: int  # Slurm's requeue count (0 on the first run)
     master_addr: str  # where node 0's agent can be reached
     executor: str  # "slurm" or "local"
+    array_job_id: str | None = None  # a sweep's task: the array's job id and this task's index
+    array_task_id: int | None = None
+
+    @property
+    def job_ref(self) -> str:
+        """How scontrol addresses this job. An array task must be named ``ARRAY_TASK``: one task's
+        own SLURM_JOB_ID equals the array's id, and scontrol acts on every task for that id."""
+        if self.array_job_id is not None and self.array_task_id is not None:
+            return f"{self.array_job_id}_{self.array_task_id}"
+        return self.job_id
 
     @property
     def attempt(self) -> str:
@@ -45,7 +56,8 @@ def node_context(env: Mapping[str, str]) -> NodeContext:
             node_rank=node_rank, num_nodes=num_nodes,
             node_name=name, nodes=nodes or (name,), job_id=env["SLURM_JOB_ID"],
             restart_count=int(env.get("SLURM_RESTART_COUNT", "0") or 0), master_addr=addr,
-            executor="slurm")
+            executor="slurm", array_job_id=env.get("SLURM_ARRAY_JOB_ID") or None,
+            array_task_id=_task_id(env))
     if "SUBMITIT_LOCAL_GLOBALID" in env:
         n = int(env.get("SUBMITIT_LOCAL_NTASKS", "1"))
         rank = int(env["SUBMITIT_LOCAL_GLOBALID"])
@@ -56,3 +68,38 @@ def node_context(env: Mapping[str, str]) -> NodeContext:
     raise SlurmkitError(
         "Detected: neither Slurm's task environment (SLURM_NODEID) nor submitit's local one. "
         "Requirement: the node agent runs inside a job. Fix: start it with `python -m slurmkit.submit`.")
+
+
+def _task_id(env: Mapping[str, str]) -> int | None:
+    text = env.get("SLURM_ARRAY_TASK_ID", "")
+    if not text:
+        return None
+    if not text.isdigit():
+        raise SlurmkitError(f"Detected: SLURM_ARRAY_TASK_ID={text!r}. Requirement: a task index set "
+                            "by Slurm. Fix: do not set SLURM_ARRAY_TASK_ID by hand.")
+    return int(text)
+
+
+def task_run_dir(path: str, env: Mapping[str, str]) -> str:
+    """The run directory this agent works in.
+
+    A sweep's job array starts every task with the sweep directory; task i runs variant i, whose
+    directory sweep.json names (checked: it must be ``<sweep_dir>/<i>``). Any other path is a
+    run directory already.
+    """
+    from slurmkit.sweep.layout import is_sweep_dir, load_sweep
+
+    if not is_sweep_dir(path):
+        return path
+    task = _task_id(env)
+    if task is None:
+        raise SlurmkitError(
+            f"Detected: {path} is a sweep directory but SLURM_ARRAY_TASK_ID is not set. Requirement: "
+            "a sweep runs as a job array, one task per variant. Fix: submit it with "
+            "`python -m slurmkit.submit -m ...`, or start the agent with one variant's run directory.")
+    variants = load_sweep(path).variants
+    if task >= len(variants):
+        raise SlurmkitError(
+            f"Detected: array task {task} of a sweep with {len(variants)} variants ({path}). "
+            "Requirement: one task per variant (--array=0-N-1). Fix: resubmit the sweep.")
+    return variants[task].run_dir

@@ -41,6 +41,9 @@ class JobSpec:
     env: tuple[tuple[str, str], ...]  # sorted (name, value)
     srun_args: tuple[str, ...]
     no_kill: bool = False  # spare nodes: a node failure must not end the job (--no-kill)
+    # A sweep: Slurm's --array value ("0-3" or "0-3%2"); run_dir is then the sweep directory and
+    # array task i runs in <run_dir>/<i> (slurmkit/sweep/layout.py).
+    array: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -82,8 +85,18 @@ def _check_resources(cfg: SlurmkitConfig, nodes: int, cpus: int | None) -> None:
                           f"set job.mem_gb={c.mem_gb_per_node} or less")
 
 
-def build_jobspec(cfg: SlurmkitConfig, run_dir: str, srun_args: list[str] | None = None) -> JobSpec:
-    """Validate ``cfg`` against its cluster and reduce it to a JobSpec. Raises ConfigError."""
+def array_spec(count: int, parallelism: int) -> str:
+    """Slurm's --array value for ``count`` variants, at most ``parallelism`` at once (0: all)."""
+    expr = f"0-{count - 1}"
+    return f"{expr}%{parallelism}" if 0 < parallelism < count else expr
+
+
+def build_jobspec(cfg: SlurmkitConfig, run_dir: str, srun_args: list[str] | None = None,
+                  array: str | None = None) -> JobSpec:
+    """Validate ``cfg`` against its cluster and reduce it to a JobSpec. Raises ConfigError.
+
+    ``array``: the job runs a sweep (``run_dir`` is its sweep directory), see :func:`array_spec`.
+    """
     j, c = cfg.job, cfg.cluster
     gpus = _gpus_per_node(cfg)
     ranks = j.ranks_per_node if j.ranks_per_node is not None else max(gpus, 1)
@@ -113,7 +126,7 @@ def build_jobspec(cfg: SlurmkitConfig, run_dir: str, srun_args: list[str] | None
         account=c.account, qos=c.qos, constraint=c.constraint, container_image=c.container_image,
         container_mounts=tuple(c.container_mounts), setup=tuple(c.setup),
         env=tuple(sorted(env.items())), srun_args=tuple(srun_args or ()),
-        no_kill=cfg.supervisor.spare_nodes > 0,
+        no_kill=cfg.supervisor.spare_nodes > 0, array=array,
     )
 
 

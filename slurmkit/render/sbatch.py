@@ -81,8 +81,12 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
     return params
 
 
-def launch_agents(log_dir: str, args: list[str], command: str) -> str:
-    """Shell lines that start one agent per node, each in its own srun step."""
+def launch_agents(log_dir: str | None, args: list[str], command: str) -> str:
+    """Shell lines that start one agent per node, each in its own srun step.
+
+    ``log_dir`` None: the agents log into "$SLURMKIT_RUN_DIR/logs", which the batch script sets
+    per array task (sbatch_templates/setup.sh.j2).
+    """
     prefix = shlex.join(["srun", "--unbuffered", *args])
     return _env().get_template("launch_agents.sh.j2").render(
         log_dir=log_dir, srun_prefix=prefix, command=command).rstrip("\n")
@@ -114,9 +118,15 @@ def render_submitit_script(spec: JobSpec, python: str | None = None) -> str:
 
 
 def render_standalone(spec: JobSpec, script_path: str, python: str | None = None) -> str:
-    """A self-contained sbatch script (no submitit pickles) for centers that use plain sbatch."""
+    """A self-contained sbatch script (no submitit pickles) for centers that use plain sbatch.
+
+    Also the script of a sweep's job array (``spec.array``): every task starts its agents with
+    the sweep directory, and each agent picks its variant by SLURM_ARRAY_TASK_ID
+    (slurmkit/launch/context.py: task_run_dir).
+    """
     py = python or sys.executable
-    launch = launch_agents(os.path.join(spec.run_dir, "logs"), srun_args(spec),
+    log_dir = None if spec.array else os.path.join(spec.run_dir, "logs")
+    launch = launch_agents(log_dir, srun_args(spec),
                            shlex.join([py, "-u", "-m", AGENT_MODULE, spec.run_dir]))
     return _env().get_template("standalone.sbatch.j2").render(
         spec=spec, script_path=script_path, mem=_mem(spec.mem_gb) if spec.mem_gb is not None else "",

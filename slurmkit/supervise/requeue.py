@@ -22,9 +22,22 @@ log = logging.getLogger(__name__)
 RELEASE_TIMEOUT_S = 180.0
 
 
+def job_ref(job_id: str, env: Mapping[str, str]) -> str:
+    """The id scontrol must be given for this job: ``ARRAY_TASK`` for a job array's task.
+
+    One task of every array has SLURM_JOB_ID equal to the array's id, and scontrol requeue (or
+    update) with that id acts on every task of the array, so a task names itself in full.
+    """
+    if (env.get("SLURM_JOB_ID") == job_id and env.get("SLURM_ARRAY_JOB_ID")
+            and env.get("SLURM_ARRAY_TASK_ID")):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return job_id
+
+
 def requeue_now(job_id: str, exclude: tuple[str, ...] | list[str], *, env: Mapping[str, str],
                 run_dir: str) -> None:
     client = SlurmClient(SubprocessRunner(env=env))
+    job_id = job_ref(job_id, env)
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
     log_path = os.path.join(run_dir, "logs", f"release_{job_id}.log")
     # Slurm takes ExcNodeList only while the job is pending: the helper sets it after the

@@ -1,0 +1,127 @@
+"""The sweep directory: ``<run_root>/<job.name>/<stamp>-sweep/`` with ``sweep.json`` and one
+ordinary run directory per variant, ``<sweep_dir>/<index>/``.
+
+Variant directories are named by their array index so that Slurm can place each task's batch
+log itself (``--output=<sweep_dir>/%a/logs/...``) and every task finds its own directory from
+SLURM_ARRAY_TASK_ID. ``sweep.json`` is the one record of which overrides each index runs; it is
+written whole to a temporary name and renamed, so a reader never sees half of it.
+
+sweep.json: {"kind": "sweep", "name": str, "job_id": str|null, "array": "0-3",
+"executor": "slurm"|"local", "common_overrides": [...],
+"variants": [{"index": 0, "overrides": ["train.lr=1e-3", ...], "run_dir": "<abs path>"}, ...]}
+(``overrides`` holds what tells the variant apart; ``common_overrides`` what all share.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from slurmkit.errors import ConfigError
+
+SWEEP_NAME = "sweep.json"
+SUFFIX = "-sweep"
+
+
+@dataclass
+class Variant:
+    index: int
+    overrides: list[str]  # what sets this variant apart (the swept values)
+    run_dir: str  # absolute
+
+
+@dataclass
+class Sweep:
+    sweep_dir: str  # absolute
+    name: str
+    array: str  # Slurm's --array range, without the throttle, e.g. "0-3"
+    executor: str
+    common_overrides: list[str]
+    variants: list[Variant]
+    job_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "sweep", "name": self.name, "job_id": self.job_id, "array": self.array,
+                "executor": self.executor, "common_overrides": list(self.common_overrides),
+                "variants": [{"index": v.index, "overrides": list(v.overrides), "run_dir": v.run_dir}
+                             for v in self.variants]}
+
+
+def variant_dir(sweep_dir: str, index: int) -> str:
+    return os.path.join(sweep_dir, str(index))
+
+
+def new_sweep_dir(run_root: str, name: str, clock: Callable[[], float] = time.time) -> str:
+    """Create ``<run_root>/<name>/<stamp>-sweep`` (a second sweep within the same second gets a
+    random tag before the suffix); the directory is new, never shared with another submission."""
+    parent = os.path.abspath(os.path.join(run_root, name))
+    os.makedirs(parent, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(clock()))
+    for tag in ["", *(f"-{secrets.token_hex(2)}" for _ in range(8))]:
+        path = os.path.join(parent, f"{stamp}{tag}{SUFFIX}")
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            continue
+        return path
+    raise ConfigError(f"no free sweep directory name under {parent}", "a new directory per sweep",
+                      "remove stale directories there or wait a second")
+
+
+def write_sweep(sweep: Sweep) -> str:
+    path = os.path.join(sweep.sweep_dir, SWEEP_NAME)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(sweep.to_json(), f, indent=1)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def _bad(path: str, what: str) -> ConfigError:
+    return ConfigError(f"{path}: {what}", "the sweep.json that `slurmkit submit -m` wrote",
+                       "resubmit the sweep; do not edit sweep.json by hand")
+
+
+def load_sweep(sweep_dir: str) -> Sweep:
+    """Read and check ``sweep.json`` (it lives on a shared file system: trust nothing in it).
+
+    Every variant's run directory must be ``<sweep_dir>/<index>``, so a tampered file cannot send
+    a task to write into some other directory.
+    """
+    sweep_dir = os.path.abspath(sweep_dir)
+    path = os.path.join(sweep_dir, SWEEP_NAME)
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise _bad(path, f"cannot be read ({exc})") from exc
+    if not isinstance(doc, dict) or doc.get("kind") != "sweep" or not isinstance(doc.get("variants"), list):
+        raise _bad(path, "not a sweep record (kind/variants missing)")
+    variants = []
+    for i, v in enumerate(doc["variants"]):
+        if not isinstance(v, dict) or v.get("index") != i:
+            raise _bad(path, f"variant {i} is malformed or out of order")
+        ovs = v.get("overrides")
+        if not isinstance(ovs, list) or not all(isinstance(o, str) for o in ovs):
+            raise _bad(path, f"variant {i} has no list of overrides")
+        if v.get("run_dir") != variant_dir(sweep_dir, i):
+            raise _bad(path, f"variant {i} names run directory {v.get('run_dir')!r}, "
+                             f"not {variant_dir(sweep_dir, i)!r}")
+        variants.append(Variant(i, list(ovs), variant_dir(sweep_dir, i)))
+    job_id = doc.get("job_id")
+    return Sweep(sweep_dir=sweep_dir, name=str(doc.get("name", "")), array=str(doc.get("array", "")),
+                 executor=str(doc.get("executor", "slurm")),
+                 common_overrides=[str(o) for o in doc.get("common_overrides", [])],
+                 variants=variants, job_id=None if job_id is None else str(job_id))
+
+
+def is_sweep_dir(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, SWEEP_NAME))
