@@ -46,7 +46,7 @@ def main(argv: list[str], out: Console | None = None) -> int:
     except SlurmkitError as exc:
         Console(stderr=True).print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
         return 2
-    console.print(f"report: {paths[0]}", markup=False, highlight=False)
+    console.print(f"report: {paths[0]}", markup=False, highlight=False, soft_wrap=True)
     return 0
 
 

@@ -20,7 +20,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from slurmkit.report.breakdown import LABELS, partition, spans  # noqa: E402
 from slurmkit.report.model import goodput  # noqa: E402
-from slurmkit.report.run import RunData  # noqa: E402
+from slurmkit.report.run import RunData, stretches  # noqa: E402
 
 COLORS = {"productive": "#2e7d32", "lost": "#c62828", "queue": "#9e9e9e", "detection": "#f9a825",
           "restart": "#ef6c00", "restore": "#6a1b9a", "startup": "#1565c0", "other": "#cfd8dc"}
@@ -136,11 +136,7 @@ def curves(data: RunData) -> bytes:
     """Loss and tokens/s over steps; each stretch of training (generation) its own colour, so
     recomputed steps after a restart show as a second line over the same steps."""
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True)
-    runs: list[list[dict[str, Any]]] = []
-    for m in data.metrics:
-        if not runs or int(m.get("step", 0)) <= int(runs[-1][-1].get("step", 0)):
-            runs.append([])
-        runs[-1].append(m)
+    runs = stretches(data.metrics)
     for i, part in enumerate(runs):
         steps = [int(m["step"]) for m in part]
         top.plot(steps, [float(m.get("loss", float("nan"))) for m in part], linewidth=1.2,

@@ -171,7 +171,8 @@ def notes(d: RunData) -> str:
 
 
 def figures_json(r: RunReport) -> str:
-    text = json.dumps(dataclasses.asdict(r)).replace("</", "<\\/")  # cannot close the element
+    # "<" as \u003c: nothing from a log line can close or reopen a script element
+    text = json.dumps(dataclasses.asdict(r)).replace("<", "\\u003c")
     return f'<script type="application/json" id="supervise-figures">{text}</script>'
 
 
@@ -186,8 +187,8 @@ def run_page(d: RunData, pngs: Mapping[str, bytes | None]) -> str:
     r = d.report
     body = [f"<h1>{escape(d.name)}</h1><p class=sub>{escape(d.run_dir)} &middot; status "
             f"<b>{escape(r.status)}</b></p>", cards(r),
-            "<h2>Timeline</h2>", img(pngs.get("timeline"), "timeline"),
-            "<h2>Failures</h2>", failures(r.start, r.failures),
+            '<section id="timeline"><h2>Timeline</h2>', img(pngs.get("timeline"), "timeline"),
+            "<h3>Failures</h3>", failures(r.start, r.failures), "</section>",
             "<h2>Goodput</h2>", img(pngs.get("goodput"), "goodput breakdown"), breakdown_table(d),
             "<h2>Run summary</h2><p class=sub>The figures of <code>python -m slurmkit.supervise "
             "RUN_DIR</code>, computed by the same code.</p>", summary(r),
@@ -209,11 +210,13 @@ def sweep_page(sweep: Mapping[str, object], runs: Sequence[RunData],
     body = [f"<h1>sweep {escape(str(sweep.get('name', '')))}</h1><p class=sub>job "
             f"{escape(str(sweep.get('job_id') or '-'))} &middot; array {escape(str(sweep.get('array', '')))}"
             f" &middot; {len(runs)} variants</p>",
+            "".join(f"<p class=note>variant {escape(str(w))}: no ledger yet (not started)</p>"
+                    for w in sweep.get("waiting") or []),  # type: ignore[union-attr]
             "<h2>Goodput per variant</h2>", img(shared.get("goodput"), "goodput per variant"),
             "<h2>Loss per variant</h2>", img(shared.get("loss"), "loss per variant"),
             row("Variants", lambda i, d: f"<h3>{escape(d.name)}</h3>{cards(d.report)}{summary(d.report)}"),
-            row("Timeline", lambda i, d: img(pngs[i].get("timeline"), "timeline")
-                + failures(d.report.start, d.report.failures)),
+            '<section id="timeline">', row("Timeline", lambda i, d: img(pngs[i].get("timeline"), "timeline")
+                + failures(d.report.start, d.report.failures)), "</section>",
             row("Loss and throughput", lambda i, d: img(pngs[i].get("curves"), "curves")),
             row("Checkpoints", lambda i, d: saves_text(d) + img(pngs[i].get("saves"), "saves")),
             row("Checkpoint interval advice", lambda i, d: advice(d, pngs[i].get("advice"))),

@@ -103,26 +103,45 @@ def _num(value: Any, default: float = 0.0) -> float:
     return out if math.isfinite(out) else default
 
 
+def stretches(metrics: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    """metrics.jsonl cut where the step goes back: one stretch per start of training."""
+    out: list[list[Mapping[str, Any]]] = []
+    for m in metrics:
+        if not out or _num(m.get("step")) <= _num(out[-1][-1].get("step")):
+            out.append([])
+        out[-1].append(m)
+    return out
+
+
 def save_rows(events: Sequence[Mapping[str, Any]], metrics: Sequence[Mapping[str, Any]]
               ) -> list[dict[str, Any]]:
     """One row per save: blocking time from metrics.jsonl, tier and write time from the ledger.
 
-    Matched in order by step (a step saved again after a restart is a second save; generation
-    numbers start again in every allocation, so they cannot tell saves apart).
+    Each ``train_started`` (step k) owns the next metrics stretch that begins at step k + 1
+    (a start that failed before its first step has none); a ``ckpt_saved`` takes the blocking
+    time of its step from the stretch of the training it happened in. Generation numbers cannot
+    do this: they start again in every allocation.
     """
-    pending = [(int(_num(m.get("step"))), _num(m.get("ckpt_blocking_s"))) for m in metrics
-               if _num(m.get("ckpt_blocking_s")) > 0]
-    rows = []
+    pending = [[(int(_num(m.get("step"))), _num(m.get("ckpt_blocking_s"))) for m in part
+                if _num(m.get("ckpt_blocking_s")) > 0] for part in stretches(metrics)]
+    firsts = [int(_num(part[0].get("step"))) for part in stretches(metrics)]
+    rows: list[dict[str, Any]] = []
+    current, nxt = None, 0
     for e in sorted(events, key=lambda e: _num(e.get("t"))):
-        if e.get("event") != "ckpt_saved":
-            continue
-        step = int(_num(e.get("step")))
-        i = next((i for i, (s, _) in enumerate(pending) if s == step), None)
-        rows.append({"t": _num(e.get("t")), "step": step, "tier": str(e.get("tier", "")),
-                     "write_s": _num(e.get("seconds")),
-                     "blocking_s": None if i is None else pending.pop(i)[1]})
+        if e.get("event") == "train_started":
+            start = int(_num(e.get("step"))) + 1
+            hit = next((i for i in range(nxt, len(firsts)) if firsts[i] == start), None)
+            current, nxt = (hit, hit + 1) if hit is not None else (None, nxt)
+        elif e.get("event") == "ckpt_saved":
+            step = int(_num(e.get("step")))
+            own = pending[current] if current is not None else []
+            i = next((i for i, (s, _) in enumerate(own) if s == step), None)
+            rows.append({"t": _num(e.get("t")), "step": step, "tier": str(e.get("tier", "")),
+                         "write_s": _num(e.get("seconds")),
+                         "blocking_s": None if i is None else own.pop(i)[1]})
     # saves that blocked training but never committed (killed mid-write): still a cost
-    rows += [{"t": None, "step": s, "tier": "", "write_s": None, "blocking_s": b} for s, b in pending]
+    rows += [{"t": None, "step": s, "tier": "", "write_s": None, "blocking_s": b}
+             for own in pending for s, b in own]
     return rows
 
 

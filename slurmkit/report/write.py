@@ -63,8 +63,10 @@ def write_sweep(sweep_dir: str, out: str | None = None, mtbf_h: float | None = N
     out = out or sweep.sweep_dir
     os.makedirs(out, exist_ok=True)
     runs: list[RunData] = []
+    waiting = []
     for v in sweep.variants:
         if not os.path.isfile(os.path.join(v.run_dir, "ledger.jsonl")):
+            waiting.append(f"{v.index}: {' '.join(v.overrides) or 'defaults'}")
             continue  # not started yet: nothing to draw
         data = load_run(v.run_dir, mtbf_h)
         data.name = f"{v.index}: {' '.join(v.overrides) or 'defaults'}"
@@ -75,7 +77,7 @@ def write_sweep(sweep_dir: str, out: str | None = None, mtbf_h: float | None = N
     for v_png, d in zip(per, runs):
         written += _save_pngs(out, v_png, prefix=f"v{d.name.split(':')[0]}-")
     html = os.path.join(out, REPORT_NAME)
-    doc = {"name": sweep.name, "job_id": sweep.job_id, "array": sweep.array}
+    doc = {"name": sweep.name, "job_id": sweep.job_id, "array": sweep.array, "waiting": waiting}
     _put(html, sweep_page(doc, runs, per, shared).encode("utf-8"))
     return [html, *written]
 
