@@ -6,6 +6,8 @@ Messages follow one shape so a user can act on them without reading code:
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class SlurmkitError(Exception):
     """Root of every error slurmkit raises on purpose."""
@@ -31,3 +33,14 @@ class ConfigError(ActionableError):
 
 class SubmissionError(SlurmkitError):
     """Submitting the job failed; nothing was left half-submitted."""
+
+
+def print_error(console: Any, exc: BaseException | str, label: str = "error") -> None:
+    """Print ``label: exc`` on a rich Console, the message taken literally.
+
+    Messages quote user input, and a Fix hint often holds brackets (``job.command=[python,-m,
+    slurmkit.train]``) that rich would read as markup tags and drop; only the label is styled.
+    """
+    from rich.text import Text  # rich only where something is printed: ranks import this module
+
+    console.print(Text.assemble((label, "bold red"), ": ", str(exc)), highlight=False)

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from slurmkit.config.compose import compose
-from slurmkit.errors import ConfigError
+from slurmkit.errors import ConfigError, print_error
 from slurmkit.train.planner import MemoryEstimate, check_config, estimate_on, hardware_of
 
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None, console: Console | None = None) -> int:
     try:
         cfg = compose(overrides)
     except ConfigError as exc:
-        console.print(f"[red]{exc}[/red]")
+        print_error(console, exc, "configuration error")
         return 2
     title = f"slurmkit plan: {cfg.model.name} on {cfg.cluster.name}"
     try:
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None, console: Console | None = None) -> int:
             console.print(render(estimate_on(cfg.model, cfg.parallel, cfg.train, hw), title))
         except ConfigError:
             pass  # the layout is impossible: the message below says why
-        console.print(f"[red]{exc}[/red]")
+        print_error(console, exc, "configuration error")
         return 2
     console.print(render(est, title))
     return 0

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from slurmkit.config import SlurmkitConfig, compose, config_hash, to_yaml
-from slurmkit.errors import ConfigError, SlurmkitError, SubmissionError
+from slurmkit.errors import ConfigError, SlurmkitError, SubmissionError, print_error
 from slurmkit.render import JobSpec, build_jobspec, make_executor, render_standalone, render_submitit_script
 from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
 
@@ -246,10 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(sys.argv[1:] if argv is None else argv, os.environ, console, err)
     except ConfigError as exc:
-        err.print(f"[bold red]configuration error[/]: {exc}", markup=True, highlight=False)
+        print_error(err, exc, "configuration error")
         return 2
     except SlurmkitError as exc:
-        err.print(f"[bold red]error[/]: {exc}", markup=True, highlight=False)
+        print_error(err, exc)
         return 1
 
 

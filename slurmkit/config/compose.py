@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from hydra import compose as hydra_compose
@@ -16,16 +17,35 @@ from omegaconf.errors import OmegaConfBaseException
 
 from slurmkit.config.schema import SlurmkitConfig
 from slurmkit.errors import ConfigError
+from slurmkit.resources import packaged
 
 _REGISTERED = False
+ROOT = "slurmkit_root"
 
 
-def conf_dir(env: dict[str, str] | None = None) -> str:
-    """The conf/ directory: $SLURMKIT_CONF_DIR, else the one beside the package."""
-    env = dict(os.environ) if env is None else env
-    if env.get("SLURMKIT_CONF_DIR"):
-        return os.path.abspath(env["SLURMKIT_CONF_DIR"])
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "conf")
+def conf_dirs(env: Mapping[str, str] | None = None) -> list[str]:
+    """The conf directories in search order: a site's own ($SLURMKIT_CONF_DIR) overlays the one
+    shipped in the package. A file the site has wins; the packaged ones fill in the rest, so a
+    site adds `cluster/<site>.yaml` without copying the whole tree."""
+    env = os.environ if env is None else env
+    shipped = str(packaged("conf"))
+    site = env.get("SLURMKIT_CONF_DIR")
+    if not site:
+        return [shipped]
+    site = os.path.abspath(site)
+    if not os.path.isdir(site):
+        raise ConfigError(f"SLURMKIT_CONF_DIR={site!r}, which is not a directory",
+                          "a directory of config files laid out like conf/ (cluster/, exp/, ...)",
+                          "create it, or unset SLURMKIT_CONF_DIR to use the packaged configs")
+    if any(c in site for c in "'\\") or any(ord(c) < 32 for c in site):
+        raise ConfigError(f"SLURMKIT_CONF_DIR={site!r} holds a quote, backslash or control "
+                          "character", "a plain path", "move the conf directory to a plain path")
+    return [site, shipped] if site != shipped else [shipped]
+
+
+def conf_dir(env: Mapping[str, str] | None = None) -> str:
+    """The first conf directory searched (where a site's file wins)."""
+    return conf_dirs(env)[0]
 
 
 def register_configs() -> None:
@@ -34,42 +54,60 @@ def register_configs() -> None:
     if _REGISTERED:
         return
     ConfigStore.instance().store(name="slurmkit_schema", node=SlurmkitConfig)
+    # Hydra takes the primary config from the primary directory alone, before it extends the
+    # search path, so a site directory without its own config.yaml could not be the primary.
+    # This root names `config` as an ordinary default instead: Hydra then looks it up, and
+    # every group option, along the whole search path, site directory first.
+    ConfigStore.instance().store(name=ROOT, node={"defaults": ["config", "_self_"]})
     _REGISTERED = True
 
 
+def _dirs(directory: str | None) -> list[str]:
+    return [directory] if directory else conf_dirs()
+
+
 def available(group: str, directory: str | None = None) -> list[str]:
-    d = os.path.join(directory or conf_dir(), group)
-    if not os.path.isdir(d):
-        return []
-    return sorted(f[:-5] for f in os.listdir(d) if f.endswith(".yaml"))
+    """Options of a config group, over every conf directory searched (or only ``directory``)."""
+    names: set[str] = set()
+    for d in _dirs(directory):
+        g = os.path.join(d, group)
+        if os.path.isdir(g):
+            names.update(f[:-5] for f in os.listdir(g) if f.endswith(".yaml"))
+    return sorted(names)
 
 
-def _check_group_choices(overrides: list[str], directory: str) -> None:
+def _check_group_choices(overrides: list[str], dirs: list[str]) -> None:
     for ov in overrides:
         key, sep, value = ov.lstrip("+~").partition("=")
-        if not sep or "." in key or not os.path.isdir(os.path.join(directory, key)):
+        if not sep or "." in key or not any(os.path.isdir(os.path.join(d, key)) for d in dirs):
             continue
-        choices = available(key, directory)
+        choices: set[str] = set()
+        for d in dirs:
+            choices.update(available(key, d))
         if value not in choices:
+            where = " or ".join(os.path.join(d, key) for d in dirs)
             raise ConfigError(
-                f"{key}={value!r}, which is not in {os.path.join(directory, key)}",
-                f"one of: {', '.join(choices)}",
-                f"pick one of those, or add {os.path.join(directory, key, value)}.yaml",
+                f"{key}={value!r}, which is not in {where}",
+                f"one of: {', '.join(sorted(choices))}",
+                f"pick one of those, or add {os.path.join(dirs[0], key, value)}.yaml",
             )
 
 
 def compose_dict(overrides: list[str], directory: str | None = None) -> Any:
-    """Hydra-compose conf/config.yaml with ``overrides``; returns the raw DictConfig."""
-    directory = directory or conf_dir()
+    """Hydra-compose config.yaml with ``overrides`` over the conf directories (or only
+    ``directory``); returns the raw DictConfig."""
+    dirs = _dirs(directory)
     register_configs()
-    _check_group_choices(overrides, directory)
+    _check_group_choices(overrides, dirs)
+    # The first directory is Hydra's primary config dir; the rest follow it on the search path.
+    searchpath = [f"hydra.searchpath=[{','.join(repr('file://' + d) for d in dirs[1:])}]"] if dirs[1:] else []
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=directory, version_base="1.3", job_name="slurmkit"):
-            return hydra_compose(config_name="config", overrides=list(overrides))
+        with initialize_config_dir(config_dir=dirs[0], version_base="1.3", job_name="slurmkit"):
+            return hydra_compose(config_name=ROOT, overrides=[*searchpath, *overrides])
     except MissingConfigException as exc:
         raise ConfigError(str(exc).splitlines()[0], "an existing config option",
-                          f"see the files under {directory}") from exc
+                          f"see the files under {' and '.join(dirs)}") from exc
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(f"invalid configuration or override: {exc}".replace("\n", " "),
                           "keys and values that the schema in slurmkit/config/schema.py defines",

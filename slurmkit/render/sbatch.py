@@ -13,9 +13,9 @@ import submitit
 from submitit.slurm.slurm import SlurmExecutor
 
 from slurmkit.render.jobspec import JobSpec, exclude_expr
+from slurmkit.resources import packaged
 
-TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                            "sbatch_templates")
+TEMPLATE_DIR = str(packaged("sbatch_templates"))  # shipped as package data (slurmkit/resources.py)
 AGENT_MODULE = "slurmkit.launch"
 
 

@@ -15,10 +15,11 @@ from collections.abc import Mapping, Sequence
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TransferSpeedColumn
 from rich.table import Table
+from rich.text import Text
 
-from slurmkit.errors import SlurmkitError
+from slurmkit.errors import SlurmkitError, print_error
 from slurmkit.store.catalog import StepStatus, check_step, list_steps
-from slurmkit.store.promote import commit_promotion, copy_files
+from slurmkit.store.promote import promote_step
 from slurmkit.store.retention import gc_tier
 from slurmkit.store.tier import FsspecTier, make_tier
 
@@ -63,7 +64,8 @@ def status_table(tiers: Sequence[FsspecTier], deep: bool, console: Console) -> i
         ok = [st.tier.uri for st in rows[step] if st.ok]
         problems = [f"{st.tier.uri}: {st.problem}" for st in rows[step] if not st.ok]
         size = next((st.manifest.total_bytes for st in rows[step] if st.manifest), 0)
-        status = "[green]verified[/]" if not problems else "[red]" + "; ".join(problems) + "[/]"
+        # Problems quote file names from the tier: literal text, never rich markup.
+        status = Text("verified", "green") if not problems else Text("; ".join(problems), "red")
         bad += bool(problems)
         table.add_row(str(step), "\n".join(ok) or "-", _human(size), status)
     console.print(table)
@@ -78,13 +80,12 @@ def promote(src: FsspecTier, dest: FsspecTier, step: int | None, console: Consol
             m = st.manifest
             with _progress(console) as prog:
                 task = prog.add_task(f"step {s} -> {dest.uri}", total=m.total_bytes)
-                copy_files(src, dest, s, m.files, max_workers=4,
-                           on_bytes=lambda n: prog.advance(task, n))
-            commit_promotion(dest, s, m)
+                promote_step([src], dest, m, max_workers=4,
+                             on_bytes=lambda n: prog.advance(task, n))
             console.print(f"step {s}: promoted {_human(m.total_bytes)} to {dest.uri}")
             return 0
-        console.print(f"step {s} on {src.uri} does not verify: {st.problem}")
-    console.print(f"[red]no verified step to promote on {src.uri}[/]")
+        console.print(f"step {s} on {src.uri} does not verify: {st.problem}", markup=False)
+    console.print(Text(f"no verified step to promote on {src.uri}", "red"))
     return 1
 
 
@@ -113,7 +114,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             console.print(f"{t.uri}: deleted steps {deleted or 'none'}")
         return 0
     except SlurmkitError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        print_error(console, exc)
         return 2
 
 

@@ -16,7 +16,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from slurmkit.errors import ConfigError
+from slurmkit.errors import ConfigError, print_error
 from slurmkit.supervise.ledger import LEDGER_NAME, read_ledger
 from slurmkit.supervise.report import FailureReport, RunReport, summarize
 
@@ -93,7 +93,7 @@ def main(argv: list[str], out: Console | None = None) -> int:
     try:
         report = load(args.run_dir)
     except ConfigError as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        print_error(Console(stderr=True), exc)
         return 2
     if args.json:
         console.print_json(json.dumps(dataclasses.asdict(report)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from .cpulist import format_cpulist
 from .model import NodeTopology
@@ -68,7 +69,7 @@ def show_plans(plans: list[RankPlan], envs: list[dict[str, str]], console: Conso
     shared = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs)} if envs else {}
     for key in sorted(shared):
         if not key.startswith("SLURMKIT_"):
-            console.print(f"{key}={shared[key]}")
+            console.print(f"{key}={shared[key]}", markup=False)
     warnings = sorted({w for p in plans for w in p.warnings})
     for warning in warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}")
+        console.print(Text.assemble(("warning", "yellow"), ": ", warning))

@@ -1,0 +1,7 @@
+"""``python -m slurmkit VERB ARGS``: the `slurmkit` command without its console script."""
+
+import sys
+
+from slurmkit.cli import main
+
+sys.exit(main())

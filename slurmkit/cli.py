@@ -1,0 +1,82 @@
+"""``slurmkit VERB ARGS``: one command for the daily loop, the same as ``python -m slurmkit.VERB ARGS``.
+
+The dispatcher only finds the verb's module and runs it as ``__main__`` (runpy) with
+``sys.argv[1:] = ARGS`` and, as ``python -m`` sets it, ``sys.argv[0]`` = the module's file; every
+verb keeps its own parser, help and exit codes, so the two spellings cannot drift apart. It imports nothing but the standard library, so ``slurmkit
+submit`` starts as fast as ``python -m slurmkit.submit``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import runpy
+import sys
+
+# One line each for `slurmkit --help`, in the order of a day's work.
+VERBS: dict[str, str] = {
+    "submit": "compose a config (+exp=NAME key=value ...), validate it and submit the job or sweep",
+    "status": "state, step, loss, tokens/s and checkpoints of a run, job or sweep (--watch)",
+    "runs": "list recent runs under a run root",
+    "logs": "show or follow (-f) a run's rank and agent logs",
+    "cancel": "cancel a run cleanly (--checkpoint: a final checkpoint first)",
+    "report": "write a run's report.html with plots and checkpoint interval advice",
+    "plan": "memory estimate of an experiment's parallel layout on a cluster, before submit",
+    "topo": "this node's topology and the rank pinning plan (show|plan)",
+    "store": "list, verify, promote and prune checkpoints on a tier (ls|verify|promote|gc)",
+    "supervise": "a finished run's failures and goodput from its ledger",
+}
+
+USAGE = "usage: slurmkit VERB [ARGS ...]    (the same as: python -m slurmkit.VERB [ARGS ...])"
+
+
+def usage() -> str:
+    width = max(map(len, VERBS))
+    lines = [USAGE, "", "verbs:"]
+    lines += [f"  {verb:<{width}}  {line}" for verb, line in VERBS.items()]
+    lines += ["", "`slurmkit VERB --help` (or `slurmkit help VERB`) describes one verb."]
+    return "\n".join(lines)
+
+
+def _runnable(verb: str) -> bool:
+    """True when slurmkit.VERB exists as a module, or as a package with a __main__."""
+    spec = importlib.util.find_spec(f"slurmkit.{verb}")
+    if spec is None:
+        return False
+    if spec.submodule_search_locations is not None:
+        return importlib.util.find_spec(f"slurmkit.{verb}.__main__") is not None
+    return True
+
+
+def _fail(message: str) -> int:
+    print(f"slurmkit: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage(), file=sys.stdout if args else sys.stderr)
+        return 0 if args else 2
+    if args[0] == "--version":
+        from slurmkit import __version__
+
+        print(f"slurmkit {__version__}")
+        return 0
+    if args[0] == "help" and len(args) > 1:
+        args = [args[1], "--help"]
+    verb, rest = args[0], args[1:]
+    if verb not in VERBS:
+        return _fail(f"Detected: unknown verb {verb!r}. Requirement: one of {', '.join(VERBS)}. "
+                     "Fix: run `slurmkit --help` for what each does.")
+    if not _runnable(verb):
+        return _fail(f"Detected: this installation of slurmkit has no module slurmkit.{verb}. "
+                     f"Requirement: a slurmkit release that provides `{verb}`. "
+                     "Fix: upgrade slurmkit, or use the verbs it has (`slurmkit --help`).")
+    sys.argv = [verb, *rest]
+    # The verb exits through sys.exit(...) like `python -m` would; one that just returns succeeded.
+    runpy.run_module(f"slurmkit.{verb}", run_name="__main__", alter_sys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
