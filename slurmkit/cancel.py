@@ -173,7 +173,7 @@ def cancel(ts: list[Target], canceller: Canceller, *, checkpoint: bool, timeout_
         final |= canceller.wait_over([t.ref for t in late], 60.0)
     for t in asked:
         _record_end(t, final[t.ref])
-    return final
+    return {**states, **final}
 
 
 def _record_end(t: Target, state: JobState) -> None:

@@ -41,8 +41,8 @@ def follow_progress(run_dir: str, job_id: str, executor: str, env: Mapping[str, 
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task("submitted", total=None, loss="-", tps="-")
         while True:
+            job = poller.poll([ref])[ref]  # first: once it is over, the refresh sees all it wrote
             changed = watcher.refresh()
-            job = poller.poll([ref])[ref]
             v = watcher.view
             if v is not None:
                 bar.update(task, description=_description(v.phase, job.state),
@@ -53,7 +53,6 @@ def follow_progress(run_dir: str, job_id: str, executor: str, env: Mapping[str, 
                 break
             interval = poll_s if changed else min(max_poll_s, interval * 1.5)
             sleep(interval)
-    watcher.refresh()
     if watcher.view is not None and watcher.view.report is not None:
         from slurmkit.supervise.__main__ import summary_table
 

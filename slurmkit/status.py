@@ -160,16 +160,18 @@ class StatusBoard:
             self.title = path
             self.shown = [Shown(RunWatcher(path))]
         self.jobs: dict[JobRef, JobState] = {}
+        for s in self.shown:
+            s.watcher.refresh()  # the job ids to ask Slurm about are in the ledgers
 
     def refresh(self, poller: JobPoller) -> bool:
         """Re-read every run and ask Slurm once; True when anything shown changed."""
-        changed = False
-        for s in self.shown:
-            changed = s.watcher.refresh() or changed
+        # Jobs first: a job seen over has written all it will, so the files read next are final.
         refs = [r for r in (s.ref() for s in self.shown) if r is not None]
         jobs = poller.poll(refs)
-        changed = changed or jobs != self.jobs
+        changed = jobs != self.jobs
         self.jobs = jobs
+        for s in self.shown:
+            changed = s.watcher.refresh() or changed
         return changed
 
     def done(self) -> bool:

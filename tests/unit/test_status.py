@@ -1,0 +1,108 @@
+"""``slurmkit status``: the figures shown, one Slurm query per refresh, backoff when idle, and
+untrusted text never read as rich markup."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from slurmkit import status
+from slurmkit.jobstates import JobPoller
+from slurmkit.slurm import FakeSlurm
+from slurmkit.slurm.client import SlurmClient
+from slurmkit.slurm.retry import RetryPolicy
+from slurmkit.supervise.__main__ import load
+from tests.unit.watch_runs import FakeRun, run_with_one_crash
+
+
+def _console() -> Console:
+    return Console(file=io.StringIO(), width=200, force_terminal=False)
+
+
+def _out(c: Console) -> str:
+    return c.file.getvalue()  # type: ignore[attr-defined]
+
+
+def test_status_of_a_run_shows_its_figures(tmp_path: Path) -> None:
+    run = run_with_one_crash(str(tmp_path / "r"))
+    c = _console()
+    assert status.main([run.run_dir], env={"PATH": ""}, console=c) == 0
+    out = _out(c)
+    last = json.loads(Path(run.run_dir, "metrics.jsonl").read_text().splitlines()[-1])
+    for text in ("30/60", f"{last['loss']:.4f}", f"{last['tokens_per_s']:,.0f}",
+                 f"{last['mfu']:.1%}", "nvme 20, lustre 20", "rank_crash 1",
+                 f"{load(run.run_dir).goodput:.1%}", "4242 (slurm)", "node1, node2"):
+        assert text in out, (text, out)
+
+
+def test_untrusted_text_is_not_markup(tmp_path: Path) -> None:
+    run = FakeRun(str(tmp_path / "r"))
+    run.submitted()
+    # YAML's double-quoted escapes: \e is ESC, \a is BEL (a terminal title sequence).
+    Path(run.run_dir, "config.yaml").write_text(
+        'job:\n  name: "[red]boom[/red] \\e]0;title\\a"\ntrain:\n  steps: 5\n')
+    run.agent.append("failure", generation=0, cls="[bold]odd[/bold]", rank=0, node="n",
+                     evidence="x", time_of_fault=run.clock())
+    c = _console()
+    status.main([run.run_dir], env={"PATH": ""}, console=c)
+    out = _out(c)
+    assert "[red]boom[/red]" in out and "[bold]odd[/bold] 1" in out
+    assert "\x1b" not in out and "\x07" not in out
+
+
+def test_watch_asks_slurm_once_per_refresh_and_backs_off_when_idle(tmp_path: Path) -> None:
+    run = run_with_one_crash(str(tmp_path / "r"))
+    fake = FakeSlurm()
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH -N2\nsrun x\n")
+    job = fake.run(["sbatch", "--parsable", str(script)]).stdout.strip()
+    fake.start(job)
+    run.submit.append("submitted", job_id=job, executor="slurm", name="tiny", nodes=2,
+                      ranks_per_node=2, config_hash="abc")
+    board = status.StatusBoard("run", run.run_dir)
+    poller = JobPoller(SlurmClient(fake, retry=RetryPolicy(sleep=lambda s: None)))
+    waits: list[float] = []
+    # What happens during each wait: progress, three idle waits, progress, the end.
+    script_of_waits = [lambda: run.step(31, 4.4), None, None, None, lambda: run.step(32, 4.3),
+                       lambda: (run.finish(32), fake.finish(job))]
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        act = script_of_waits[len(waits) - 1]
+        if act is not None:
+            act()
+
+    c = _console()
+    refreshes = status.watch(board, poller, c, interval_s=1.0, max_interval_s=8.0, sleep=sleep)
+    assert refreshes == 6
+    assert waits == [1.0, 1.0, 2.0, 4.0, 8.0, 1.0]
+    squeues = [call for call in fake.calls if call[0] == "squeue"]
+    assert len(squeues) == refreshes + 1  # the first draw and one per refresh, never more
+    assert [call[0] for call in fake.calls].count("sacct") == 1  # once, when it left the queue
+    out = _out(c)
+    assert "32/60" in out and "COMPLETED / completed" in out
+
+
+def test_sweep_shows_one_line_per_variant(tmp_path: Path) -> None:
+    sweep = tmp_path / "tiny" / "stamp-sweep"
+    variants = []
+    for i in range(2):
+        run = FakeRun(str(sweep / f"v{i}"))
+        run.submitted(job_id=str(300 + i), executor="local")
+        run.allocation(job_id=str(300 + i))
+        run.start_generation()
+        for s in range(1, 6 + 4 * i):
+            run.step(s, 5.0 - i)
+        variants.append({"index": i, "overrides": [f"train.lr={i + 1}e-3"], "run_dir": run.run_dir})
+    (sweep / "sweep.json").write_text(json.dumps({"kind": "sweep", "name": "tiny", "job_id": None,
+                                                  "array": "0-1", "variants": variants}))
+    c = _console()
+    assert status.main([str(sweep)], env={"PATH": ""}, console=c) == 0
+    lines = [ln for ln in _out(c).splitlines() if "train.lr=" in ln]
+    assert len(lines) == 2
+    assert "train.lr=1e-3" in lines[0] and "5/60" in lines[0] and "5.0000" in lines[0]
+    assert "train.lr=2e-3" in lines[1] and "9/60" in lines[1] and "4.0000" in lines[1]
+    assert all("GONE / training" in ln for ln in lines)  # local ids that are no live process
