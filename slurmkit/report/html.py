@@ -11,7 +11,8 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from html import escape
 
 from slurmkit.report.breakdown import LABELS
@@ -148,7 +149,7 @@ def cost(d: RunData) -> str:
     mtok = "-" if c.useful_tokens <= 0 else f"{c.per_million_tokens:.4g}"
     return _table(["figure", "value"], [
         ["price (cluster.gpu_hour_cost)", f"{c.gpu_hour_cost:g} per GPU-hour"],
-        ["GPU-hours allocated (all nodes, spares and queue-free time)", f"{c.gpu_hours:.4g}"],
+        ["GPU-hours allocated (every node of every allocation, spares included)", f"{c.gpu_hours:.4g}"],
         ["useful GPU-hours (productive time x training GPUs)", f"{c.useful_gpu_hours:.4g}"],
         ["cost of the run", f"{c.total:.4g}"],
         ["cost per useful GPU-hour", f"{c.per_useful_gpu_hour:.4g}"],
@@ -199,19 +200,26 @@ def run_page(d: RunData, pngs: Mapping[str, bytes | None]) -> str:
     return page(f"{d.name}: run report", "".join(body))
 
 
-def sweep_page(sweep: Mapping[str, object], runs: Sequence[RunData],
+@dataclass(frozen=True)
+class SweepHead:
+    name: str
+    job_id: str | None
+    array: str
+    waiting: list[str]  # variants without a ledger yet ("<index>: <overrides>")
+
+
+def sweep_page(sweep: SweepHead, runs: Sequence[RunData],
                pngs: Sequence[Mapping[str, bytes | None]], shared: Mapping[str, bytes]) -> str:
     cols = f"grid-template-columns: repeat({max(1, len(runs))}, minmax(420px, 1fr))"
 
-    def row(title: str, cell: object) -> str:
+    def row(title: str, cell: Callable[[int, RunData], str]) -> str:
         return (f"<h2>{escape(title)}</h2><div class=variants style=\"{cols}\">"
-                + "".join(f"<div>{cell(i, d)}</div>" for i, d in enumerate(runs)) + "</div>")  # type: ignore[operator]
+                + "".join(f"<div>{cell(i, d)}</div>" for i, d in enumerate(runs)) + "</div>")
 
-    body = [f"<h1>sweep {escape(str(sweep.get('name', '')))}</h1><p class=sub>job "
-            f"{escape(str(sweep.get('job_id') or '-'))} &middot; array {escape(str(sweep.get('array', '')))}"
-            f" &middot; {len(runs)} variants</p>",
-            "".join(f"<p class=note>variant {escape(str(w))}: no ledger yet (not started)</p>"
-                    for w in sweep.get("waiting") or []),  # type: ignore[union-attr]
+    body = [f"<h1>sweep {escape(sweep.name)}</h1><p class=sub>job {escape(sweep.job_id or '-')}"
+            f" &middot; array {escape(sweep.array)} &middot; {len(runs)} variants</p>",
+            "".join(f"<p class=note>variant {escape(w)}: no ledger yet (not started)</p>"
+                    for w in sweep.waiting),
             "<h2>Goodput per variant</h2>", img(shared.get("goodput"), "goodput per variant"),
             "<h2>Loss per variant</h2>", img(shared.get("loss"), "loss per variant"),
             row("Variants", lambda i, d: f"<h3>{escape(d.name)}</h3>{cards(d.report)}{summary(d.report)}"),
@@ -221,4 +229,4 @@ def sweep_page(sweep: Mapping[str, object], runs: Sequence[RunData],
             row("Checkpoints", lambda i, d: saves_text(d) + img(pngs[i].get("saves"), "saves")),
             row("Checkpoint interval advice", lambda i, d: advice(d, pngs[i].get("advice"))),
             row("Cost", lambda i, d: cost(d) + notes(d))]
-    return page(f"sweep {sweep.get('name', '')}: report", "".join(body))
+    return page(f"sweep {sweep.name}: report", "".join(body))

@@ -83,7 +83,7 @@ def _config(path: str) -> dict[str, Any]:
     except Exception as exc:  # OmegaConf raises several kinds on hostile YAML
         raise ConfigError(f"cannot read {path}: {exc}", "the config.yaml submit froze",
                           "report a run directory slurmkit.submit created") from exc
-    return raw if isinstance(raw, dict) else {}
+    return {str(k): v for k, v in raw.items()} if isinstance(raw, dict) else {}
 
 
 def _get(cfg: Mapping[str, Any], dotted: str, default: Any = None) -> Any:

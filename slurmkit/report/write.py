@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Mapping
 
 from slurmkit.report import figures
-from slurmkit.report.html import run_page, sweep_page
+from slurmkit.report.html import SweepHead, run_page, sweep_page
 from slurmkit.report.run import RunData, load_run
 
 REPORT_NAME = "report.html"
@@ -77,8 +77,8 @@ def write_sweep(sweep_dir: str, out: str | None = None, mtbf_h: float | None = N
     for v_png, d in zip(per, runs):
         written += _save_pngs(out, v_png, prefix=f"v{d.name.split(':')[0]}-")
     html = os.path.join(out, REPORT_NAME)
-    doc = {"name": sweep.name, "job_id": sweep.job_id, "array": sweep.array, "waiting": waiting}
-    _put(html, sweep_page(doc, runs, per, shared).encode("utf-8"))
+    head = SweepHead(sweep.name, sweep.job_id, sweep.array, waiting)
+    _put(html, sweep_page(head, runs, per, shared).encode("utf-8"))
     return [html, *written]
 
 

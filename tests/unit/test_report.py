@@ -126,6 +126,8 @@ def test_cost_from_the_gpu_hour_price(tmp_path) -> None:
     assert c.useful_tokens == 40 * TOKENS
     assert c.per_useful_gpu_hour == pytest.approx(c.total / c.useful_gpu_hours)
     assert c.per_million_tokens == pytest.approx(c.total / (40 * TOKENS / 1e6))
+    html = open(write(str(tmp_path))[0], encoding="utf-8").read()
+    assert f"<td>cost per million useful tokens</td><td class=\"n\">{c.per_million_tokens:.4g}</td>" in html
 
 
 def test_without_price_metrics_or_failures_the_report_says_so(tmp_path) -> None:
@@ -179,10 +181,16 @@ def _embedded(html: str) -> dict[str, Any]:
 
 
 def test_real_three_fault_run(tmp_path) -> None:
+    import matplotlib.image as mpimg
+
     run = str(tmp_path / "run")
     shutil.copytree(THREE_FAULTS, run)
     assert main([run]) == 0
     html = open(os.path.join(run, "report.html"), encoding="utf-8").read()
+    for name in ("timeline", "curves", "goodput", "saves", "advice"):
+        pixels = mpimg.imread(os.path.join(run, f"{name}.png"))
+        assert pixels.shape[0] > 200 and pixels.shape[1] > 600, name
+        assert float(pixels[..., :3].std()) > 0.05, name  # drawn on, not an empty canvas
     rows = re.findall(r'<tr class="failure" data-class="([a-z_]+)" data-rank="(-?\d+)"', html)
     assert [c for c, _ in rows] == ["rank_crash", "hang", "node_loss"]
     assert [int(r) for _, r in rows] == [3, 1, -1]  # killed rank 3, stopped rank 1, lost node
@@ -196,17 +204,6 @@ def test_real_three_fault_run(tmp_path) -> None:
     assert d.breakdown["productive"] == pytest.approx(sup["productive_s"])
     assert len(d.saves) == 6 and all(s["blocking_s"] and s["blocking_s"] > 0 for s in d.saves)
     assert "train.ckpt_interval_steps=" in html
-
-
-def test_pngs_are_pictures_not_blank(tmp_path) -> None:
-    import matplotlib.image as mpimg
-
-    run = str(tmp_path / "run")
-    shutil.copytree(THREE_FAULTS, run)
-    for path in write(run)[1:]:
-        pixels = mpimg.imread(path)
-        assert pixels.shape[0] > 200 and pixels.shape[1] > 600, path
-        assert float(pixels[..., :3].std()) > 0.05, path  # drawn on, not an empty canvas
 
 
 def test_cli_errors(tmp_path, capsys) -> None:
