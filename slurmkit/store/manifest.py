@@ -53,6 +53,8 @@ def check_name(name: object, what: str = "manifest file name") -> str:
         bad = "is empty or not a string"
     elif name in (".", ".."):
         bad = "is a directory reference"
+    elif name.startswith("/"):
+        bad = "is an absolute path"
     elif "/" in name or "\\" in name:
         bad = "holds a path separator"
     elif any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):

@@ -1,0 +1,54 @@
+"""Hostile checkpoints against a real gloo world of 2 ranks on a shared tier.
+
+Rank 0 rewrites four of five committed steps (and reseals each manifest): a byte item
+carrying a pickle, a ``storage_data`` path outside the step, a manifest name with ``..``,
+a truncated shard. Every rank must refuse all four, open nothing outside the steps, agree on
+step 1, and the run's ledger must say what was found in each step."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+import torch.multiprocessing as mp
+
+from slurmkit.supervise.ledger import read_ledger
+from slurmkit.testing.s3server import free_port
+from tests.integration.store_hostile_workers import hostile_main
+
+pytestmark = pytest.mark.integration
+
+
+def test_two_ranks_refuse_four_crafted_steps_and_restore_the_good_one(tmp_path: Any) -> None:
+    root, out = str(tmp_path / "ck"), str(tmp_path)
+    mp.start_processes(hostile_main, args=(2, root, free_port(), out), nprocs=2, join=True,
+                       start_method="spawn")
+    assert not os.path.exists(os.path.join(root, "pwned"))  # the pickle never ran
+    for r in (0, 1):
+        with open(os.path.join(out, f"rank{r}.json")) as f:
+            res = json.load(f)
+        assert res["ok"] and res["step"] == 1, res
+        assert [s for s, _ in res["skipped"]] == [5, 4, 3, 2], res["skipped"]
+        for path in res["outside"].values():
+            assert os.path.exists(path)  # the bait was there to be read
+            assert path not in res["opened_under_root"], path
+        # under the root the restore opened files of step directories and its own scratch
+        # only; of a refused step, nothing but the manifest and .metadata that refuse it
+        for p in res["opened_under_root"]:
+            step = next((part for part in p.split(os.sep) if part.startswith("step_")), "")
+            assert step or ".restore" in p.split(os.sep), p
+            if step and step != "step_0000000001":
+                assert os.path.basename(p) in ("manifest.json", ".metadata"), p
+    events = list(read_ledger(os.path.join(out, "run", "ledger.jsonl")))
+    rejected = {e["step"]: e["reason"] for e in events if e["event"] == "ckpt_rejected"}
+    assert sorted(rejected) == [2, 3, 4, 5], events
+    assert "BytesStorageMetadata" in rejected[5]
+    assert repr(os.path.join(root, "outside.distcp")) in rejected[4]
+    assert "'../stolen.distcp'" in rejected[3] and "path separator" in rejected[3]
+    assert "which has" in rejected[2] and "truncated" in rejected[2]
+    for reason in rejected.values():  # both ranks refused, each said why
+        assert "rank 0:" in reason and "rank 1:" in reason and "Detected:" in reason
+    (restored,) = [e for e in events if e["event"] == "ckpt_restored"]
+    assert restored["step"] == 1
