@@ -16,6 +16,7 @@ import matplotlib
 matplotlib.use("Agg")  # before pyplot: never look for a display
 
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from slurmkit.report.breakdown import LABELS, partition, spans  # noqa: E402
@@ -209,18 +210,22 @@ def advice(data: RunData) -> bytes | None:
     if data.advice is None:
         return None
     a = data.advice
-    hi = max(o.interval_steps for o in a.options) * 1.3
-    steps = [1 + (hi - 1) * i / 400 for i in range(401)]
+    hi = max(o.interval_steps for o in a.options) * 1.5
+    steps = [hi ** (i / 400) for i in range(401)]  # 1 .. hi, evenly on the log axis
     fig, ax = plt.subplots(figsize=(10, 3.5))
     ax.plot(steps, [goodput(s * a.figures.step_s, a.figures) for s in steps], color="#37474f")
-    for o in a.options:
+    for i, o in enumerate(a.options):
         ax.scatter([o.interval_steps], [o.goodput], zorder=3, color="#2e7d32" if "Daly" in o.label.split(", ")
                    else "#c62828" if "current" in o.label else "#1565c0")
         ax.annotate(f"{o.label}\n{o.interval_steps} steps, {o.goodput:.1%}", (o.interval_steps, o.goodput),
-                    xytext=(0, 8), textcoords="offset points", ha="center", fontsize=7)
-    ax.set_xlim(0, hi)
-    ax.margins(y=0.3)
-    ax.set_xlabel("checkpoint interval (steps)")
+                    xytext=(0, 10 if i % 2 == 0 else -12), textcoords="offset points", ha="center",
+                    va="bottom" if i % 2 == 0 else "top", fontsize=7,
+                    bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85})
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlim(0.8, hi)
+    ax.margins(y=0.35)
+    ax.set_xlabel("checkpoint interval (steps, log scale)")
     ax.set_ylabel("model goodput")
     ax.set_title("goodput model over the checkpoint interval (Daly 2006)")
     ax.grid(alpha=0.3)
