@@ -17,6 +17,7 @@ intervals overlap the earlier label in ``LABELS`` wins, so the parts add up to t
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -38,8 +39,21 @@ def _t(e: Event) -> float:
     return float(e["t"])
 
 
-def _next(events: Sequence[Event], name: str, after: float) -> float | None:
-    return next((_t(e) for e in events if e.get("event") == name and _t(e) >= after), None)
+class _Times:
+    """Sorted times per event name: "the next X at or after t" by bisection, not by a scan of
+    a ledger that holds every node's heartbeats."""
+
+    def __init__(self, events: Sequence[Event]) -> None:
+        self.by_name: dict[str, list[float]] = {}
+        for e in events:
+            self.by_name.setdefault(str(e.get("event")), []).append(_t(e))
+        for times in self.by_name.values():
+            times.sort()
+
+    def next(self, name: str, after: float) -> float | None:
+        times = self.by_name.get(name, [])
+        i = bisect_left(times, after)
+        return times[i] if i < len(times) else None
 
 
 def _segment_spans(segs: Sequence[Segment], failures: Sequence[FailureReport]) -> list[Span]:
@@ -55,35 +69,34 @@ def _segment_spans(segs: Sequence[Segment], failures: Sequence[FailureReport]) -
     return out
 
 
-def _failure_spans(events: Sequence[Event], failures: Sequence[FailureReport]) -> list[Span]:
+def _failure_spans(times: _Times, failures: Sequence[FailureReport]) -> list[Span]:
     out = []
     for f in failures:
         noticed = f.fault_time + f.detection_s if f.detection_s is not None else f.time
         out.append(Span("detection", f.fault_time, noticed))
-        ranks = _next(events, "ranks_started", f.time)
+        ranks = times.next("ranks_started", f.time)
         if ranks is None:
             continue
         out.append(Span("restart", noticed, ranks))
-        started = _next(events, "train_started", ranks)
+        started = times.next("train_started", ranks)
         if started is not None:
             out.append(Span("restore", ranks, started))
     return out
 
 
-def _queue_and_startup(events: Sequence[Event]) -> list[Span]:
+def _queue_and_startup(times: _Times, last: float) -> list[Span]:
     out = []
-    for e in events:
-        kind = e.get("event")
-        if kind in ("submitted", "requeue"):
-            alloc = _next(events, "allocation_start", _t(e))
+    for kind in ("submitted", "requeue"):
+        for t in times.by_name.get(kind, []):
+            alloc = times.next("allocation_start", t)
             if alloc is not None:
-                out.append(Span("queue", _t(e), alloc))
+                out.append(Span("queue", t, alloc))
             elif kind == "requeue":  # requeued and never started again (yet)
-                out.append(Span("queue", _t(e), _t(events[-1])))
-        elif kind == "allocation_start":
-            started = _next(events, "train_started", _t(e))
-            if started is not None:
-                out.append(Span("startup", _t(e), started))
+                out.append(Span("queue", t, last))
+    for t in times.by_name.get("allocation_start", []):
+        started = times.next("train_started", t)
+        if started is not None:
+            out.append(Span("startup", t, started))
     return out
 
 
@@ -92,8 +105,9 @@ def spans(raw: Sequence[Event]) -> list[Span]:
     events = sorted(raw, key=_t)
     segs = segments(events)
     failures = failure_reports(events, segs)
-    found = [*_segment_spans(segs, failures), *_failure_spans(events, failures),
-             *_queue_and_startup(events)]
+    times = _Times(events)
+    found = [*_segment_spans(segs, failures), *_failure_spans(times, failures),
+             *_queue_and_startup(times, _t(events[-1]) if events else 0.0)]
     return [s for s in found if s.end > s.start]
 
 
