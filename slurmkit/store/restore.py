@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata
 
@@ -316,11 +317,25 @@ def load_into(template: dict[Any, Any], paths: dict[str, str], coord: Coordinato
         dcp.load(flat, storage_reader=MappedReader(paths), planner=SafeLoadPlanner(),
                  process_group=coord.group if coord.distributed else None,
                  no_dist=not coord.distributed)
+    except CheckpointException as exc:
+        raise _load_failure(exc, paths) from exc
     except (RuntimeError, ValueError, KeyError) as exc:
         raise RestoreError(f"checkpoint ({os.path.dirname(next(iter(paths.values())))}) "
                            "does not fit "
                            f"the template state: {exc}") from exc
     apply_json(template, flat)
+
+
+def _load_failure(exc: CheckpointException, paths: dict[str, str]) -> Exception:
+    """The error to raise for DCP's wrapper of every rank's load failure (a BaseException,
+    which ``except Exception`` would let through)."""
+    causes = [(r, e) for r, (e, _) in sorted(exc.failures.items())]
+    unsafe = next((e for _, e in causes if isinstance(e, UNSAFE)), None)
+    if isinstance(unsafe, Exception):  # the reader refused what the checks should have
+        return unsafe
+    return RestoreError(f"checkpoint ({os.path.dirname(next(iter(paths.values())))}) does not "
+                        "fit the template state: "
+                        + "; ".join(f"rank {r}: {e}" for r, e in causes))
 
 
 def restore_newest(template: dict[Any, Any], tiers: Sequence[Tier], coord: Coordinator,

@@ -26,7 +26,7 @@ import io
 import os
 import pickle
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
@@ -136,8 +136,16 @@ def check_shape(md: Any) -> None:
                 or any(type(c) is not ChunkStorageMetadata for c in entry.chunks)):
             raise UnsafeMetadataError(f"checkpoint .metadata entry {key!r} is not a plain "
                                       "tensor record")
+        for c in entry.chunks:
+            if (type(c.offsets) is not torch.Size or type(c.sizes) is not torch.Size
+                    or not len(c.offsets) == len(c.sizes) == len(entry.size)
+                    or any(o < 0 or n < 0 or o + n > d
+                           for o, n, d in zip(c.offsets, c.sizes, entry.size))):
+                raise UnsafeMetadataError(f"checkpoint .metadata gives {key!r} (size "
+                                          f"{list(entry.size)}) a chunk outside it")
     if not isinstance(md.storage_data, dict):
         raise UnsafeMetadataError("checkpoint .metadata has no storage table")
+    stored: dict[str, int] = {}
     for index, info in md.storage_data.items():
         if type(index) is not MetadataIndex or type(info) is not _StorageInfo:
             raise UnsafeMetadataError("checkpoint .metadata has a storage record of type "
@@ -157,6 +165,21 @@ def check_shape(md: Any) -> None:
             raise UnsafeMetadataError(
                 f"checkpoint .metadata asks for stream transforms "
                 f"{list(info.transform_descriptors)!r} on {index.fqn!r}; slurmkit writes none")
+        stored[index.fqn] = stored.get(index.fqn, 0) + info.length
+    for key, value in md.state_dict_metadata.items():
+        entry = cast(TensorStorageMetadata, value)  # (checked above)
+        # every chunk has its bytes somewhere, and the entry holds no more bytes than are
+        # stored (a JSON value's buffer is allocated from its declared size)
+        missing = [list(c.offsets) for c in entry.chunks
+                   if MetadataIndex(key, c.offsets) not in md.storage_data]
+        if missing:
+            raise UnsafeMetadataError(f"checkpoint .metadata declares chunks of {key!r} at "
+                                      f"{missing[:3]} that no storage record holds")
+        itemsize = torch.empty((), dtype=entry.properties.dtype).element_size()
+        if entry.size.numel() * itemsize > stored.get(key, 0):
+            raise UnsafeMetadataError(
+                f"checkpoint .metadata declares {key!r} as {entry.size.numel() * itemsize} "
+                f"bytes but stores {stored.get(key, 0)}")
 
 
 def check_storage(md: Metadata, sizes: Mapping[str, int]) -> None:

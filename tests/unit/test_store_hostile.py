@@ -4,6 +4,7 @@ event. Every attack also rewrites the manifest to match (a checksum is no defenc
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import warnings
@@ -26,6 +27,7 @@ from slurmkit.store.manifest import (
     check_name,
     step_dir,
 )
+from slurmkit.store.restore import RestoreError
 from slurmkit.store.safe_reader import SafeLoadPlanner, SafeReader, UnsafeMetadataError
 from slurmkit.store.tier import make_tier
 from tests.unit.store_hostile import (
@@ -33,8 +35,11 @@ from tests.unit.store_hostile import (
     Payload,
     byte_item_pickle,
     manifest_dotdot,
+    read_md,
+    reseal,
     storage_outside,
     truncated_rewritten,
+    write_md,
 )
 
 
@@ -154,6 +159,35 @@ def test_crafted_copy_on_one_tier_is_reported_and_the_other_copy_restores(
     rejected = [e for e in events if e["event"] == "ckpt_rejected"]
     assert rejected and "nvme" in rejected[0]["reason"] and rejected[0]["step"] == 1
     assert not marker.exists()
+    st.close()
+
+
+def test_a_value_declared_larger_than_its_stored_bytes_is_refused_before_allocating(
+        tmp_path: Any) -> None:
+    """A JSON value's load buffer is allocated from its declared size: 2**62 bytes must be
+    refused from .metadata, not attempted."""
+    events: list[dict[str, Any]] = []
+    st = saved_store(tmp_path, events)
+    d = the_step(tmp_path, 2)
+    md = read_md(d)
+    key = next(k for k in md.state_dict_metadata if k.endswith("note"))
+    entry = md.state_dict_metadata[key]
+    huge = torch.Size([1 << 62])
+    md.state_dict_metadata[key] = dataclasses.replace(
+        entry, size=huge, chunks=[dataclasses.replace(entry.chunks[0], sizes=huge)])
+    write_md(d, md)
+    reseal(d)
+    restore_falls_back(tmp_path, st, events, f"declares {key!r} as {1 << 62} bytes")
+    st.close()
+
+
+def test_a_template_that_does_not_fit_raises_a_restore_error(tmp_path: Any) -> None:
+    """Not DCP's CheckpointException (a BaseException that ``except Exception`` misses)."""
+    events: list[dict[str, Any]] = []
+    st = saved_store(tmp_path, events)
+    tmpl = {**blank(), "extra": torch.zeros(3)}
+    with pytest.raises(RestoreError, match="Missing key in checkpoint state_dict: extra"):
+        st.restore(tmpl)
     st.close()
 
 
