@@ -66,7 +66,8 @@ def expand(overrides: list[str], max_variants: int = MAX_VARIANTS) -> list[list[
         if o.is_sweep_override():
             axes[o.get_key_element()] = _choices(o)
         else:
-            axes[o.get_key_element()] = [o.input_line]
+            # input_line is the override as typed (parse_overrides always sets it)
+            axes[o.get_key_element()] = [o.input_line or f"{o.get_key_element()}={o.get_value_element_as_str()}"]
     count = 1
     for values in axes.values():
         count *= len(values)

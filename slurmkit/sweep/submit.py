@@ -158,10 +158,10 @@ def run_sweep(argv: list[str], env: Mapping[str, str], console: Console, err: Co
     if not cfg.submit.wait:
         return 0
     states = wait_array(job_id, len(sweep.variants), env, cfg.submit.timeout_s)
-    for v in sweep.variants:
-        state = states.get(v.index, "UNKNOWN")
+    for done in sweep.variants:
+        state = states.get(done.index, "UNKNOWN")
         (console if state == "COMPLETED" else err).print(
-            f"{job_id}_{v.index} {state}: {escape(' '.join(v.overrides))}")
+            f"{job_id}_{done.index} {state}: {escape(' '.join(done.overrides))}")
     return 0 if len(states) == len(sweep.variants) and set(states.values()) == {"COMPLETED"} else 1
 
 

@@ -208,7 +208,8 @@ def test_an_array_task_is_addressed_as_array_underscore_task() -> None:
 
 
 def test_submit_says_why_a_singleton_job_would_pend(tmp_path) -> None:
-    path = _fake_bin(tmp_path, "squeue", "echo '41|tiny|RUNNING|5:00|2|node[1-2]'\necho '42|other|PENDING|0:00|1|(Priority)'\n")
+    path = _fake_bin(tmp_path, "squeue", "echo '41|tiny|RUNNING|5:00|2|node[1-2]'\n"
+                                         "echo '42|other|PENDING|0:00|1|(Priority)'\n")
     plan = _plan([*SWEEP, "cluster.kind=slurm"])
     out = tmp_path / "o.txt"
     with open(out, "w") as f:
