@@ -1,0 +1,112 @@
+"""slurmkit installs like any tool: a wheel built from the checkout, installed into a fresh virtual
+environment outside it, runs a dry run and a local job from another directory, with the configs
+and templates it carries as package data.
+
+The environment borrows the dependencies already installed for the test run (a read-only view of
+this interpreter's site-packages, minus slurmkit itself, on its path), so pip resolves the
+wheel's declared requirements against real installs without downloading torch again; `pip check`
+then proves every declared requirement is met there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+IGNORE = (".git", ".venv", "build", "dist", "runs", "outputs", "multirun", "tests", "__pycache__",
+          "*.egg-info", ".pytest_cache", ".mypy_cache", ".hypothesis", ".whl", ".gl")
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None,
+         timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run(cmd, cwd=str(cwd), env=env, capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, f"{cmd} exited {res.returncode}:\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}"
+    return res
+
+
+def _source_copy(dest: Path) -> Path:
+    """The checkout's files as git sees them (tracked, plus new files not ignored), so the build
+    writes nothing into the checkout and no stale build/ output can leak into the wheel."""
+    if (REPO / ".git").exists():
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                             cwd=REPO, capture_output=True, check=True, timeout=120).stdout
+        for rel in filter(None, out.decode().split("\0")):
+            src = REPO / rel
+            if rel.startswith("tests/") or not src.is_file():
+                continue
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    else:
+        shutil.copytree(REPO, dest, ignore=shutil.ignore_patterns(*IGNORE), dirs_exist_ok=True)
+    return dest
+
+
+def _dependency_view(dest: Path) -> Path:
+    """Links to everything this interpreter has installed except slurmkit (and .pth hooks)."""
+    dest.mkdir()
+    for site in dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]):
+        for entry in Path(site).iterdir():
+            name = entry.name.lower()
+            if "slurmkit" in name or name.endswith(".pth") or (dest / entry.name).exists():
+                continue
+            (dest / entry.name).symlink_to(entry)
+    return dest
+
+
+def test_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path) -> None:
+    py = sys.executable
+    src = _source_copy(tmp_path / "src")
+    wheels = tmp_path / "wheels"
+    _run([py, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)],
+         cwd=tmp_path)
+    (wheel,) = wheels.glob("slurmkit-*.whl")
+
+    venv = tmp_path / "venv"
+    _run([py, "-m", "venv", "--without-pip", str(venv)], cwd=tmp_path)  # this pip installs into it
+    vpy = str(venv / "bin" / "python")
+    pip = [py, "-m", "pip", "--python", vpy]
+    site = _run([vpy, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp_path)
+    deps = _dependency_view(tmp_path / "deps")
+    Path(site.stdout.strip(), "borrowed_deps.pth").write_text(f"{deps}\n")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTHON", "VIRTUAL_ENV", "SLURM", "SLURMKIT_"))}
+    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
+    _run([*pip, "install", "-q", str(wheel)], cwd=tmp_path, env=env)
+    _run([*pip, "check"], cwd=tmp_path, env=env)
+
+    work = tmp_path / "elsewhere"  # neither the checkout nor the source copy
+    work.mkdir()
+    where = _run([vpy, "-c", "import json, slurmkit, slurmkit.resources as r; print(json.dumps("
+                  "[slurmkit.__file__, str(r.packaged('conf')), str(r.packaged('sbatch_templates'))]))"],
+                 cwd=work, env=env)
+    for path in json.loads(where.stdout):
+        assert Path(path).resolve().is_relative_to(venv.resolve()), (path, venv)
+
+    slurmkit = str(venv / "bin" / "slurmkit")
+    assert "supervise" in _run([slurmkit, "--help"], cwd=work, env=env).stdout
+    dry = _run([slurmkit, "submit", "+exp=tiny", "submit.dry_run=true"], cwd=work, env=env)
+    assert "#SBATCH" in dry.stdout and "--job-name=tiny" in dry.stdout
+    assert f"{vpy} -u -m submitit.core._submit" in dry.stdout  # jobs run the environment's Python
+    assert not (work / "runs").exists()
+
+    job = _run([slurmkit, "submit", "+exp=tiny", "cluster=local", "submit.wait=true",
+                "train.steps=6", "train.ckpt_interval_steps=3", f"submit.run_root={work / 'runs'}"],
+               cwd=work, env=env, timeout=900)
+    assert re.search(r"job \S+ completed", job.stdout + job.stderr), job.stdout + job.stderr
+    (run_dir,) = (work / "runs" / "tiny").iterdir()
+    events = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    assert any(e["event"] == "train_finished" and e["step"] == 6 for e in events), events
+    assert any(e["event"] == "end" and e.get("status") == "completed" for e in events), events
+    assert any(e["event"] == "ckpt_saved" for e in events), events  # the store runs (numpy) too
+    assert all((run_dir / "logs" / f"rank{r}.log").is_file() for r in range(4))
