@@ -31,6 +31,10 @@ class StoreConfig:
     keep_nvme: int = 2
     keep_lustre: int = 3
     keep_object: int = 5
+    # Buddy copies: every node's checkpoint files also on this many other nodes' NVMe
+    # (ring order, sent over gloo, never through the shared file system), so a save that
+    # only reached NVMe survives losing that many nodes. Capped at nodes - 1 (0 on one node).
+    replicas: int = 1
     # What save() does while the previous save of this rank is still writing: wait or skip.
     busy_policy: str = "wait"
     # Start writing while save() still copies the state into the staging buffers: the
@@ -91,7 +95,7 @@ class StoreConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(detected=f"store.{name}={getattr(self, name)}",
                                   requirement=f"store.{name} >= 1", fix=f"set store.{name}=1")
-        for name in ("lustre_every_saves", "object_every_saves"):
+        for name in ("lustre_every_saves", "object_every_saves", "replicas"):
             if getattr(self, name) < 0:
                 raise ConfigError(detected=f"store.{name}={getattr(self, name)}",
                                   requirement=f"store.{name} >= 0 (0 = never)",

@@ -6,7 +6,9 @@ writer (DCP to the primary tier, commit), one promoter (slower tiers, retention)
 its staging copy is done (staging.FillGate). A save's handle resolves at the commit; queueing its promotions and
 retention follow on the writer thread (``wait()`` covers both). With a
 process group, the store owns two gloo groups made at init (a collective call on every
-rank): one for the writer, one for the training thread's decisions and for restore.
+rank): one for the writer, one for the training thread's decisions and for restore; and,
+with more than one node, a 2-rank gloo group per buddy pair (buddy.py) for the copies of
+each node's files on its ring neighbours and for a spare's fetch before a restore.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from typing import Any
 from slurmkit.errors import ConfigError, SlurmkitError
 from slurmkit.store.catalog import check_step, list_steps
 from slurmkit.store.config import StoreConfig
+from slurmkit.store.buddy import Links, Ring
 from slurmkit.store.coord import Coordinator
 from slurmkit.store.manifest import QUEUE_DIR, Manifest
 from slurmkit.store.promoter import Promoter, error_fields
 from slurmkit.store.queue import PromotionQueue, referenced_steps
+from slurmkit.store.recovery import recover
 from slurmkit.store.restore import RestoreResult, restore_newest
 from slurmkit.store.retention import gc_tier
 from slurmkit.store.staging import FillGate, StagingBuffers, fill
@@ -36,6 +40,8 @@ from slurmkit.store.writer import SAVE_ERRORS, PrimaryWriter, tier_lock
 
 log = logging.getLogger(__name__)
 Event = dict[str, Any]
+NODE_TIERS = ("nvme", "scratch")  # tiers that are one node's own directory
+SHARED_TIERS = ("lustre", "object")  # every node reads them
 
 
 class SaveHandle:
@@ -63,21 +69,26 @@ class CheckpointStore:
     def __init__(self, cfg: StoreConfig, tiers: list[FsspecTier], primary: FsspecTier, *,
                  rank: int, world_size: int, node: str, config_hash: str,
                  on_event: Callable[[Event], None] | None, fg: Coordinator, bg: Coordinator,
-                 token: str, clock: Callable[[], float], sleep: Callable[[float], None]) -> None:
+                 token: str, clock: Callable[[], float], sleep: Callable[[float], None],
+                 ring: Ring | None = None, links: Links | None = None) -> None:
         self.cfg = cfg
         self.tiers = tiers  # restorable tiers, fastest first
         self.primary = primary
         self.rank, self.world_size, self.node = rank, world_size, node
         self.fg, self.bg = fg, bg
+        self.ring, self.links = ring, links
         self.clock = clock
         self._on_event = on_event
         self._staging = StagingBuffers()
         # the primary first; other local tiers take over when it fails (e.g. a full NVMe)
         local = [primary] + [t for t in tiers if t is not primary and t.local_path("")]
+        # buddy copies only where a tier is one node's own (the shared tiers hold every file)
         self._writers = [PrimaryWriter(t, bg, algo=cfg.checksum, write_threads=cfg.write_threads,
                                        config_hash=config_hash, clock=clock, token=token,
-                                       direct_io=cfg.direct_io)
+                                       direct_io=cfg.direct_io,
+                                       ring=ring if t.name in NODE_TIERS else None, links=links)
                          for t in local]
+        self._shared_steps: set[int] = set()  # saves that must reach the shared tier
         self._writer = self._writers[0]
         self._decided: dict[int, list[str]] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slurmkit-ckpt")
@@ -108,8 +119,22 @@ class CheckpointStore:
                     on_event: Callable[[Event], None] | None = None,
                     clock: Callable[[], float] = time.time,
                     sleep: Callable[[float], None] = time.sleep) -> CheckpointStore:
-        """Build the store. With world_size > 1 every rank must call this (it makes groups)."""
+        """Build the store. With world_size > 1 every rank must call this (it makes groups).
+
+        ``env["LOCAL_WORLD_SIZE"]`` (ranks per node, set by the node agent) enables the buddy
+        copies of ``store.replicas``; without it the node layout is unknown and they are off."""
         fg, bg = _coordinators(rank, world_size)
+        ring = Ring(rank, world_size, int(env.get("LOCAL_WORLD_SIZE") or 0), cfg.replicas)
+        links = Links(rank)
+        if ring.enabled and world_size > 1:
+            if not _dist_ready():  # the pair groups are gloo groups of the job's process group
+                raise ConfigError(
+                    detected=f"store.replicas={cfg.replicas} (buddy copies) on {ring.slots} "
+                             "nodes but torch.distributed is not initialized",
+                    requirement="a process group before CheckpointStore.from_config",
+                    fix="call torch.distributed.init_process_group() first, or set "
+                        "store.replicas=0")
+            links.ensure(ring.ring_pairs())  # every rank, in one global order (buddy.Links)
         token = fg.broadcast_json(secrets.token_hex(4))
         tiers: list[FsspecTier] = []
         if cfg.nvme_uri:
@@ -124,7 +149,7 @@ class CheckpointStore:
             primary = make_tier("scratch", os.path.join(base, f"slurmkit-{token}", node), env)
         return cls(cfg, tiers, primary, rank=rank, world_size=world_size, node=node,
                    config_hash=config_hash, on_event=on_event, fg=fg, bg=bg, token=token,
-                   clock=clock, sleep=sleep)
+                   clock=clock, sleep=sleep, ring=ring, links=links)
 
     def _emit(self, event: Event) -> None:
         event = {**event, "rank": self.rank, "node": self.node, "time": self.clock()}
@@ -136,10 +161,15 @@ class CheckpointStore:
             log.exception("on_event callback failed for %s", event.get("event"))
 
     # -- save -------------------------------------------------------------------------
-    def save(self, step: int, state: dict[str, Any]) -> SaveHandle:
-        """Snapshot ``state`` and return; the write and the promotions run in the background."""
+    def save(self, step: int, state: dict[str, Any], *, shared: bool = False) -> SaveHandle:
+        """Snapshot ``state`` and return; the write and the promotions run in the background.
+
+        ``shared``: this save also goes to the shared tier whatever the promotion interval
+        (the stop checkpoint; see ``wait_shared``)."""
         if self._closed:
             raise SlurmkitError("CheckpointStore.save() after close()")
+        if shared:
+            self._shared_steps.add(step)
         t0 = time.perf_counter()
         prev = self._inflight
         if self.fg.any_true(prev is not None and not prev.done()):
@@ -183,13 +213,17 @@ class CheckpointStore:
         if self.primary.name == "scratch" and self.tiers:
             dests.append(self.tiers[0].name)
         every = self.cfg.lustre_every_saves
-        if "lustre" in names and self.primary.name != "lustre" and every \
-                and self._saves % every == 0:
+        forced = step in self._shared_steps
+        if "lustre" in names and self.primary.name != "lustre" and (
+                forced or (every and self._saves % every == 0)):
             dests.append("lustre")
+        elif forced and "object" in names and self.primary.name not in SHARED_TIERS:
+            dests.append("object")  # no Lustre: the object store is the shared tier
         every, minutes = self.cfg.object_every_saves, self.cfg.object_every_min
         due = bool(every and self._saves % every == 0) or bool(
             minutes and self.clock() - self._last_object >= minutes * 60)
-        if "object" in names and self.primary.name != "object" and due:
+        if "object" in names and self.primary.name != "object" and due \
+                and "object" not in dests:
             self._last_object = self.clock()
             dests.append("object")
         return sorted(set(dests), key=dests.index)
@@ -222,8 +256,10 @@ class CheckpointStore:
             return None, None
         seconds = time.perf_counter() - t0
         if self.rank == 0:
+            # nodes holding each file: with buddy copies the step survives losing a node
+            copies = 1 + (w.ring.copies if w.ring is not None else 0)
             self._emit({"event": "ckpt_saved", "step": step, "tier": w.tier.name,
-                        "uri": w.tier.uri, "bytes": m.total_bytes,
+                        "uri": w.tier.uri, "bytes": m.total_bytes, "copies": copies,
                         "seconds": round(seconds, 3), "promote_to": m.promote_to})
         return m, w.tier
 
@@ -273,6 +309,28 @@ class CheckpointStore:
         if self._job is not None:
             self._job.exception(timeout)
 
+    def shared_tier(self) -> FsspecTier | None:
+        """The tier every node of any later allocation reads: Lustre, else the object store."""
+        by_name = {t.name: t for t in self.tiers}
+        return by_name.get("lustre") or by_name.get("object")
+
+    def wait_shared(self, step: int, timeout: float | None = None) -> bool:
+        """Wait until ``step`` (saved with ``shared=True``) is committed on the shared tier;
+        True when every rank sees it there (or there is no shared tier). Collective: a rank
+        exits as checkpointed only when a requeue onto other nodes can resume it."""
+        self.wait(timeout)
+        tier = self.shared_tier()
+        if tier is None or tier is self.primary:
+            return True
+        ok = False
+        if self.rank == 0:  # one check of the shared tier, not one per rank
+            status = check_step(tier, step, deep=False)
+            ok = status.ok
+            if not ok:
+                log.error("stop checkpoint of step %d is not on %s: %s", step, tier.uri,
+                          status.problem)
+        return not self.fg.any_true(not ok) if self.fg.distributed else ok
+
     def pending_promotions(self) -> list[tuple[int, str]]:
         return self._queue.entries()
 
@@ -283,6 +341,12 @@ class CheckpointStore:
         self._settle(None)
         # per rank: ranks of one node share the primary tier, and each removes its download
         # after loading it (a shared directory would vanish under a slower rank)
+        if self.ring is not None and self.ring.enabled and self.links is not None \
+                and self.primary.name in NODE_TIERS:
+            # what this node lacks of the newest save on NVMe (a spare: everything) comes
+            # from its peers first, so that save is restored without the shared tier
+            recover(template_state, self.primary, self.ring, self.links, self.fg, self._emit,
+                    newest=self.cfg.keep_nvme)
         base = self.primary.local_path(".restore") or tempfile.mkdtemp()
         scratch = os.path.join(base, f"rank_{self.rank}")
         return restore_newest(template_state, self.tiers or [self.primary], self.fg,
@@ -310,6 +374,12 @@ class CheckpointStore:
         self._pool.shutdown(wait=True)
         self._promoter.wait_idle(timeout=None)
         self._promoter.stop()
+
+
+def _dist_ready() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 def _coordinators(rank: int, world_size: int) -> tuple[Coordinator, Coordinator]:

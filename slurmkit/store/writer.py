@@ -1,14 +1,19 @@
 """Persist one snapshot to the primary (fastest local) tier and commit it.
 
 Order: DCP writes every rank's shard files into ``.partial/step_N.<token>/`` through the
-sealing writer, which checksums and fsyncs each file while writing it (sealing.py); rank 0
+sealing writer, which checksums and fsyncs each file while writing it (sealing.py); on a
+node-local tier each rank then sends its files to its buddy ranks on other nodes and
+receives theirs (buddy.py), and ``.metadata`` goes to every node; rank 0
 gathers the per-rank records over the writer's gloo group, builds the
 manifest and broadcasts it; the directory is renamed to ``step_N``; the manifest is written
-last, atomically, read back and verified; only then ``latest.json`` moves.
+last, atomically, read back and verified (with the buddy copies this rank received);
+only then ``latest.json`` moves. So a committed step on NVMe survives the loss of any one
+node (``store.replicas`` nodes) without the shared tier.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import logging
@@ -25,6 +30,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import WriteItem
 
+from slurmkit.store.buddy import Links, Ring, replicate
 from slurmkit.store.catalog import check_step, write_latest
 from slurmkit.store.coord import Coordinator
 from slurmkit.store.manifest import (
@@ -128,7 +134,8 @@ class PrimaryWriter:
 
     def __init__(self, tier: FsspecTier, coord: Coordinator, *, algo: str, write_threads: int,
                  config_hash: str, clock: Callable[[], float], token: str,
-                 direct_io: bool = True) -> None:
+                 direct_io: bool = True, ring: Ring | None = None,
+                 links: Links | None = None) -> None:
         if tier.local_path("") is None:
             raise TierError(f"primary tier {tier.uri} is not a local path")
         self.tier = tier
@@ -139,6 +146,9 @@ class PrimaryWriter:
         self.clock = clock
         self.token = token
         self.direct_io = direct_io
+        # buddy copies: only on a node-local tier, and only with a known node layout
+        self.ring = ring if ring is not None and ring.enabled and links is not None else None
+        self.links = links
 
     def write(self, step: int, seq: int, flat: dict[str, Any],
               decide: Callable[[int], list[str]], gate: FillGate | None = None) -> Manifest:
@@ -167,11 +177,15 @@ class PrimaryWriter:
                 writer.sealed)]
         except OSError as exc:  # gathered below so every rank fails together, none hangs
             mine = {"error": f"{type(exc).__name__}: {exc}"}
+        held = {self.coord.rank}
+        if self.ring is not None:
+            mine, held = self._replicate(directory, mine)
         t1 = time.perf_counter()
         records = self.coord.all_gather_json(mine)
         errors = [f"rank {r}: {x['error']}" for r, x in enumerate(records) if isinstance(x, dict)]
         if errors:
             raise TierError(f"sealing step {step} on {self.tier.uri} failed: {'; '.join(errors)}")
+        meta_problem = self._spread_metadata(directory, records) if self.ring is not None else None
         body: Any = None
         if self.coord.rank == 0:
             files = [FileEntry(**e) for per_rank in records for e in per_rank]
@@ -183,7 +197,9 @@ class PrimaryWriter:
         manifest = Manifest.from_json(self.coord.broadcast_json(body).encode())
         t2 = time.perf_counter()
         try:
-            self.commit(partial, manifest)
+            if meta_problem:
+                raise TierError(meta_problem)
+            self.commit(partial, manifest, held)
             problem = None
         except (OSError, TierError) as exc:
             problem = f"{type(exc).__name__}: {exc}"
@@ -202,11 +218,61 @@ class PrimaryWriter:
                   self.tier.name, t1 - t0, t2 - t1, time.perf_counter() - t2)
         return manifest
 
-    def commit(self, partial: str, manifest: Manifest) -> None:
+    def _replicate(self, directory: str, mine: Any) -> tuple[Any, set[int]]:
+        """Swap files with the buddy ranks (always, so no pair waits on a failed rank);
+        returns this rank's record (an error if a copy failed) and the ranks whose files
+        this rank verifies at commit."""
+        assert self.ring is not None and self.links is not None
+        own = [FileEntry(**e) for e in mine if e["name"] != METADATA] \
+            if isinstance(mine, list) else []
+        try:
+            got, problem = replicate(self.ring, self.links, directory, own, self.algo)
+        except OSError as exc:
+            got, problem = [], f"{type(exc).__name__}: {exc}"
+        if problem and isinstance(mine, list):
+            mine = {"error": f"buddy copy: {problem}"}
+        return mine, {self.coord.rank, *(e.rank for e in got)}
+
+    def _spread_metadata(self, directory: str, records: list[Any]) -> str | None:
+        """``.metadata`` (rank 0's, small) to every node: one broadcast, written by the first
+        rank of each other node and verified against rank 0's record. Returns a problem."""
+        assert self.ring is not None
+        entry = next((FileEntry(**e) for e in records[0] if e["name"] == METADATA), None)
+        body: str | None = None
+        if self.coord.rank == 0 and entry is not None:
+            with open(os.path.join(directory, METADATA), "rb") as f:
+                body = base64.b64encode(f.read()).decode()
+        body = self.coord.broadcast_json(body)
+        ring = self.ring
+        if entry is None or body is None or ring.slot == 0 or ring.rank % ring.local_world:
+            return None
+        path = os.path.join(directory, METADATA)
+        try:
+            with open(path + ".buddy", "wb") as f:
+                f.write(base64.b64decode(body))
+                f.flush()
+                os.fsync(f.fileno())
+            if hash_file(path + ".buddy", self.algo) != (entry.checksum, entry.size):
+                return f"the copy of {METADATA} on this node does not match rank 0's"
+            os.replace(path + ".buddy", path)
+            fsync_dir(directory)
+        except OSError as exc:
+            return f"writing {METADATA} on this node: {type(exc).__name__}: {exc}"
+        return None
+
+    def _verifies(self, held: set[int]) -> Callable[[Manifest], list[FileEntry]]:
+        """The entries this rank checks after its commit: its own files and its buddy copies;
+        the first rank of each node also its node's ``.metadata``."""
+        leader = self.ring is not None and self.coord.rank % self.ring.local_world == 0
+        return lambda m: [f for f in m.files if f.rank in held
+                          or (leader and f.name == METADATA)]
+
+    def commit(self, partial: str, manifest: Manifest, held: set[int] | None = None) -> None:
         """Move this save's files into place and write the manifest last, then verify this
-        rank's files. ``latest.json`` moves only once every rank committed (see ``write``)."""
+        rank's files (and the buddy copies it holds). ``latest.json`` moves only once every
+        rank committed (see ``write``)."""
         final = step_dir(manifest.step)
-        rank = self.coord.rank
+        held = held or {self.coord.rank}
         body = manifest.to_json()
         mpath = self.tier.local_path(f"{final}/{MANIFEST}")
         with tier_lock(self.tier):
@@ -233,8 +299,7 @@ class PrimaryWriter:
                 # the other ranks of this node find it written already: rewriting it would
                 # only make a temporary file appear and vanish under their verification
                 self.tier.write_atomic(f"{final}/{MANIFEST}", body)
-        status = check_step(self.tier, manifest.step, deep=False,
-                            files=lambda m: [f for f in m.files if f.rank == rank])
+        status = check_step(self.tier, manifest.step, deep=False, files=self._verifies(held))
         if not status.ok:
             raise TierError(f"step {manifest.step} on {self.tier.uri} did not verify after "
                             f"commit: {status.problem}")

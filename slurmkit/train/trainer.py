@@ -47,7 +47,8 @@ class SaveHandle(Protocol):
 class Store(Protocol):
     """The part of slurmkit.store.CheckpointStore the trainer uses."""
 
-    def save(self, step: int, state: dict[str, Any]) -> SaveHandle: ...
+    def save(self, step: int, state: dict[str, Any], *, shared: bool = False) -> SaveHandle: ...
+    def wait_shared(self, step: int) -> bool: ...
     def restore(self, template: dict[str, Any]) -> Any: ...
     def wait(self) -> Any: ...
     def close(self) -> Any: ...
@@ -138,14 +139,15 @@ class Trainer:
                  getattr(result, "tier", None))
         return step
 
-    def _save(self, step: int) -> tuple[float, SaveHandle | None]:
-        """Hand the state to the store; returns (seconds training was blocked, handle)."""
+    def _save(self, step: int, shared: bool = False) -> tuple[float, SaveHandle | None]:
+        """Hand the state to the store; returns (seconds training was blocked, handle).
+        ``shared``: the save must reach the shared tier (the stop checkpoint)."""
         if self.store is None:
             return 0.0, None
         start = self._clock()
         state = capture_state(self.model, self.optimizer, self.scheduler, self.loader,
                               step=step, device=self.runtime.device)
-        handle = self.store.save(step, state)
+        handle = self.store.save(step, state, shared=shared)
         return self._clock() - start, handle
 
     # ---- one step -----------------------------------------------------------------------
@@ -236,7 +238,8 @@ class Trainer:
                or (step == self.t.steps and self.t.ckpt_at_end))
         blocking = 0.0
         if due:
-            blocking, new_handle = self._save(step)
+            # a requeue may land on other nodes: the stop checkpoint goes to the shared tier
+            blocking, new_handle = self._save(step, shared=stop)
             handle = new_handle or handle
         if writer is not None:
             writer.write(step_metrics(
@@ -247,11 +250,16 @@ class Trainer:
         return stop, handle
 
     def _stop(self, step: int, handle: SaveHandle | None) -> int:
-        """Wait until the stop checkpoint is durable, record it, return exit code 95."""
+        """Wait until the stop checkpoint is on the shared tier (a requeue onto other nodes
+        resumes from it), record it, return exit code 95."""
         if handle is not None and not handle.wait():
             raise SlurmkitError(
                 f"the stop checkpoint of step {step} was not committed (see the ckpt_failed "
                 "event); exiting without claiming a resumable state")
+        if self.store is not None and not self.store.wait_shared(step):
+            raise SlurmkitError(
+                f"the stop checkpoint of step {step} did not reach the shared tier (see the "
+                "promotion events); exiting without claiming a resumable state")
         self._event("train_stopped", step=step, signal=self.stop.signum,
                     generation=self.ctx.generation)
         log.info("rank %d stopped at step %d with a durable checkpoint", self.ctx.rank, step)

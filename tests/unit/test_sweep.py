@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 
 import pytest
 from rich.console import Console

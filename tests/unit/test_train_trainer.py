@@ -38,13 +38,22 @@ class Handle:
 class MemoryStore:
     """Keeps deep copies of saved states; restores the newest in place like the real one."""
 
-    def __init__(self, fail: bool = False) -> None:
+    def __init__(self, fail: bool = False, shared_ok: bool = True) -> None:
         self.saved: dict[int, Any] = {}
         self.fail = fail
+        self.shared: set[int] = set()  # saves asked to reach the shared tier
+        self.shared_ok = shared_ok
+        self.waited_shared: list[int] = []
 
-    def save(self, step: int, state: dict[str, Any]) -> Handle:
+    def save(self, step: int, state: dict[str, Any], *, shared: bool = False) -> Handle:
         self.saved[step] = copy.deepcopy(state)
+        if shared:
+            self.shared.add(step)
         return Handle(not self.fail)
+
+    def wait_shared(self, step: int) -> bool:
+        self.waited_shared.append(step)
+        return self.shared_ok and step in self.shared
 
     def restore(self, template: dict[str, Any]) -> Any:
         if not self.saved:
@@ -122,6 +131,20 @@ def test_a_stop_request_ends_at_the_next_step_boundary(group: None, tmp_path: An
 def test_a_failed_stop_checkpoint_is_not_reported_as_saved(group: None, tmp_path: Any) -> None:
     with pytest.raises(SlurmkitError, match="not committed"):
         trainer(MemoryStore(fail=True), str(tmp_path), stop_at_step=1).run()
+
+
+def test_the_stop_checkpoint_is_sent_to_the_shared_tier_and_waited_for(group: None,
+                                                                       tmp_path: Any) -> None:
+    store = MemoryStore()
+    assert trainer(store, str(tmp_path), stop_at_step=3).run() == EXIT_CHECKPOINTED_ON_SIGNAL
+    assert store.shared == {3}  # the periodic save of step 2 keeps its normal promotion
+    assert store.waited_shared == [3]
+
+
+def test_a_stop_checkpoint_missing_from_the_shared_tier_is_not_exit_95(group: None,
+                                                                       tmp_path: Any) -> None:
+    with pytest.raises(SlurmkitError, match="did not reach the shared tier"):
+        trainer(MemoryStore(shared_ok=False), str(tmp_path), stop_at_step=1).run()
 
 
 def test_tensor_parallel_is_rejected_with_a_clear_error(tmp_path: Any) -> None:

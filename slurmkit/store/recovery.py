@@ -1,0 +1,286 @@
+"""Before a restore: bring every file this node's ranks need onto its NVMe, from its peers.
+
+A spare that replaced a lost node starts with an empty NVMe; a node whose ranks need
+replicated items that DCP put into another node's files lacks those. Both are fetched over
+gloo from a node holding them (the buddy copies of buddy.py), then the ordinary restore
+(restore.py) finds everything on the local tier and verifies it as usual. So a save that
+never reached the shared tier is still restored after a node loss, and the spare ends up
+holding its slot's files and its buddy role again.
+
+Steps (every rank, collective):
+  1. each rank reports, for the newest steps on its node, which slots' files are complete
+     there and whether the manifest and ``.metadata`` are (one listing per step, gathered);
+  2. the newest step whose every slot is complete on some node is chosen;
+  3. ranks lacking the manifest or ``.metadata`` get them from the nearest node holding them;
+  4. each rank names the files it lacks: those DCP's load planner says it reads, plus its
+     own and its buddy role's files; one rank per node fetches each, from a holder;
+  5. received files are verified against the manifest before their final rename; the
+     manifest is written last, so the step appears on the node only once complete.
+Transfers run pair by pair in one global order of pairs (no cycle of waiting ranks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from slurmkit.store.buddy import Links, Pair, Ring, _pair, _plain_name, exchange
+from slurmkit.store.catalog import list_steps, read_manifest
+from slurmkit.store.coord import Coordinator
+from slurmkit.store.manifest import (
+    MANIFEST,
+    METADATA,
+    Manifest,
+    ManifestError,
+    hash_file,
+    step_dir,
+)
+from slurmkit.store.tier import FsspecTier, TierError
+from slurmkit.store.writer import tier_lock
+
+log = logging.getLogger(__name__)
+Transfer = tuple[int, int, str]  # (server rank, requester rank, file name)
+
+
+def node_report(tier: FsspecTier, ring: Ring, newest: int) -> dict[str, Any]:
+    """{step: {"slots": complete writer slots, "meta": manifest and .metadata here}} for the
+    ``newest`` steps with a readable manifest on this node."""
+    out: dict[str, Any] = {}
+    try:
+        steps = list_steps(tier)
+    except TierError as exc:
+        log.warning("cannot list %s: %s", tier.uri, exc)
+        return out
+    for step in steps:
+        if len(out) >= newest:
+            break
+        try:
+            m = read_manifest(tier, step)
+            sizes = tier.sizes(step_dir(step))
+        except (ManifestError, TierError):
+            continue
+        if m.world_size != ring.world_size:
+            continue
+        complete: dict[int, bool] = {}
+        for f in m.files:
+            if f.name == METADATA:
+                continue
+            s = ring.slot_of(f.rank)
+            complete[s] = complete.get(s, True) and sizes.get(f.name) == f.size
+        meta = next((f for f in m.files if f.name == METADATA), None)
+        out[str(step)] = {"slots": sorted(s for s, ok in complete.items() if ok),
+                          "meta": meta is not None and sizes.get(METADATA) == meta.size}
+    return out
+
+
+def choose_step(reports: list[dict[str, Any]], ring: Ring) -> int | None:
+    """Newest step whose every slot is complete on some node, with a manifest somewhere."""
+    steps = sorted({int(s) for r in reports for s in r}, reverse=True)
+    for step in steps:
+        held = {s for r in reports for s in r.get(str(step), {}).get("slots", [])}
+        meta = any(r.get(str(step), {}).get("meta") for r in reports)
+        if meta and held >= set(range(ring.slots)):
+            return step
+    return None
+
+
+def _server(ring: Ring, reports: list[dict[str, Any]], requester: int, step: int,
+            ok: Callable[[dict[str, Any]], bool], slots: list[int]) -> int | None:
+    """The rank of the first slot in ``slots`` (not the requester's own) whose report for
+    ``step`` satisfies ``ok``; the same local rank as the requester spreads the load."""
+    local = requester % ring.local_world
+    for s in slots:
+        if s == ring.slot_of(requester):
+            continue
+        cand = s * ring.local_world + local
+        if ok(reports[cand].get(str(step), {})):
+            return cand
+    return None
+
+
+def plan_metadata(ring: Ring, reports: list[dict[str, Any]], step: int) -> list[Transfer]:
+    """Manifest and .metadata for every rank whose node lacks them, from the nearest node
+    that has them (ring order)."""
+    plan: list[Transfer] = []
+    for r, rep in enumerate(reports):
+        if rep.get(str(step), {}).get("meta"):
+            continue
+        order = [(ring.slot_of(r) + j) % ring.slots for j in range(1, ring.slots)]
+        srv = _server(ring, reports, r, step, lambda x: bool(x.get("meta")), order)
+        if srv is not None:
+            plan += [(srv, r, MANIFEST), (srv, r, METADATA)]
+    return plan
+
+
+def plan_files(ring: Ring, reports: list[dict[str, Any]], step: int,
+               needs: list[list[list[Any]]]) -> list[Transfer]:
+    """One fetch per (node, file): by the node's lowest rank that lacks it, from the first
+    holder of the file's writer (its own node, then its buddies). ``needs``: per rank,
+    [file name, writer rank] pairs (gathered: every rank computes the same plan)."""
+    plan: list[Transfer] = []
+    taken: set[tuple[int, str]] = set()
+    for r, wanted in enumerate(needs):
+        for name, w in wanted:
+            key = (ring.slot_of(r), name)
+            if key in taken or not (isinstance(w, int) and 0 <= w < ring.world_size):
+                continue
+            srv = _server(ring, reports, r, step,
+                          lambda x, s=ring.slot_of(w): s in x.get("slots", []),
+                          ring.holder_slots(w))
+            if srv is not None:
+                taken.add(key)
+                plan.append((srv, r, name))
+    return plan
+
+
+def run_plan(plan: list[Transfer], links: Links, rank: int, tier: FsspecTier, step: int,
+             sizes: dict[str, int], algo: str) -> dict[str, tuple[str, int] | None]:
+    """Carry out the transfers this rank takes part in, pair by pair in one global order.
+    Received files land under temporary names in the step directory: (name -> (checksum,
+    size) or None), the caller verifies and renames."""
+    pairs: dict[Pair, list[Transfer]] = {}
+    for t in plan:
+        pairs.setdefault(_pair(t[0], t[1]), []).append(t)
+    links.ensure(p for p in pairs if rank in p)
+    d = tier.local_path(step_dir(step))
+    if d is None:
+        raise TierError(f"{tier.uri} is not a local path")
+    os.makedirs(d, exist_ok=True)
+    got: dict[str, tuple[str, int] | None] = {}
+    for pair in sorted(pairs):
+        if rank not in pair:
+            continue
+        peer = pair[1] if pair[0] == rank else pair[0]
+        send = [(n, os.path.join(d, n), sizes.get(n, _size(os.path.join(d, n))))
+                for s, _, n in pairs[pair] if s == rank]
+        recv = [(n, os.path.join(d, f".fetch-{rank}-{n}")) for s, r, n in pairs[pair]
+                if r == rank]
+        got.update(exchange(links, peer, send, recv, algo))
+    return got
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def recover(template: dict[Any, Any], tier: FsspecTier, ring: Ring, links: Links,
+            coord: Coordinator, emit: Callable[[dict[str, Any]], None], *,
+            newest: int = 2) -> int | None:
+    """Fetch what this node lacks of the newest step the job's nodes hold between them;
+    returns that step (None: none, or nothing to fetch anywhere). Collective."""
+    from slurmkit.store.restore import files_needed
+    from slurmkit.store.safe_reader import load_metadata
+
+    t0 = time.perf_counter()
+    reports = coord.all_gather_json(node_report(tier, ring, newest))
+    step = choose_step(reports, ring)
+    if step is None:
+        return None
+    d = tier.local_path(step_dir(step)) or ""
+    problems: list[str] = []
+    fetched: dict[str, int] = {}
+    plan1 = plan_metadata(ring, reports, step)
+    got = run_plan(plan1, links, ring.rank, tier, step, {}, "crc32")
+    manifest_body: bytes | None = None
+    m: Manifest | None = None
+    if MANIFEST in got:
+        tmp = os.path.join(d, f".fetch-{ring.rank}-{MANIFEST}")
+        try:
+            with open(tmp, "rb") as f:
+                manifest_body = f.read()
+            m = Manifest.from_json(manifest_body)
+            if m.step != step:
+                raise ManifestError(f"a peer sent the manifest of step {m.step}")
+        except (OSError, ManifestError) as exc:
+            problems.append(f"manifest from a peer: {exc}")
+            manifest_body, m = None, None
+        finally:
+            _unlink(tmp)
+    else:
+        with contextlib.suppress(ManifestError, TierError):
+            m = read_manifest(tier, step)
+    if m is not None and METADATA in got:
+        tmp = os.path.join(d, f".fetch-{ring.rank}-{METADATA}")
+        if got[METADATA] is not None:  # sent before its manifest arrived: hash it now
+            got[METADATA] = hash_file(tmp, m.checksum_algo)
+        _accept(m, d, ring.rank, METADATA, got[METADATA], problems, fetched)
+    need: list[str] = []
+    if m is not None:
+        need = _lacking(template, m, d, ring, files_needed, load_metadata, problems)
+    writer = {f.name: f.rank for f in m.files} if m is not None else {}
+    needs = coord.all_gather_json([[n, writer[n]] for n in need])
+    plan2 = plan_files(ring, reports, step, needs)
+    sizes = {f.name: f.size for f in m.files} if m is not None else {}
+    got = run_plan(plan2, links, ring.rank, tier, step, sizes, m.checksum_algo if m else "crc32")
+    for name, res in got.items():
+        if m is not None:
+            _accept(m, d, ring.rank, name, res, problems, fetched)
+    if manifest_body is not None and not problems:
+        with tier_lock(tier):  # written last: the step now exists on this node
+            if not tier.exists(f"{step_dir(step)}/{MANIFEST}"):
+                tier.write_atomic(f"{step_dir(step)}/{MANIFEST}", manifest_body)
+    servers = sorted({s for s, r, _ in plan1 + plan2 if r == ring.rank})
+    stats = coord.all_gather_json({"files": len(fetched), "bytes": sum(fetched.values()),
+                                   "from": servers, "problem": "; ".join(problems)})
+    moved = {r: s for r, s in enumerate(stats) if s["files"] or s["problem"]}
+    if moved and ring.rank == 0:
+        emit({"event": "ckpt_fetched", "step": step, "tier": tier.name,
+              "seconds": round(time.perf_counter() - t0, 3),
+              "bytes": sum(s["bytes"] for s in stats),
+              "ranks": {str(r): s for r, s in moved.items()}})
+    for p in problems:
+        log.warning("fetching step %d from peers: %s", step, p)
+    return step
+
+
+def _lacking(template: dict[Any, Any], m: Manifest, d: str, ring: Ring,
+             files_needed: Callable[..., set[str] | None], load_metadata: Callable[[bytes], Any],
+             problems: list[str]) -> list[str]:
+    """Files this rank reads (DCP's planner) or keeps (own, buddy role) that are not here."""
+    role = {ring.rank, *ring.sources()}
+    want = {f.name for f in m.files if f.rank in role and f.name != METADATA}
+    try:
+        with open(os.path.join(d, METADATA), "rb") as fh:
+            md = load_metadata(fh.read())
+        needed = files_needed(template, md)
+    except Exception as exc:  # noqa: BLE001 - the restore itself reports a bad .metadata
+        problems.append(f".metadata unreadable: {exc}")
+        needed = None
+    names = {f.name for f in m.files}
+    want |= (needed if needed is not None else names) & names
+    have = {n for n in want if _size(os.path.join(d, n)) == _entry_size(m, n)}
+    return sorted(n for n in want - have if _plain_name(n))
+
+
+def _entry_size(m: Manifest, name: str) -> int:
+    return next((f.size for f in m.files if f.name == name), -1)
+
+
+def _accept(m: Manifest, d: str, rank: int, name: str, res: tuple[str, int] | None,
+            problems: list[str], fetched: dict[str, int]) -> None:
+    """Rename a received file into place once it matches the manifest."""
+    tmp = os.path.join(d, f".fetch-{rank}-{name}")
+    entry = next((f for f in m.files if f.name == name), None)
+    if entry is None or res is None:
+        problems.append(f"{name}: the peer did not have it")
+        _unlink(tmp)
+        return
+    if res != (entry.checksum, entry.size):
+        problems.append(f"{name}: the received copy does not match the manifest")
+        _unlink(tmp)
+        return
+    os.replace(tmp, os.path.join(d, name))
+    fetched[name] = entry.size
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+
