@@ -7,7 +7,7 @@ SLURM_ARRAY_TASK_ID. ``sweep.json`` is the one record of which overrides each in
 written whole to a temporary name and renamed, so a reader never sees half of it.
 
 sweep.json: {"kind": "sweep", "name": str, "job_id": str|null, "array": "0-3",
-"executor": "slurm"|"local", "common_overrides": [...],
+"executor": "slurm"|"local", "common_overrides": [...], "runner_pid": int (local only),
 "variants": [{"index": 0, "overrides": ["train.lr=1e-3", ...], "run_dir": "<abs path>"}, ...]}
 (``overrides`` holds what tells the variant apart; ``common_overrides`` what all share.)
 """
@@ -43,13 +43,18 @@ class Sweep:
     executor: str
     common_overrides: list[str]
     variants: list[Variant]
-    job_id: str | None = None
+    job_id: str | None = None  # the Slurm array's job id; None before submission and for local
+    runner_pid: int | None = None  # the local executor's runner (slurmkit/sweep/local.py)
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": "sweep", "name": self.name, "job_id": self.job_id, "array": self.array,
-                "executor": self.executor, "common_overrides": list(self.common_overrides),
-                "variants": [{"index": v.index, "overrides": list(v.overrides), "run_dir": v.run_dir}
-                             for v in self.variants]}
+        doc: dict[str, Any] = {
+            "kind": "sweep", "name": self.name, "job_id": self.job_id, "array": self.array,
+            "executor": self.executor, "common_overrides": list(self.common_overrides),
+            "variants": [{"index": v.index, "overrides": list(v.overrides), "run_dir": v.run_dir}
+                         for v in self.variants]}
+        if self.runner_pid is not None:
+            doc["runner_pid"] = self.runner_pid
+        return doc
 
 
 def variant_dir(sweep_dir: str, index: int) -> str:
@@ -120,7 +125,8 @@ def load_sweep(sweep_dir: str) -> Sweep:
     return Sweep(sweep_dir=sweep_dir, name=str(doc.get("name", "")), array=str(doc.get("array", "")),
                  executor=str(doc.get("executor", "slurm")),
                  common_overrides=[str(o) for o in doc.get("common_overrides", [])],
-                 variants=variants, job_id=None if job_id is None else str(job_id))
+                 variants=variants, job_id=None if job_id is None else str(job_id),
+                 runner_pid=doc["runner_pid"] if isinstance(doc.get("runner_pid"), int) else None)
 
 
 def is_sweep_dir(path: str) -> bool:

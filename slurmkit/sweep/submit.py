@@ -172,7 +172,7 @@ def run_local(plan: SweepPlan, sweep: Sweep, env: Mapping[str, str], console: Co
     if plan.cfg.submit.wait:
         print_sweep(console, sweep, plan, "local")
         return run_local_sweep(sweep.sweep_dir, parallelism)
-    sweep.job_id = f"local-{start_detached(sweep.sweep_dir, parallelism, env)}"
+    sweep.runner_pid = start_detached(sweep.sweep_dir, parallelism, env)  # job_id stays null: no array
     write_sweep(sweep)
     print_sweep(console, sweep, plan, "local")
     return 0
