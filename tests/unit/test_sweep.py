@@ -106,7 +106,7 @@ def test_sweep_syntax_without_m_says_to_add_m(tmp_path) -> None:
 
 def test_m_is_accepted_by_main_and_dry_run_writes_nothing(tmp_path) -> None:
     res = subprocess.run(
-        ["python", "-m", "slurmkit.submit", "-m", *SWEEP, "cluster.kind=slurm", "submit.dry_run=true",
+        [sys.executable, "-m", "slurmkit.submit", "-m", *SWEEP, "cluster.kind=slurm", "submit.dry_run=true",
          "submit.array_parallelism=3", f"submit.run_root={tmp_path}"],
         capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
