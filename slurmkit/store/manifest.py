@@ -48,10 +48,10 @@ def check_name(name: object, what: str = "manifest file name") -> str:
     to other tiers); a separator, ``..``, an absolute path or a NUL would make them read or
     copy a file outside the step (to S3, say). Whoever can write a shard can rewrite the
     manifest, so the names are checked, not trusted."""
-    bad = ""
     if not isinstance(name, str) or not name:
-        bad = "is empty or not a string"
-    elif name in (".", ".."):
+        raise _unsafe_name(name, what, "is empty or not a string")
+    bad = ""
+    if name in (".", ".."):
         bad = "is a directory reference"
     elif name.startswith("/"):
         bad = "is an absolute path"
@@ -62,14 +62,17 @@ def check_name(name: object, what: str = "manifest file name") -> str:
     elif len(name.encode("utf-8", "surrogatepass")) > 255:
         bad = "is longer than a file name can be"
     if bad:
-        raise UnsafeManifestError(
-            detected=f"checkpoint {what} {name!r} {bad}",
-            requirement="every file of a step is a plain name inside its step directory "
-                        "(slurmkit writes only .metadata and DCP's __R_N.distcp shards)",
-            fix="treat the step as tampered with: restore falls back to an older step; "
-                "find out who wrote it, then delete it (python -m slurmkit.store gc)")
-    assert isinstance(name, str)
+        raise _unsafe_name(name, what, bad)
     return name
+
+
+def _unsafe_name(name: object, what: str, bad: str) -> UnsafeManifestError:
+    return UnsafeManifestError(
+        detected=f"checkpoint {what} {name!r} {bad}",
+        requirement="every file of a step is a plain name inside its step directory "
+                    "(slurmkit writes only .metadata and DCP's __R_N.distcp shards)",
+        fix="treat the step as tampered with: restore falls back to an older step; "
+            "find out who wrote it, then delete it (python -m slurmkit.store gc)")
 
 
 def step_dir(step: int) -> str:

@@ -119,67 +119,74 @@ def check_shape(md: Any) -> None:
     if type(md) is not Metadata:
         raise UnsafeMetadataError(f"checkpoint .metadata holds a {type(md).__name__}, "
                                   "not DCP Metadata")
-    if not isinstance(md.state_dict_metadata, dict):
-        raise UnsafeMetadataError("checkpoint .metadata has no entry table")
+    if not isinstance(md.state_dict_metadata, dict) or not isinstance(md.storage_data, dict):
+        raise UnsafeMetadataError("checkpoint .metadata lacks its entry or storage table")
     for key, entry in md.state_dict_metadata.items():
-        if not isinstance(key, str):
-            raise UnsafeMetadataError(f"checkpoint .metadata has a {type(key).__name__} key")
-        if type(entry) is not TensorStorageMetadata:
-            if type(entry).__name__ == "BytesStorageMetadata":
-                raise _byte_item(f"key {key!r}")
-            raise UnsafeMetadataError(f"checkpoint .metadata stores key {key!r} as a "
-                                      f"{type(entry).__name__}, not a tensor")
-        if (type(entry.properties) is not TensorProperties
-                or not isinstance(entry.properties.dtype, torch.dtype)
-                or type(entry.size) is not torch.Size
-                or not isinstance(entry.chunks, list)
-                or any(type(c) is not ChunkStorageMetadata for c in entry.chunks)):
-            raise UnsafeMetadataError(f"checkpoint .metadata entry {key!r} is not a plain "
-                                      "tensor record")
-        for c in entry.chunks:
-            if (type(c.offsets) is not torch.Size or type(c.sizes) is not torch.Size
-                    or not len(c.offsets) == len(c.sizes) == len(entry.size)
-                    or any(o < 0 or n < 0 or o + n > d
-                           for o, n, d in zip(c.offsets, c.sizes, entry.size))):
-                raise UnsafeMetadataError(f"checkpoint .metadata gives {key!r} (size "
-                                          f"{list(entry.size)}) a chunk outside it")
-    if not isinstance(md.storage_data, dict):
-        raise UnsafeMetadataError("checkpoint .metadata has no storage table")
+        _check_entry(key, entry)
     stored: dict[str, int] = {}
     for index, info in md.storage_data.items():
-        if type(index) is not MetadataIndex or type(info) is not _StorageInfo:
-            raise UnsafeMetadataError("checkpoint .metadata has a storage record of type "
-                                      f"{type(index).__name__} -> {type(info).__name__}")
-        if index.fqn not in md.state_dict_metadata:
-            raise UnsafeMetadataError(f"checkpoint .metadata stores bytes for {index.fqn!r}, "
-                                      "which no tensor entry declares")
-        try:
-            check_name(info.relative_path, "storage_data file name")
-        except UnsafeManifestError as exc:
-            raise UnsafeMetadataError(exc.detected, exc.requirement, exc.fix) from exc
-        if not (_is_int(info.offset) and _is_int(info.length)
-                and info.offset >= 0 and info.length >= 0):
-            raise UnsafeMetadataError(f"checkpoint .metadata gives {index.fqn!r} the byte "
-                                      f"range offset={info.offset!r} length={info.length!r}")
-        if info.transform_descriptors:
-            raise UnsafeMetadataError(
-                f"checkpoint .metadata asks for stream transforms "
-                f"{list(info.transform_descriptors)!r} on {index.fqn!r}; slurmkit writes none")
+        _check_record(md, index, info)
         stored[index.fqn] = stored.get(index.fqn, 0) + info.length
     for key, value in md.state_dict_metadata.items():
         entry = cast(TensorStorageMetadata, value)  # (checked above)
-        # every chunk has its bytes somewhere, and the entry holds no more bytes than are
-        # stored (a JSON value's buffer is allocated from its declared size)
+        # every chunk has its bytes somewhere, and an entry declares no more bytes than are
+        # stored for it (a JSON value's load buffer is allocated from its declared size)
         missing = [list(c.offsets) for c in entry.chunks
                    if MetadataIndex(key, c.offsets) not in md.storage_data]
         if missing:
             raise UnsafeMetadataError(f"checkpoint .metadata declares chunks of {key!r} at "
                                       f"{missing[:3]} that no storage record holds")
-        itemsize = torch.empty((), dtype=entry.properties.dtype).element_size()
-        if entry.size.numel() * itemsize > stored.get(key, 0):
-            raise UnsafeMetadataError(
-                f"checkpoint .metadata declares {key!r} as {entry.size.numel() * itemsize} "
-                f"bytes but stores {stored.get(key, 0)}")
+        declared = entry.size.numel() * entry.properties.dtype.itemsize
+        if declared > stored.get(key, 0):
+            raise UnsafeMetadataError(f"checkpoint .metadata declares {key!r} as {declared} "
+                                      f"bytes but stores {stored.get(key, 0)}")
+
+
+def _check_entry(key: Any, entry: Any) -> None:
+    """One entry of the table: a tensor record whose chunks lie inside the tensor."""
+    if not isinstance(key, str):
+        raise UnsafeMetadataError(f"checkpoint .metadata has a {type(key).__name__} key")
+    if type(entry) is not TensorStorageMetadata:
+        if type(entry).__name__ == "BytesStorageMetadata":
+            raise _byte_item(f"key {key!r}")
+        raise UnsafeMetadataError(f"checkpoint .metadata stores key {key!r} as a "
+                                  f"{type(entry).__name__}, not a tensor")
+    if (type(entry.properties) is not TensorProperties
+            or not isinstance(entry.properties.dtype, torch.dtype)
+            or type(entry.size) is not torch.Size
+            or not isinstance(entry.chunks, list)
+            or any(type(c) is not ChunkStorageMetadata for c in entry.chunks)):
+        raise UnsafeMetadataError(f"checkpoint .metadata entry {key!r} is not a plain "
+                                  "tensor record")
+    for c in entry.chunks:
+        if (type(c.offsets) is not torch.Size or type(c.sizes) is not torch.Size
+                or not len(c.offsets) == len(c.sizes) == len(entry.size)
+                or any(o < 0 or n < 0 or o + n > d
+                       for o, n, d in zip(c.offsets, c.sizes, entry.size))):
+            raise UnsafeMetadataError(f"checkpoint .metadata gives {key!r} (size "
+                                      f"{list(entry.size)}) a chunk outside it")
+
+
+def _check_record(md: Metadata, index: Any, info: Any) -> None:
+    """One storage record: a plain file name, a byte range, no stream transforms."""
+    if type(index) is not MetadataIndex or type(info) is not _StorageInfo:
+        raise UnsafeMetadataError("checkpoint .metadata has a storage record of type "
+                                  f"{type(index).__name__} -> {type(info).__name__}")
+    if index.fqn not in md.state_dict_metadata:
+        raise UnsafeMetadataError(f"checkpoint .metadata stores bytes for {index.fqn!r}, "
+                                  "which no tensor entry declares")
+    try:
+        check_name(info.relative_path, "storage_data file name")
+    except UnsafeManifestError as exc:
+        raise UnsafeMetadataError(exc.detected, exc.requirement, exc.fix) from exc
+    if not (_is_int(info.offset) and _is_int(info.length)
+            and info.offset >= 0 and info.length >= 0):
+        raise UnsafeMetadataError(f"checkpoint .metadata gives {index.fqn!r} the byte "
+                                  f"range offset={info.offset!r} length={info.length!r}")
+    if info.transform_descriptors:
+        raise UnsafeMetadataError(
+            f"checkpoint .metadata asks for stream transforms "
+            f"{list(info.transform_descriptors)!r} on {index.fqn!r}; slurmkit writes none")
 
 
 def check_storage(md: Metadata, sizes: Mapping[str, int]) -> None:
