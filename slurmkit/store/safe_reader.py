@@ -13,6 +13,8 @@ intent; everything DCP would trust in ``.metadata`` is checked instead:
   * Every ``storage_data`` entry names a plain file of the step (no separator, no ``..``)
     that the manifest lists, and its byte range lies inside that file (``check_storage``);
     ``SafeReader.read_data`` checks the range again against the file it opens.
+  * Every chunk lies inside its tensor and has a storage record, and no entry declares
+    more bytes than are stored for it (a JSON value's buffer is allocated from that size).
   * No stream transforms: slurmkit writes none, and each one would run a decoder on
     untrusted bytes.
 Tensors themselves are read by DCP with ``torch.load(weights_only=True)``.
