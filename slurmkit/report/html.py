@@ -34,6 +34,7 @@ img { max-width: 100%; border: 1px solid #eee; }
 .swatch { display: inline-block; width: 10px; height: 10px; margin-right: 6px; }
 .note { color: #8d6e63; } .rec { background: #e8f5e9; font-weight: bold; }
 .variants { display: grid; gap: 12px; overflow-x: auto; }
+.variants > div { min-width: 0; overflow-x: auto; }  /* a wide table scrolls inside its column */
 pre { background: #fafafa; border: 1px solid #eee; padding: 8px; white-space: pre-wrap; }
 """
 
