@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -16,6 +17,13 @@ import pytest
 from slurmkit.testing.s3server import S3Server, start_s3_server, stop_pid
 
 CLUSTER_DIR = os.environ.get("SLURMKIT_CLUSTER_DIR", "/tmp/slurmkit-cluster")
+
+# The suite runs as if its interpreter's environment were activated: a tool started through its
+# shebang (tools/local-cluster: `env python3`), a bare `python` and the S3 server's `weed` are
+# the ones of the environment running the tests (CI's .venv), not what else is first on PATH.
+_BIN = os.path.dirname(sys.executable)
+if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
+    os.environ["PATH"] = os.pathsep.join(filter(None, [_BIN, os.environ.get("PATH")]))
 
 
 def load_cluster_env() -> dict[str, str] | None:
