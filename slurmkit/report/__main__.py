@@ -13,7 +13,7 @@ import sys
 
 from rich.console import Console
 
-from slurmkit.errors import SlurmkitError
+from slurmkit.errors import SlurmkitError, print_error
 from slurmkit.report.write import write
 
 
@@ -44,7 +44,7 @@ def main(argv: list[str], out: Console | None = None) -> int:
     try:
         paths = write(args.path, args.out, args.mtbf_h)
     except SlurmkitError as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        print_error(Console(stderr=True), exc)
         return 2
     console.print(f"report: {paths[0]}", markup=False, highlight=False, soft_wrap=True)
     return 0
