@@ -130,13 +130,19 @@ def advice(d: RunData, picture: bytes | None) -> str:
     figs = _table(["model input", "value", "from"], [
         ["C: training blocked per save", f"{f.save_s:.3f} s", "mean of ckpt_blocking_s in metrics.jsonl"],
         ["M: mean time between failures", f"{f.mtbf_s:.1f} s ({f.mtbf_s / 3600:.3g} h)", escape(a.mtbf_source)],
-        ["R: recovery per failure", f"{f.recovery_s:.1f} s", "fault -> training again (restore s)"],
+        ["R: recovery per failure", f"{f.recovery_s:.1f} s",
+         f"fault -> training again (restore s): {escape(a.recovery_source)}"],
         ["step time", f"{f.step_s:.3f} s", "median step without a save"]])
     rows, attrs = [], []
     for o in a.options:
         rows.append([escape(o.label), str(o.interval_steps), f"{o.interval_s:.1f}", f"{o.goodput:.2%}"])
         attrs.append(' class="rec"' if "Daly" in o.label.split(", ") else "")
     opts = _table(["interval", "steps", "seconds of compute", "model goodput"], rows, attrs)
+    current = next((o for o in a.options if "current" in o.label.split(", ")), None)
+    if current is not None:
+        opts += (f"<p class=sub>At this run's interval the model gives {current.goodput:.1%}; the run "
+                 f"measured {d.report.goodput:.1%} (the model leaves out the queue wait and the first "
+                 "start, which no interval changes).</p>")
     return (f"<p>Recommended checkpoint interval: <b>train.ckpt_interval_steps={a.recommended_steps}</b> "
             f"(Daly {a.daly_s:.1f} s, Young sqrt(2CM) {a.young_s:.1f} s of compute).</p>"
             f"{figs}{opts}{img(picture, 'model goodput over the interval')}"

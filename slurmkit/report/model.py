@@ -81,6 +81,7 @@ class Option:
 class Advice:
     figures: Figures
     mtbf_source: str  # "this run (N failures in H h)" or "--mtbf-h"
+    recovery_source: str  # where R came from
     young_s: float
     daly_s: float
     recommended_steps: int  # Daly's interval rounded to whole steps (at least 1)
@@ -91,7 +92,7 @@ def steps_of(seconds: float, f: Figures) -> int:
     return max(1, round(seconds / f.step_s))
 
 
-def advise(f: Figures, current_steps: int, mtbf_source: str) -> Advice:
+def advise(f: Figures, current_steps: int, mtbf_source: str, recovery_source: str = "") -> Advice:
     """The intervals worth comparing, each with the goodput the model gives it.
 
     Compared: the run's own interval, Young's, Daly's, and halves and doubles around Daly's,
@@ -108,4 +109,4 @@ def advise(f: Figures, current_steps: int, mtbf_source: str) -> Advice:
             labels.setdefault(steps, []).append(label)
     options = [Option(", ".join(names), steps, steps * f.step_s, goodput(steps * f.step_s, f))
                for steps, names in sorted(labels.items())]
-    return Advice(f, mtbf_source, young, daly, rec, options)
+    return Advice(f, mtbf_source, recovery_source, young, daly, rec, options)

@@ -211,7 +211,7 @@ def _advice(data: RunData, mtbf_h: float | None) -> Advice | None:
     recovery, why = _recovery_s(r, data.events)
     figures = Figures(save_s=sum(blocking) / len(blocking), mtbf_s=mtbf, recovery_s=recovery,
                       step_s=step_s)
-    return advise(figures, current, f"{source}; R: {why}")
+    return advise(figures, current, source, why)
 
 
 def _cost(data: RunData) -> Cost | None:
