@@ -246,3 +246,13 @@ def test_sweep_json_pointing_elsewhere_is_refused(tmp_path, capsys) -> None:
     assert main([str(sweep_dir)]) == 2
     assert "Detected:" in capsys.readouterr().err
     assert not (sweep_dir / "report.html").exists()
+
+
+def test_gpu_hour_cost_is_a_cluster_field_checked_on_load() -> None:
+    from slurmkit.config.schema import ClusterConfig
+    from slurmkit.errors import ConfigError
+
+    assert ClusterConfig(name="site").gpu_hour_cost == 0  # unset: no cost figures
+    assert ClusterConfig(name="site", gpu_hour_cost=2.5).gpu_hour_cost == 2.5
+    with pytest.raises(ConfigError, match="cluster.gpu_hour_cost=-1"):
+        ClusterConfig(name="site", gpu_hour_cost=-1)
