@@ -58,6 +58,31 @@ def _check_env_names(env: dict[str, str]) -> None:
                               "rename it in job.env / cluster.env")
 
 
+def _check_printable(spec: JobSpec) -> None:
+    """Every value the batch script carries is quoted, but a newline or other control character
+    still has no business in a path, name or flag there: refuse it before anything is written."""
+    def bad(text: str, allow_tab: bool = False) -> bool:
+        return any((ord(c) < 32 and not (allow_tab and c == "\t")) or ord(c) == 127 for c in text)
+
+    fields: list[tuple[str, str | None]] = [
+        ("run directory (submit.run_root)", spec.run_dir), ("cluster.partition", spec.partition),
+        ("cluster.account", spec.account), ("cluster.qos", spec.qos),
+        ("cluster.constraint", spec.constraint), ("cluster.container_image", spec.container_image),
+        *(("cluster.container_mounts", m) for m in spec.container_mounts),
+        *(("job.exclude", n) for n in spec.exclude), *(("srun arguments", a) for a in spec.srun_args),
+        *((f"environment variable {k}", v) for k, v in spec.env)]
+    for what, value in fields:
+        if value is not None and bad(value):
+            raise ConfigError(f"{what} {value!r} holds a control character",
+                              "printable text only: it is written into the batch script",
+                              f"remove the newline or control character from {what}")
+    for line in spec.setup:
+        if bad(line, allow_tab=True):
+            raise ConfigError(f"cluster.setup line {line!r} holds a control character",
+                              "one shell line per list item, printable text only",
+                              "split it into separate cluster.setup items")
+
+
 def _gpus_per_node(cfg: SlurmkitConfig) -> int:
     cluster_gpus = cfg.cluster.gpus_per_node
     gpus = cluster_gpus if cfg.job.gpus_per_node is None else cfg.job.gpus_per_node
@@ -117,7 +142,7 @@ def build_jobspec(cfg: SlurmkitConfig, run_dir: str, srun_args: list[str] | None
         exclude.extend(expand_hostlist(expr))
     env = {**c.env, **j.env}
     _check_env_names(env)
-    return JobSpec(
+    spec = JobSpec(
         name=j.name, run_dir=os.path.abspath(run_dir), nodes=nodes, train_nodes=j.nodes,
         ranks_per_node=ranks, gpus_per_node=gpus, gpu_type=c.gpu_type, cpus_per_task=cpus,
         mem_gb=j.mem_gb, time_limit=format_time_limit(seconds), time_limit_s=seconds,
@@ -128,6 +153,8 @@ def build_jobspec(cfg: SlurmkitConfig, run_dir: str, srun_args: list[str] | None
         env=tuple(sorted(env.items())), srun_args=tuple(srun_args or ()),
         no_kill=cfg.supervisor.spare_nodes > 0, array=array,
     )
+    _check_printable(spec)
+    return spec
 
 
 def exclude_expr(spec: JobSpec) -> str | None:

@@ -219,3 +219,30 @@ def test_submit_says_why_a_singleton_job_would_pend(tmp_path) -> None:
     text = out.read_text()
     assert "41 (RUNNING)" in text and "PENDING" in text and "job.singleton=false" in text
     assert "42" not in text
+
+
+
+@pytest.mark.parametrize("field,change", [
+    ("run directory", {"run_dir": "/runs/a\nb"}),
+    ("environment variable X", {"env": (("X", "a\nrm -rf /"),)}),
+    ("cluster.partition", {"partition": "de\rbug"}),
+    ("cluster.setup", {"setup": ("module load x\x1b[2J",)}),
+])
+def test_control_characters_never_reach_a_script(field, change) -> None:
+    import dataclasses
+
+    from slurmkit.config import compose
+    from slurmkit.render.jobspec import build_jobspec
+
+    cfg = compose(["+exp=tiny", "cluster=local_slurm"])
+    c, j = cfg.cluster, cfg.job
+    if "partition" in change:
+        cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(c, partition=change["partition"]))
+    if "setup" in change:
+        cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(c, setup=list(change["setup"])))
+    if "env" in change:
+        cfg = dataclasses.replace(cfg, job=dataclasses.replace(j, env=dict(change["env"])))
+    with pytest.raises(ConfigError) as exc:
+        build_jobspec(cfg, change.get("run_dir", "/runs/ok"), [])
+    assert field in str(exc.value) and "control character" in str(exc.value)
+    assert build_jobspec(compose(["+exp=tiny", "cluster=local_slurm"]), "/runs/ok", []).run_dir == "/runs/ok"
