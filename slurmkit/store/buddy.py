@@ -201,11 +201,11 @@ def _recv_file_frame(peer: int, group: Any, path: str, algo: str) -> tuple[str, 
         for off in range(0, n, CHUNK):
             t = torch.empty(min(CHUNK, n - off), dtype=torch.uint8)
             dist.recv(t, src=peer, group=group)
-            data = t.numpy()
-            h.update(memoryview(data))
+            data = t.numpy().data  # a memoryview of the tensor's bytes, no copy
+            h.update(data)
             if f is not None and problem is None:
                 try:
-                    f.write(memoryview(data))
+                    f.write(data)
                 except OSError as exc:
                     problem = exc
         if f is not None and problem is None:
@@ -314,7 +314,11 @@ def _shift(links: Links, dst: int, src: int, send: list[tuple[str, str, int]],
         return exchange(links, dst, send, recv, algo)
     with ThreadPoolExecutor(max_workers=1) as pool:
         group = links.group(dst)
-        fut = pool.submit(lambda: [_send_file_frame(dst, group, p, s) for _, p, s in send])
+        def send_all() -> None:
+            for _, path, size in send:
+                _send_file_frame(dst, group, path, size)
+
+        fut = pool.submit(send_all)
         sgroup = links.group(src)
         got = {name: _recv_file_frame(src, sgroup, tmp, algo) for name, tmp in recv}
         fut.result()

@@ -128,9 +128,12 @@ def plan_files(ring: Ring, reports: list[dict[str, Any]], step: int,
             key = (ring.slot_of(r), name)
             if key in taken or not (isinstance(w, int) and 0 <= w < ring.world_size):
                 continue
-            srv = _server(ring, reports, r, step,
-                          lambda x, s=ring.slot_of(w): s in x.get("slots", []),
-                          ring.holder_slots(w))
+            slot = ring.slot_of(w)
+
+            def holds(x: dict[str, Any], slot: int = slot) -> bool:
+                return slot in x.get("slots", [])
+
+            srv = _server(ring, reports, r, step, holds, ring.holder_slots(w))
             if srv is not None:
                 taken.add(key)
                 plan.append((srv, r, name))

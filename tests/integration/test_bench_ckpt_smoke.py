@@ -15,7 +15,8 @@ from slurmkit.testing.s3server import S3Server
 pytestmark = pytest.mark.integration
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "tools", "bench", "ckpt.py")
-RATIOS = ["block_ratio_vs_dcp", "durable_vs_dd", "restore_vs_dcp_load", "obj_up_vs_s3fs",
+RATIOS = ["block_ratio_vs_dcp", "durable_vs_dd", "restore_vs_dcp_load", "buddy_vs_shared",
+          "obj_up_vs_s3fs",
           "obj_fetch_vs_s3fs_get", "obj_restore_vs_s3fs_get_load"]
 
 
@@ -30,6 +31,7 @@ def test_ckpt_bench_compares_every_method_and_restores_bit_exact(tmp_path: Any,
     assert lines[-1].startswith("RESULT ") and sum(ln.startswith("RESULT") for ln in lines) == 1
     fields = dict(kv.split("=", 1) for kv in lines[-1].split()[1:])
     assert fields["bit_exact"] == "1" and fields["obj_bit_exact"] == "1", fields
+    assert fields["buddy_bit_exact"] == "1", fields  # the spare restored through the buddy
     assert fields["checksum"] == "crc32"
     for key in RATIOS:
         assert float(fields[key]) > 0, (key, fields)

@@ -17,6 +17,14 @@ figure is (medians over the loop unless said otherwise):
 * restore NVMe: the store (manifest + every checksum verified, then DCP load) against a
   plain ``dcp.load`` of the same step directory, both from a cold page cache (the files are
   evicted with posix_fadvise before each), alternating.
+* restore after a node loss: 2 gloo ranks as 2 nodes, one step on NVMe (with its buddy
+  copy) and on the shared tier; node1's NVMe is deleted and a spare takes its slot. The
+  store restoring through the buddy copy (fetched from node0 over gloo, verified, then read
+  from the spare's NVMe) against the same store with ``replicas=0`` reading what the spare
+  lacks from the shared tier (what a restore without buddy copies does), cold page caches,
+  alternating; the slowest rank counts (``buddy_vs_shared``: < 1 means the buddy is faster).
+  On this machine both "tiers" are one local disk, so the shared tier is far faster here
+  than a real parallel file system under a whole job's restore traffic.
 * object tier: a fresh server is warmed up with one upload first; then, alternating
   A B B A, the store's promotion of a committed step to S3 (``ckpt_durable`` seconds:
   find source, upload, commit, manifest, verify) against a plain default
@@ -197,6 +205,95 @@ def restore_compare(state: dict[str, Any], work: str, checksum: str, rounds: int
             "restore_dcp_s": statistics.median(times["dcp"]), "bit_exact": float(same)}
 
 
+def _buddy_state(rank: int, world: int, total: int, step: int) -> dict[str, Any]:
+    """Each rank's own rows of a sharded matrix (FSDP-like), ``total`` bytes in all."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    cols = 1 << 16
+    rows = max(world, total // 4 // cols // world * world)
+    g = torch.Generator().manual_seed(step)
+    return {"model": {"w": distribute_tensor(torch.randn(rows, cols, generator=g), mesh,
+                                             [Shard(0)])}, "step": step}
+
+
+def _buddy_rank(rank: int, world: int, work: str, port: int, total: int, nodes: list[str],
+                mode: str) -> None:
+    """One rank of the node-loss bench (spawned): ``save`` step 1 on NVMe + Lustre, or
+    restore it on ``nodes`` with buddy copies (``buddy``) or without (``shared``)."""
+    import json
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    cfg = StoreConfig(nvme_uri=f"{work}/nvme", lustre_uri=f"{work}/lustre",
+                      replicas=0 if mode == "shared" else 1, keep_nvme=1)
+    events: list[dict[str, Any]] = []
+    store = CheckpointStore.from_config(cfg, rank=rank, world_size=world,
+                                        node=nodes[rank], env={"LOCAL_WORLD_SIZE": "1"},
+                                        on_event=events.append)
+    out: dict[str, Any] = {}
+    if mode == "save":
+        store.save(1, _buddy_state(rank, world, total, 1))
+        store.wait()
+    else:
+        tmpl = _buddy_state(rank, world, total, 0)
+        dist.barrier()
+        t0 = time.perf_counter()
+        res = store.restore(tmpl)
+        out["s"] = time.perf_counter() - t0
+        want = _buddy_state(rank, world, total, 1)
+        out["ok"] = res is not None and res.step == 1 and torch.equal(
+            tmpl["model"]["w"].to_local(), want["model"]["w"].to_local())
+        out["tier"] = res.tier if res is not None else None
+        out["fetched"] = any(e["event"] == "ckpt_fetched" for e in events)
+    store.close()
+    dist.destroy_process_group()
+    with open(os.path.join(work, f"{mode}{rank}.json"), "w") as f:
+        json.dump(out, f)
+
+
+def node_loss_compare(work: str, total: int, rounds: int = 2) -> dict[str, float]:
+    """Restore after a node loss, 2 nodes x 1 rank, the same step on NVMe (with its buddy
+    copy) and on the shared tier: node1 and its NVMe are gone, a spare takes its slot.
+    ``buddy``: the spare fetches node1's files from node0 over gloo, then restores from its
+    NVMe; ``shared``: no buddy copies (store.replicas=0), the spare reads from Lustre. Page
+    caches are dropped before each; alternating A B B A; the slowest rank's restore counts."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    from slurmkit.testing.s3server import free_port
+
+    work = os.path.join(work, "nodeloss")
+    mp.start_processes(_buddy_rank, args=(2, work, free_port(), total, ["node0", "node1"],
+                                          "save"), nprocs=2, join=True, start_method="spawn")
+    shutil.rmtree(os.path.join(work, "nvme", "node1"))  # the lost node's disk
+    times: dict[str, list[float]] = {"buddy": [], "shared": []}
+    same, fetched = True, True
+    for i in range(2 * rounds):
+        mode = ("buddy", "shared", "shared", "buddy")[i % 4]
+        shutil.rmtree(os.path.join(work, "nvme", "spare"), ignore_errors=True)
+        for d in glob.glob(os.path.join(work, "*", "*", "step_*")) + glob.glob(
+                os.path.join(work, "lustre", "step_*")):
+            evict(d)
+        mp.start_processes(_buddy_rank, args=(2, work, free_port(), total, ["node0", "spare"],
+                                              mode), nprocs=2, join=True, start_method="spawn")
+        outs = []
+        for r in range(2):
+            with open(os.path.join(work, f"{mode}{r}.json")) as f:
+                outs.append(json.load(f))
+        times[mode].append(max(o["s"] for o in outs))
+        same = same and all(o["ok"] for o in outs)
+        if mode == "buddy":
+            fetched = fetched and outs[0]["fetched"]
+    return {"buddy_s": statistics.median(times["buddy"]),
+            "shared_s": statistics.median(times["shared"]),
+            "bit_exact": float(same and fetched)}
+
+
 def plain_s3fs(env: dict[str, str]) -> Any:
     """A default s3fs filesystem (endpoint and keys only): the 'plain s3fs' baseline."""
     import s3fs
@@ -311,6 +408,10 @@ def main() -> int:
           f"paired ratio {paired:.2f}")
     print(f"restore NVMe: store {rs['restore_store_s']:.2f} s (with checksums), "
           f"dcp.load {rs['restore_dcp_s']:.2f} s; bit-exact={bool(rs['bit_exact'])}")
+    nl = node_loss_compare(work, total)
+    print(f"restore after a node loss (2 nodes, same step): from the buddy copy "
+          f"{nl['buddy_s']:.2f} s, from the shared tier {nl['shared_s']:.2f} s; "
+          f"bit-exact={bool(nl['bit_exact'])}")
     result = {
         "size_gib": round(gib, 3),
         "checksum": a.checksum,
@@ -321,6 +422,8 @@ def main() -> int:
         "durable_vs_dd": round(paired, 3),
         "restore_vs_dcp_load": round(rs["restore_store_s"] / rs["restore_dcp_s"], 3),
         "bit_exact": int(rs["bit_exact"]),
+        "buddy_vs_shared": round(nl["buddy_s"] / nl["shared_s"], 3),
+        "buddy_bit_exact": int(nl["bit_exact"]),
     }
     pid = None
     if not a.no_s3:

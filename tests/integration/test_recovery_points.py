@@ -1,0 +1,123 @@
+"""Every committed save is a recovery point for every rank, on the real local cluster.
+
+A 2-node x 2-rank job (+exp=tiny) with conf/store/tiered.yaml: NVMe every save, the shared
+tier every 4th save, so most saves live on NVMe only. Each fault lands right after such a
+save committed; the run must resume from exactly that save (not from the older one on the
+shared tier) and end bit for bit equal to the uninterrupted run:
+  * one rank SIGKILLed: its node's NVMe holds everything it reads (buddy copies, .metadata);
+  * one node lost with its NVMe (``tools/local-cluster kill-node``), a spare takes its slot
+    and fetches the lost node's files from the buddy copy on the surviving node;
+(The time-limit warning's stop checkpoint: test_recovery_points_stop.py.)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.integration.faults import events, final, finish, mark_fault, rank_pid, submit
+from tests.integration.helpers import slurm_env
+from tests.integration.test_faults import _kill_node, _restore_node
+
+pytestmark = pytest.mark.integration
+STEPS, INTERVAL, EVERY = 28, 4, 4  # saves at 4, 8, ..., 28; the shared tier gets step 16
+STORE = ["store=tiered", "store.nvme_uri=$SLURMKIT_RUN_DIR/ckpt/nvme",
+         "store.lustre_uri=$SLURMKIT_RUN_DIR/ckpt/shared", "store.object_uri=",
+         f"store.lustre_every_saves={EVERY}", "store.stagger_s=0"]
+COMMON = ["+exp=tiny", f"train.steps={STEPS}", f"train.ckpt_interval_steps={INTERVAL}",
+          "supervisor.heartbeat_timeout_s=8", *STORE]
+DELAY = "+job.env.SLURMKIT_STEP_DELAY_S=0.5"
+NVME_ONLY = 20  # the 5th save: committed on NVMe, never promoted
+
+
+@pytest.fixture(scope="module")
+def env(cluster_env) -> dict[str, str]:
+    return slurm_env(cluster_env)
+
+
+@pytest.fixture(scope="module")
+def reference(env, tmp_path_factory) -> str:
+    d = tmp_path_factory.mktemp("rp-ref")
+    job, run_dir = submit([*COMMON, "job.name=rp-reference"], env, str(d))
+    assert finish(job, env) == "COMPLETED"
+    assert final(run_dir)["step"] == STEPS
+    return str(final(run_dir)["param_sha256"])
+
+
+def wait_saved(run_dir: str, step: int, timeout_s: float = 300) -> None:
+    """Until rank 0 recorded the commit of ``step`` (every rank committed it)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(e["step"] == step for e in events(run_dir, "ckpt_saved")):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} was never saved in {run_dir}")
+
+
+def newest_saved_before_failure(run_dir: str, timeout_s: float = 300) -> int:
+    """The newest commit rank 0 recorded before the supervisor saw the failure."""
+    deadline = time.monotonic() + timeout_s
+    while not events(run_dir, "failure"):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no failure recorded in {run_dir}")
+        time.sleep(0.1)
+    failure_t = events(run_dir, "failure")[0]["t"]
+    return max(e["step"] for e in events(run_dir, "ckpt_saved") if e["t"] < failure_t)
+
+
+def assert_resumed_bit_exact(run_dir: str, job: str, env, reference: str, step: int) -> dict:
+    state = finish(job, env)
+    log = os.path.join(run_dir, "logs", "rank0.log")
+    assert state == "COMPLETED", (state, open(log).read()[-3000:] if os.path.exists(log) else "")
+    assert final(run_dir)["param_sha256"] == reference, "resumed run diverged"
+    restored = events(run_dir, "ckpt_restored")
+    assert restored and restored[0]["step"] == step, (restored, step)
+    return restored[0]
+
+
+def test_a_rank_killed_after_an_nvme_only_save_resumes_from_it(env, reference, tmp_path) -> None:
+    job, run_dir = submit([*COMMON, DELAY, "job.name=rp-kill"], env, str(tmp_path))
+    wait_saved(run_dir, NVME_ONLY)
+    shared = os.path.join(run_dir, "ckpt", "shared")
+    mark_fault(run_dir, "sigkill", rank=3, step=NVME_ONLY)
+    os.kill(rank_pid(run_dir, 3), signal.SIGKILL)
+    step = newest_saved_before_failure(run_dir)
+    assert step >= NVME_ONLY and step % (INTERVAL * EVERY), step  # never on the shared tier
+    assert not os.path.exists(os.path.join(shared, f"step_{step:010d}", "manifest.json"))
+    restored = assert_resumed_bit_exact(run_dir, job, env, reference, step)
+    assert restored["tier"] == "nvme" and not restored["bytes_by_tier"].get("lustre"), restored
+
+
+def test_a_node_lost_after_an_nvme_only_save_is_restored_on_a_spare_from_the_buddy(
+        env, reference, tmp_path) -> None:
+    job, run_dir = submit([*COMMON, DELAY, "job.name=rp-spare", "supervisor.spare_nodes=1"],
+                          env, str(tmp_path))
+    wait_saved(run_dir, NVME_ONLY)
+    (start,) = events(run_dir, "allocation_start")
+    lost = str(start["train_nodes"][1])
+    nvme = os.path.join(run_dir, "ckpt", "nvme", lost)
+    assert os.path.isdir(nvme)
+    mark_fault(run_dir, "node_loss", node=lost, step=NVME_ONLY)
+    try:
+        _kill_node(env, lost)
+        assert not os.path.exists(nvme), "kill-node left the lost node's NVMe directory"
+        restored = assert_resumed_bit_exact(run_dir, job, env, reference,
+                                            newest_saved_before_failure(run_dir))
+    finally:
+        _restore_node(env, lost)
+    step = restored["step"]
+    assert step % (INTERVAL * EVERY), step  # an NVMe-only save
+    assert events(run_dir, "decision")[0]["action"] == "replace_node"
+    spare = [e["node"] for e in events(run_dir, "ranks_started") if e["generation"] == 1
+             and 2 in e["ranks"]]
+    assert spare and spare[0] != lost, spare
+    # ranks 2 and 3 (the lost node's slot) fetched its files from the surviving node (ranks 0-1)
+    (fetched,) = [e for e in events(run_dir, "ckpt_fetched") if e["step"] == step]
+    assert {"2", "3"} <= set(fetched["ranks"]), fetched
+    for r in ("2", "3"):
+        got = fetched["ranks"][r]
+        assert got["files"] > 0 and set(got["from"]) <= {0, 1} and not got["problem"], got
+    assert restored["tier"] == "nvme" and not restored["bytes_by_tier"].get("lustre"), restored
