@@ -194,6 +194,19 @@ def _record_end(t: Target, state: JobState) -> None:
         "end", status="cancelled", job_id=t.ref.job_id, job_state=state.state)
 
 
+def final_checkpoint(run_dir: str) -> str:
+    """What the run's ledger says about the checkpoint it can resume from, in words."""
+    w = RunWatcher(run_dir)
+    w.refresh()
+    events = w.tail.events
+    asked = max((i for i, e in enumerate(events) if e.get("event") == "cancel_requested"), default=0)
+    saved = next((e for e in reversed(events[asked:]) if e.get("event") == "checkpointed_on_signal"), None)
+    if saved is not None:
+        return f"final checkpoint at step {saved.get('step')}"
+    newest = max(w.view.checkpoints.values(), default=None) if w.view else None
+    return "no checkpoint" if newest is None else f"newest checkpoint at step {newest}"
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="slurmkit cancel", description="Cancel a run's job cleanly.")
     p.add_argument("target", help="run directory, sweep directory or job id")
@@ -218,8 +231,8 @@ def main(argv: list[str], env: Mapping[str, str] | None = None, console: Console
     except ConfigError as exc:
         Console(stderr=True).print(Text(f"error: {exc}"))
         return 2
-    for ref, state in final.items():
-        console.print(Text(f"job {ref.job_id}: {state.state}"))
+    for t in ts:
+        console.print(Text(f"job {t.ref.job_id}: {final[t.ref].state}; {final_checkpoint(t.run_dir)}"))
     return 0 if all(s.over for s in final.values()) else 1
 
 

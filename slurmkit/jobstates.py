@@ -1,9 +1,10 @@
 """Job states for the watching verbs, at most one slurmctld query per refresh for all jobs shown.
 
 A watcher showing twenty runs must not cost slurmctld twenty calls a second. :class:`JobPoller`
-asks ``squeue -j id1,id2,...`` once per :meth:`JobPoller.poll` for the jobs not known to be
-over; a job that left the queue is asked of ``sacct`` (slurmdbd, not slurmctld) once, and
-its terminal state is kept, never asked again. Jobs of the local executor (their id is the
+asks ``squeue -t all -j id1,id2,...`` once per :meth:`JobPoller.poll` for the jobs not known to
+be over (``-t all``: slurmctld's own word on jobs that ended within MinJobAge; sacct would show
+a job cancelled while pending after a requeue as REQUEUED for good); a job slurmctld forgot
+is asked of ``sacct`` (slurmdbd, not slurmctld); a terminal state is kept, never asked again. Jobs of the local executor (their id is the
 pid of submitit's local controller) are looked up in the process table.
 
 Both Slurm commands go through :class:`slurmkit.slurm.client.SlurmClient` and so through its
@@ -105,7 +106,7 @@ class JobPoller:
         ids = [r.job_id for r in refs]
         try:
             self.queries += 1
-            rows = self.client.squeue(job_ids=ids)
+            rows = self.client.squeue(job_ids=ids, states="all")
         except SlurmError as exc:
             log.warning("squeue failed: %s", exc)
             return {r: JobState(UNKNOWN) for r in refs}

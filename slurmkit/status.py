@@ -28,7 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from slurmkit.errors import ConfigError
-from slurmkit.jobstates import JobPoller, JobRef, JobState
+from slurmkit.jobstates import UNKNOWN, JobPoller, JobRef, JobState
 from slurmkit.runview import (
     RunView,
     RunWatcher,
@@ -175,11 +175,17 @@ class StatusBoard:
         return changed
 
     def done(self) -> bool:
-        """Every run ended (by its ledger) or its job is over."""
+        """Every run's job is over; where Slurm cannot tell (no job yet, no Slurm), its ledger ended.
+
+        The ledger's ``end`` comes a moment before Slurm's end (and a preempted run is requeued
+        after one), so Slurm's word counts whenever there is one."""
         for s in self.shown:
             ref, v = s.ref(), s.watcher.view
             job = self.jobs.get(ref) if ref is not None else None
-            if not ((v is not None and v.ended) or (job is not None and job.over)):
+            if job is not None and job.state != UNKNOWN:
+                if not job.over:
+                    return False
+            elif not (v is not None and v.ended):
                 return False
         return True
 

@@ -120,12 +120,18 @@ class SlurmClient:
             args.insert(1, "--duplicates")
         return parse_sacct(self._run(args).stdout, SACCT_FIELDS)
 
-    def squeue(self, user: str | None = None,
-               job_ids: Collection[str] | None = None) -> list[SqueueRow]:
-        """Queued and running jobs, optionally of one user or of the given job ids."""
+    def squeue(self, user: str | None = None, job_ids: Collection[str] | None = None,
+               states: str | None = None) -> list[SqueueRow]:
+        """Queued and running jobs, optionally of one user or of the given job ids.
+
+        ``states`` is squeue's ``-t`` (``all`` adds jobs that ended within MinJobAge: a job
+        cancelled while pending after a requeue is then CANCELLED here, while sacct still
+        shows the requeued run)."""
         args = ["squeue", "--noheader", "-o", SQUEUE_FORMAT]
         if user:
             args += ["-u", user]
+        if states:
+            args += ["-t", states]
         if job_ids is not None:
             if not job_ids:
                 return []
