@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from slurmkit.store.manifest import (
@@ -81,7 +82,7 @@ def check_step(tier: Tier, step: int, *, deep: bool,
 
 def check_file(tier: Tier, step: int, e: FileEntry, algo: str, *, deep: bool,
                on_bytes: Callable[[int], None] | None = None,
-               sizes: dict[str, int] | None = None) -> str | None:
+               sizes: Mapping[str, int] | None = None) -> str | None:
     """Why ``e`` does not verify on ``tier`` (None when it does).
 
     ``sizes``: the step directory's listing (name -> bytes) when the caller has it.
@@ -131,3 +132,30 @@ def write_latest(tier: Tier, step: int) -> None:
     if current is not None and current >= step:
         return
     tier.write_atomic(LATEST, json.dumps({"step": step}).encode())
+
+
+class VerifiedCache:
+    """Which save of a step this process saw deep-verified on a tier: hashed while it was
+    written (the writer's sealing), or checked on the destination after a promotion copy.
+
+    Retention asks it before hashing anything again, so a step is read back at most once
+    per process and tier."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[str, int], str] = {}
+        self._lock = threading.Lock()
+
+    def mark(self, tier: Tier, step: int, save: str) -> None:
+        with self._lock:
+            self._known[(tier.uri, step)] = save
+            if len(self._known) > 4096:  # a long run: forget the oldest steps
+                for key in sorted(self._known, key=lambda k: k[1])[:1024]:
+                    del self._known[key]
+
+    def forget(self, tier: Tier, step: int) -> None:
+        with self._lock:
+            self._known.pop((tier.uri, step), None)
+
+    def get(self, tier: Tier, step: int) -> str | None:
+        with self._lock:
+            return self._known.get((tier.uri, step))

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from slurmkit.errors import SlurmkitError, print_error
 from slurmkit.store.catalog import StepStatus, check_step, list_steps
-from slurmkit.store.promote import commit_promotion, copy_files
+from slurmkit.store.promote import promote_step
 from slurmkit.store.retention import gc_tier
 from slurmkit.store.tier import FsspecTier, make_tier
 
@@ -80,9 +80,8 @@ def promote(src: FsspecTier, dest: FsspecTier, step: int | None, console: Consol
             m = st.manifest
             with _progress(console) as prog:
                 task = prog.add_task(f"step {s} -> {dest.uri}", total=m.total_bytes)
-                copy_files(src, dest, s, m.files, max_workers=4,
-                           on_bytes=lambda n: prog.advance(task, n))
-            commit_promotion(dest, s, m)
+                promote_step([src], dest, m, max_workers=4,
+                             on_bytes=lambda n: prog.advance(task, n))
             console.print(f"step {s}: promoted {_human(m.total_bytes)} to {dest.uri}")
             return 0
         console.print(f"step {s} on {src.uri} does not verify: {st.problem}", markup=False)

@@ -24,18 +24,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from slurmkit.errors import ConfigError, SlurmkitError
-from slurmkit.store.catalog import check_step, list_steps
+from slurmkit.store.catalog import VerifiedCache, check_step, list_steps, read_manifest
 from slurmkit.store.config import StoreConfig
 from slurmkit.store.buddy import Links, Ring
 from slurmkit.store.coord import Coordinator
-from slurmkit.store.manifest import QUEUE_DIR, Manifest
-from slurmkit.store.promoter import Promoter, error_fields
-from slurmkit.store.queue import PromotionQueue, referenced_steps
+from slurmkit.store.manifest import Manifest, ManifestError, step_dir
+from slurmkit.store.promote import save_id
+from slurmkit.store.promoter import Promoter, error_fields, withdraw_step
 from slurmkit.store.recovery import recover
 from slurmkit.store.restore import RestoreResult, restore_newest
 from slurmkit.store.retention import gc_tier
 from slurmkit.store.staging import FillGate, StagingBuffers, fill
-from slurmkit.store.tier import FsspecTier, Tier, expand_env, make_tier
+from slurmkit.store.tier import FsspecTier, Tier, TierError, expand_env, make_tier
 from slurmkit.store.writer import SAVE_ERRORS, PrimaryWriter, tier_lock
 
 log = logging.getLogger(__name__)
@@ -98,20 +98,18 @@ class CheckpointStore:
         self._last_object = clock()
         self._closed = False
         self._lock = threading.Lock()
-        qroot = primary.local_path(QUEUE_DIR)
-        self._queue_dir = qroot
-        self._queue = PromotionQueue(os.path.join(qroot, f"rank_{rank}.json") if qroot else None)
-        all_tiers = [primary] + [t for t in tiers if t is not primary]
+        # what is due for promotion is read from the manifests on the tiers (no queue file):
+        # whatever nodes this job runs on, the promoter finds the newest due save there
+        self._verified = VerifiedCache()
         self._promoter = Promoter(
-            tiers=all_tiers, queue=self._queue, rank=rank, world_size=world_size,
-            emit=self._emit, gc=self._gc, retry_attempts=cfg.retry_attempts,
+            primary=primary, tiers=tiers, rank=rank, world_size=world_size,
+            emit=self._emit, gc=self._gc, verified=self._verified,
+            retry_attempts=cfg.retry_attempts,
             retry_initial_s=cfg.retry_initial_s, retry_max_s=cfg.retry_max_s,
             retry_pending_s=cfg.retry_pending_s, commit_timeout_s=cfg.commit_timeout_s,
             max_workers=cfg.max_concurrent_copies,
-            stagger_delay_s=(rank % cfg.stagger_slots) * cfg.stagger_s, clock=clock, sleep=sleep)
-        if self._queue.entries():
-            log.info("resuming %d pending promotions", len(self._queue.entries()))
-            self._promoter.wake()
+            stagger_delay_s=(rank % cfg.stagger_slots) * cfg.stagger_s, clock=clock, sleep=sleep,
+            withdraw=lambda t, m: withdraw_step(t, m, tier_lock))
 
     @classmethod
     def from_config(cls, cfg: StoreConfig, *, rank: int, world_size: int, node: str,
@@ -264,9 +262,10 @@ class CheckpointStore:
         return m, w.tier
 
     def _after_commit(self, m: Manifest, tier: FsspecTier) -> None:
-        for dest in m.promote_to:
-            if dest != tier.name:
-                self._queue.add(m.step, dest)
+        # the writer hashed every file while writing it: this save is deep-verified here
+        self._verified.mark(tier, m.step, save_id(m))
+        if tier is not self.primary:
+            self._promoter.note(m)
         self._gc(tier)
         self._promoter.wake()
 
@@ -281,18 +280,63 @@ class CheckpointStore:
                 "object": self.cfg.keep_object}.get(tier.name, 1)
 
     def _gc(self, tier: Tier) -> None:
-        """Retention on one tier: node-local tiers by every rank (locked), shared by rank 0."""
-        shared = tier.name in ("lustre", "object") and tier is not self.primary
+        """Retention on one tier: node-local tiers by every rank (locked), shared by rank 0.
+
+        Only deep-verified steps count (see ``_verified_here``); the steps still due for a
+        promotion (and the one being copied) are kept."""
+        shared = self._is_shared(tier)
         if shared and self.rank != 0:
             return
-        protected = referenced_steps(self._queue_dir)
-        if self._promoter.active is not None:
-            protected.add(self._promoter.active)
+        protected = self._promoter.protected()
         try:
+            # hash what is not known yet before taking the lock (other ranks commit under it)
+            known: dict[int, bool] = {}
+            for s in list_steps(tier):
+                known[s] = self._verified_here(tier, s)
+                if sum(known.values()) >= self._keep(tier):
+                    break
             with tier_lock(None if shared else tier):
-                gc_tier(tier, self._keep(tier), protected)
+                gc_tier(tier, self._keep(tier), protected,
+                        lambda s: known[s] if s in known else self._verified_here(tier, s))
         except SlurmkitError as exc:
             log.error("retention on %s failed: %s", tier.uri, exc)
+
+    def _is_shared(self, tier: Tier) -> bool:
+        return tier.name in ("lustre", "object") and tier is not self.primary
+
+    def _verified_here(self, tier: Tier, step: int) -> bool:
+        """``step`` deep-verifies on ``tier`` as far as this rank must know.
+
+        A save this process wrote or promoted was verified then (cached). Otherwise: on a
+        node's own tier, this rank's files are hashed (each rank its own, so a node reads
+        its data once); a file that does not match withdraws the save from the node. On a
+        shared tier a manifest is only ever written after every file it names verified there
+        (the writer hashes while writing, a promotion checks the destination after each
+        copy), so the manifest and the sizes are checked, not every byte again by rank 0.
+        """
+        try:
+            m = read_manifest(tier, step)
+        except (ManifestError, TierError):
+            return False
+        sid = save_id(m)
+        if self._verified.get(tier, step) == sid:
+            return True
+        if self._is_shared(tier):
+            ok = check_step(tier, step, deep=False).ok
+        else:
+            mine = [f for f in m.files if f.rank == self.rank]
+            st = check_step(tier, step, deep=True, files=lambda _: mine)
+            ok = st.ok
+            if not ok and st.manifest is not None and mine and tier.exists(
+                    f"{step_dir(step)}/{mine[0].name}"):
+                log.error("step %d on %s fails deep verification, withdrawn: %s", step,
+                          tier.uri, st.problem)
+                self._emit({"event": "ckpt_rejected", "step": step, "tier": tier.name,
+                            "uri": tier.uri, "phase": "retention", "reason": st.problem})
+                withdraw_step(tier, m, tier_lock)
+        if ok:
+            self._verified.mark(tier, step, sid)
+        return ok
 
     # -- waiting, restore, queries ----------------------------------------------------
     def wait(self, timeout: float | None = None) -> None:
@@ -332,7 +376,9 @@ class CheckpointStore:
         return not self.fg.any_true(not ok) if self.fg.distributed else ok
 
     def pending_promotions(self) -> list[tuple[int, str]]:
-        return self._queue.entries()
+        """(step, tier) saves due on a slower tier and not durable there yet (this rank's
+        view, from the manifests; only the newest per tier: older ones are superseded)."""
+        return self._promoter.pending()
 
     def restore(self, template_state: dict[str, Any]) -> RestoreResult | None:
         """Load the newest step that verifies on any tier into ``template_state`` (in place)."""
@@ -353,13 +399,13 @@ class CheckpointStore:
                               scratch, self._emit)
 
     def latest_verified(self) -> int | None:
-        """Newest step whose manifest and file sizes verify on any tier (no checksum pass)."""
+        """Newest step that deep-verifies on any tier (as ``_verified_here`` decides)."""
         best: int | None = None
         for t in self.tiers:
             for s in list_steps(t):
                 if best is not None and s <= best:
                     break
-                if check_step(t, s, deep=False).ok:
+                if self._verified_here(t, s):
                     best = s
                     break
         return best

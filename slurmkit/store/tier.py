@@ -6,15 +6,18 @@ tier root. Optional backends (s3fs) are imported lazily with an install hint.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import uuid
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, Protocol
 
 import fsspec
 
 from slurmkit.errors import ConfigError, SlurmkitError
+from slurmkit.store.manifest import hash_file, hash_stream
 from slurmkit.store.transfer import copy_hashed, fetch_hashed
 
 _ENV_RE = re.compile(r"\$(\w+)|\$\{(\w+)\}")
@@ -56,6 +59,7 @@ class Tier(Protocol):
     def ls(self, rel: str = "") -> list[str]: ...
     def exists(self, rel: str) -> bool: ...
     def size(self, rel: str) -> int: ...
+    def checksum(self, rel: str, algo: str) -> str: ...
     def rm(self, rel: str, recursive: bool = False) -> None: ...
     def commit(self, src_rel: str, dst_rel: str) -> None: ...
     def open(self, rel: str, mode: str = "rb") -> IO[bytes]: ...
@@ -103,6 +107,8 @@ class FsspecTier:
         self._local = "file" in _protocols(fs)
         root = str(fs._strip_protocol(self.uri)).rstrip("/")
         self.root = os.path.abspath(root) if self._local else root
+        # how checksum() obtained its answers: from the server's metadata or reading back
+        self.checksums = {"server": 0, "readback": 0}
 
     def __repr__(self) -> str:
         return f"FsspecTier({self.name!r}, {self.uri!r})"
@@ -194,10 +200,53 @@ class FsspecTier:
         except self._errors() as exc:
             raise self._io("size", rel, exc) from exc
 
+    def checksum(self, rel: str, algo: str) -> str:
+        """The checksum of ``rel`` as stored here, in the manifest's format.
+
+        For crc32 on S3 the server's own whole-object CRC32 (one HEAD, no bytes moved) where
+        it returns one: SeaweedFS does for objects sent in one PUT, not for multipart
+        uploads (no checksum, or a composite one, which is a CRC of part CRCs). Everything
+        else is read back and hashed."""
+        if algo == "crc32" and not self._local:
+            crc = self._server_crc32(rel)
+            if crc is not None:
+                self.checksums["server"] += 1
+                return crc
+        try:
+            local = self.local_path(rel)
+            if local is not None:
+                digest, _ = hash_file(local, algo)
+            else:
+                with self.fs.open(self._p(rel), "rb") as f:
+                    digest, _ = hash_stream(f, algo)
+        except self._errors() as exc:
+            raise self._io("checksum", rel, exc) from exc
+        self.checksums["readback"] += 1
+        return digest
+
+    def _server_crc32(self, rel: str) -> str | None:
+        call = getattr(self.fs, "call_s3", None)
+        if call is None:
+            return None
+        try:
+            bucket, key, _ = self.fs.split_path(self._p(rel))
+            head = call("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+        except self._errors() as exc:
+            raise self._io("head", rel, exc) from exc
+        value = head.get("ChecksumCRC32")
+        if not value or "-" in value or head.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
+            return None
+        raw = base64.b64decode(value)
+        return f"{int.from_bytes(raw, 'big'):08x}" if len(raw) == 4 else None
+
     def rm(self, rel: str, recursive: bool = False) -> None:
         """Remove ``rel`` (a missing path is not an error)."""
         try:
             self.fs.rm(self._p(rel), recursive=recursive)
+            if recursive and not self._local and self.fs.exists(self._p(rel)):
+                # SeaweedFS leaves a "dir/" marker once the last key under a prefix is gone
+                # (it listed as an empty step); the second delete removes it
+                self.fs.rm(self._p(rel), recursive=True)
         except FileNotFoundError:
             return
         except self._errors() as exc:
@@ -211,11 +260,12 @@ class FsspecTier:
             if self._local:
                 os.makedirs(os.path.dirname(self._p(dst_rel)), exist_ok=True)
                 os.rename(self._p(src_rel), self._p(dst_rel))
-            else:  # object stores have no directories: copy every key, then delete
+            else:  # object stores have no directories: copy every key (server side), delete
                 src = self.fs._strip_protocol(self._p(src_rel)).rstrip("/")
                 dst = self.fs._strip_protocol(self._p(dst_rel)).rstrip("/")
-                for key in self.fs.find(src):
-                    self.fs.copy(key, dst + str(key)[len(src):])
+                keys = [str(k) for k in self.fs.find(src)]
+                with ThreadPoolExecutor(max_workers=max(1, min(len(keys), 8))) as pool:
+                    list(pool.map(lambda k: self.fs.copy(k, dst + k[len(src):]), keys))
                 self.fs.rm(src, recursive=True)
         except self._errors() as exc:
             raise self._io("commit", src_rel, exc) from exc

@@ -30,6 +30,19 @@ class TierSuite:
         with open(dst, "rb") as f:
             assert f.read() == data
 
+    @pytest.mark.parametrize("algo", ["crc32", "sha256"])
+    def test_checksum_is_of_the_stored_bytes(self, tier: Tier, tmp_path: str, algo: str
+                                             ) -> None:
+        """What a promotion compares after each copy: the destination's own checksum (the
+        server's CRC32 on S3 where it has one, else the bytes read back)."""
+        src = os.path.join(tmp_path, "src.bin")
+        with open(src, "wb") as f:
+            f.write(os.urandom(1 << 20))
+        tier.put_file(src, "s/f.bin")
+        assert tier.checksum("s/f.bin", algo) == hash_file(src, algo)[0]
+        tier.write_atomic("s/f.bin", b"other bytes, same name")
+        assert tier.checksum("s/f.bin", algo) != hash_file(src, algo)[0]
+
     def test_ls_lists_children_names(self, tier: Tier) -> None:
         assert tier.ls("") == []
         assert tier.ls("nothing/here") == []

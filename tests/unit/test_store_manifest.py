@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 
 import pytest
@@ -79,7 +80,7 @@ def _fake_step(tier, step: int, manifest: bool = True) -> None:  # type: ignore[
     tier.write_atomic(f"{step_dir(step)}/__0_0.distcp", b"x")
     if manifest:
         m = Manifest(step=step, world_size=1, checksum_algo="sha256",
-                     files=[FileEntry("__0_0.distcp", 1, "", 0)])
+                     files=[FileEntry("__0_0.distcp", 1, hashlib.sha256(b"x").hexdigest(), 0)])
         tier.write_atomic(f"{step_dir(step)}/manifest.json", m.to_json())
 
 
