@@ -53,8 +53,17 @@ def run_local_sweep(sweep_dir: str, parallelism: int) -> int:
 
     variants = load_sweep(sweep_dir).variants
     workers = max(1, min(parallelism or 1, len(variants)))
+
+    def one(v: Variant) -> bool:
+        try:
+            return run_variant(v, submit_local)
+        except Exception:  # one broken variant must not stop the others: report it, go on
+            log.exception("variant %d (%s) could not run", v.index, " ".join(v.overrides))
+            return False
+
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="variant") as pool:
-        results = list(pool.map(lambda v: run_variant(v, submit_local), variants))
+        results = list(pool.map(one, variants))
+    log.info("sweep done: %d of %d variants completed", sum(results), len(results))
     return 0 if all(results) else 1
 
 

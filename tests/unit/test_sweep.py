@@ -246,3 +246,19 @@ def test_control_characters_never_reach_a_script(field, change) -> None:
         build_jobspec(cfg, change.get("run_dir", "/runs/ok"), [])
     assert field in str(exc.value) and "control character" in str(exc.value)
     assert build_jobspec(compose(["+exp=tiny", "cluster=local_slurm"]), "/runs/ok", []).run_dir == "/runs/ok"
+
+
+def test_local_runner_reports_a_variant_it_cannot_start_and_goes_on(tmp_path, caplog) -> None:
+    from slurmkit.sweep.layout import Sweep, Variant, variant_dir, write_sweep
+    from slurmkit.sweep.local import run_local_sweep
+
+    sweep_dir = str(tmp_path / "x-sweep")
+    variants = [Variant(i, [f"train.steps={i}"], variant_dir(sweep_dir, i)) for i in range(2)]
+    for v in variants:
+        os.makedirs(v.run_dir)  # no frozen config.yaml: neither variant can start
+    write_sweep(Sweep(sweep_dir, "x", "0-1", "local", [], variants))
+    with caplog.at_level("INFO", logger="slurmkit.sweep.local"):
+        assert run_local_sweep(sweep_dir, 1) == 1
+    assert "variant 0 (train.steps=0) could not run" in caplog.text
+    assert "variant 1 (train.steps=1) could not run" in caplog.text, "the runner stopped at the first"
+    assert "0 of 2 variants completed" in caplog.text
