@@ -48,7 +48,7 @@ def targets(kind: str, path: str) -> list[Target]:
     """The jobs to cancel: one run's, or one per variant of a sweep (its array tasks)."""
     if kind == "sweep":
         sweep = read_sweep(path)
-        out = []
+        out: list[Target] = []
         for v in sweep.variants:
             w = RunWatcher(v.run_dir)
             w.refresh()
@@ -62,6 +62,25 @@ def targets(kind: str, path: str) -> list[Target]:
         raise ConfigError(f"{path} has no job in its ledger", "a run that slurmkit.submit submitted",
                           "nothing to cancel: the run was never submitted")
     return [Target(path, JobRef(w.view.job_id, w.view.executor or "slurm"))]
+
+
+def stop_local_runner(sweep_dir: str, kill: Callable[[int, int], None] = os.kill) -> bool:
+    """A local sweep: stop its runner first, so it starts no more variants; True if it ran.
+
+    The pid counts only while it is still that runner (its command line names the module)."""
+    if not os.path.isdir(sweep_dir):
+        return False
+    pid = read_sweep(sweep_dir).runner_pid
+    if pid is None or pid <= 1:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"slurmkit.sweep.local" not in f.read():
+                return False
+        kill(pid, signal.SIGTERM)
+    except (OSError, ProcessLookupError):
+        return False
+    return True
 
 
 def local_rank_pids(run_dir: str) -> list[int]:
@@ -223,6 +242,8 @@ def main(argv: list[str], env: Mapping[str, str] | None = None, console: Console
     console = console or Console()
     try:
         kind, path = resolve(args.target, args.root or default_run_root(env))
+        if kind == "sweep" and stop_local_runner(path):
+            console.print(Text("stopped the sweep's local runner: no more variants start"))
         ts = targets(kind, path)
         client = make_client(env)
         canceller = Canceller(client, JobPoller(client), user=env.get("USER") or getpass.getuser())

@@ -339,6 +339,7 @@ class Sweep:
     name: str
     job_id: str | None
     variants: list[Variant]
+    runner_pid: int | None = None  # the local executor's array runner (slurmkit.sweep.local)
 
     def job_ref(self, v: Variant) -> str | None:
         """The Slurm id of one array task (``<array job>_<index>``)."""
@@ -365,9 +366,10 @@ def read_sweep(path: str) -> Sweep:
         run_dir = v["run_dir"] if os.path.isabs(v["run_dir"]) else os.path.join(path, v["run_dir"])
         out.append(Variant(int(v.get("index", len(out))), [str(o) for o in v.get("overrides") or []],
                            run_dir))
-    job = raw.get("job_id")
+    job, runner = raw.get("job_id"), raw.get("runner_pid")
     return Sweep(path, str(raw.get("name") or os.path.basename(path)),
-                 str(job) if job is not None else None, out)
+                 str(job) if job is not None else None, out,
+                 runner if isinstance(runner, int) and not isinstance(runner, bool) else None)
 
 
 def is_run_dir(path: str) -> bool:

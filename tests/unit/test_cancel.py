@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from slurmkit.cancel import Canceller, Target, cancel
+from slurmkit.cancel import Canceller, Target, cancel, stop_local_runner
 from slurmkit.jobstates import JobPoller, JobRef
 from slurmkit.launch.cancel_request import cancel_request_path, read_cancel_request
 from slurmkit.slurm import FakeSlurm
@@ -137,3 +137,23 @@ def test_local_checkpoint_cancel_sends_sigterm_to_the_controller(tmp_path: Path)
     assert sent == [signal.SIGTERM] and proc.wait() == 0
     assert final[target.ref].over
     assert [e["event"] for e in _events(run)][-2:] == ["cancel_requested", "end"]
+
+
+def test_a_local_sweep_runner_is_stopped_only_while_it_is_that_runner(tmp_path: Path) -> None:
+    import json
+
+    code = "import sys; sys.stdin.read()"
+    runner = subprocess.Popen([sys.executable, "-c", code, "slurmkit.sweep.local"], stdin=subprocess.PIPE)
+    other = subprocess.Popen([sys.executable, "-c", code, "something-else"], stdin=subprocess.PIPE)
+    try:
+        for proc, expected in ((other, False), (runner, True)):
+            (tmp_path / "sweep.json").write_text(json.dumps(
+                {"kind": "sweep", "name": "s", "job_id": None, "runner_pid": proc.pid, "variants": []}))
+            assert stop_local_runner(str(tmp_path)) is expected
+        assert runner.wait() == -signal.SIGTERM
+        assert other.poll() is None  # a reused pid of another program is left alone
+    finally:
+        for proc in (runner, other):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
