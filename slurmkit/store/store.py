@@ -366,14 +366,14 @@ class CheckpointStore:
         tier = self.shared_tier()
         if tier is None or tier is self.primary:
             return True
-        ok = False
+        missing = False
         if self.rank == 0:  # one check of the shared tier, not one per rank
             status = check_step(tier, step, deep=False)
-            ok = status.ok
-            if not ok:
+            missing = not status.ok
+            if missing:
                 log.error("stop checkpoint of step %d is not on %s: %s", step, tier.uri,
                           status.problem)
-        return not self.fg.any_true(not ok) if self.fg.distributed else ok
+        return not self.fg.any_true(missing)
 
     def pending_promotions(self) -> list[tuple[int, str]]:
         """(step, tier) saves due on a slower tier and not durable there yet (this rank's

@@ -66,3 +66,17 @@ def restore_main(rank: int, world: int, root: str, port: int, out: str, nodes: l
     with open(os.path.join(out, f"restore{rank}.json"), "w") as f:
         json.dump({"ok": ok, "step": step, "tier": res.tier if res else None,
                    "events": events}, f)
+
+
+def stop_save_main(rank: int, world: int, root: str, port: int, out: str) -> None:
+    """A periodic save (NVMe only), then a stop save: it must reach Lustre, and every rank
+    must hear so from wait_shared."""
+    join_gloo(rank, world, port)
+    events: list[dict[str, Any]] = []
+    st = _store(root, rank, world, f"node{rank // LOCAL}", events)
+    st.save(1, _state(rank, world, 1))
+    st.save(2, _state(rank, world, 2), shared=True).wait()
+    ok = st.wait_shared(2)
+    st.close()
+    with open(os.path.join(out, f"stop{rank}.json"), "w") as f:
+        json.dump({"wait_shared": ok}, f)

@@ -16,7 +16,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from slurmkit.testing.s3server import free_port
-from tests.integration.buddy_workers import restore_main, save_main
+from tests.integration.buddy_workers import restore_main, save_main, stop_save_main
 
 pytestmark = pytest.mark.integration
 WORLD, STEPS = 4, 2
@@ -77,3 +77,13 @@ def test_without_a_buddy_copy_on_any_live_node_the_restore_falls_back(tmp_path: 
     results = _restore(tmp, root, ["node2", "node3"])
     assert all(r["step"] == -1 and not r["ok"] for r in results), results
     assert not any(e["event"] == "ckpt_fetched" for e in results[0]["events"])
+
+
+def test_a_stop_save_reaches_the_shared_tier_and_every_rank_is_told(tmp_path: Any) -> None:
+    tmp = str(tmp_path)
+    root = os.path.join(tmp, "ck")
+    mp.start_processes(stop_save_main, args=(WORLD, root, free_port(), tmp), nprocs=WORLD,
+                       join=True, start_method="spawn")
+    assert all(_read(os.path.join(tmp, f"stop{r}.json"))["wait_shared"] for r in range(WORLD))
+    assert os.path.exists(os.path.join(root, "lustre", "step_0000000002", "manifest.json"))
+    assert not os.path.exists(os.path.join(root, "lustre", "step_0000000001"))
