@@ -7,7 +7,8 @@ shared tier) and end bit for bit equal to the uninterrupted run:
   * one rank SIGKILLed: its node's NVMe holds everything it reads (buddy copies, .metadata);
   * one node lost with its NVMe (``tools/local-cluster kill-node``), a spare takes its slot
     and fetches the lost node's files from the buddy copy on the surviving node;
-(The time-limit warning's stop checkpoint: test_recovery_points_stop.py.)
+  * the time-limit warning: the stop checkpoint reaches the shared tier before exit 95, and
+    the requeued job resumes from it.
 """
 
 from __future__ import annotations
@@ -121,3 +122,34 @@ def test_a_node_lost_after_an_nvme_only_save_is_restored_on_a_spare_from_the_bud
         got = fetched["ranks"][r]
         assert got["files"] > 0 and set(got["from"]) <= {0, 1} and not got["problem"], got
     assert restored["tier"] == "nvme" and not restored["bytes_by_tier"].get("lustre"), restored
+
+
+def _story(run_dir: str) -> str:
+    """The ledger without heartbeats: what happened, for a failure message."""
+    from tests.integration.helpers import read_ledger
+
+    rows = [e for e in read_ledger(run_dir) if e["event"] not in ("heartbeat", "state")]
+    return "\n".join(str(e)[:300] for e in rows[-25:])
+
+
+def test_the_time_limit_stop_checkpoint_is_on_the_shared_tier_and_the_requeue_resumes_it(
+        env, reference, tmp_path) -> None:
+    """A 3-minute limit, 60 s warning, ~2 minutes of training: the USR1 stop save is an NVMe
+    save by the promotion interval, yet it must be on the shared tier before the ranks exit
+    95. (Slurm sends the warning up to 60 s early: a 2-minute limit could signal ranks that
+    are still importing torch on a loaded machine.)"""
+    job, run_dir = submit([*COMMON, "job.name=rp-time", "job.time=00:03:00",
+                           "job.signal_lead_s=60", "+job.env.SLURMKIT_STEP_DELAY_S=4"],
+                          env, str(tmp_path))
+    state = finish(job, env, timeout_s=900)
+    assert state == "COMPLETED", (state, _story(run_dir))
+    assert final(run_dir)["param_sha256"] == reference
+    (saved, *_) = events(run_dir, "checkpointed_on_signal")
+    assert saved["signal"] == "time_limit", saved
+    stopped = events(run_dir, "train_stopped")[0]
+    durable = [e for e in events(run_dir, "ckpt_durable")
+               if e["step"] == stopped["step"] and e["tier"] == "lustre"]
+    assert durable and durable[0]["t"] <= stopped["t"], (durable, stopped)
+    assert events(run_dir, "requeue")
+    restored = events(run_dir, "ckpt_restored")
+    assert restored[0]["step"] == stopped["step"], (restored, stopped)
