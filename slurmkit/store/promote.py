@@ -114,14 +114,14 @@ def verify_copy(dest: Tier, rel: str, e: FileEntry, algo: str) -> str | None:
 
 
 def promote_file(sources: Sequence[Tier], dest: Tier, step: int, e: FileEntry, algo: str,
-                 stage: str, present: dict[str, int]) -> int:
+                 stage: str) -> int:
     """Put a verified copy of ``e`` into ``stage`` on ``dest``; return the bytes copied.
 
     A file already staged (an interrupted attempt of this very save) is kept only when its
     checksum on the destination matches the manifest. The source is the fastest tier where
     the file deep-verifies; every copy is checked on the destination."""
     rel = f"{stage}/{e.name}"
-    if e.name in present and verify_copy(dest, rel, e, algo) is None:
+    if dest.exists(rel) and verify_copy(dest, rel, e, algo) is None:
         return 0
     problems = []
     for src in sources:
@@ -141,12 +141,14 @@ def promote_file(sources: Sequence[Tier], dest: Tier, step: int, e: FileEntry, a
 
 def copy_files(sources: Sequence[Tier], dest: Tier, m: Manifest, files: list[FileEntry],
                max_workers: int, on_bytes: Callable[[int], None] | None = None) -> int:
-    """Verified copies of ``files`` of save ``m`` into its staging prefix; bytes copied."""
+    """Verified copies of ``files`` of save ``m`` into its staging prefix; bytes copied.
+
+    Requests per file, never a listing of the staging prefix (which holds every rank's
+    files: listing it on every rank would grow with the square of the job)."""
     stage = staging_dir(m.step, save_id(m))
-    present = dest.sizes(stage)
 
     def one(e: FileEntry) -> int:
-        n = promote_file(sources, dest, m.step, e, m.checksum_algo, stage, present)
+        n = promote_file(sources, dest, m.step, e, m.checksum_algo, stage)
         if on_bytes is not None:
             on_bytes(e.size)
         return n

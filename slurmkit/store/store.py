@@ -367,6 +367,7 @@ class CheckpointStore:
         if tier is None or tier is self.primary:
             return True
         missing = False
+        self.fg.barrier()  # every rank's promotions settled before the one check
         if self.rank == 0:  # one check of the shared tier, not one per rank
             status = check_step(tier, step, deep=False)
             missing = not status.ok

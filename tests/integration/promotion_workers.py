@@ -33,7 +33,8 @@ def incarnation_main(rank: int, world: int, root: str, port: int, out: str,
                       retry_initial_s=0.1, retry_max_s=0.5, commit_timeout_s=120)
     st = CheckpointStore.from_config(cfg, rank=rank, world_size=world, node=nodes[rank],
                                      env=env, on_event=events.append)
-    state = {"model": {"w": torch.zeros(256, 64)}, f"rank{rank}": torch.zeros(1024)}
+    w, own = torch.zeros(256, 64), torch.zeros(1024)
+    state = {"model": {"w": w}, f"rank{rank}": own}
     last = first_step + saves - 1
     for step in range(first_step, last + 1):
         if step == last:
@@ -41,8 +42,8 @@ def incarnation_main(rank: int, world: int, root: str, port: int, out: str,
             dist.barrier()
             if killed_pending and rank >= 2:
                 st._promoter.stagger_delay_s = 3600.0  # these ranks die before copying
-        state["model"]["w"].fill_(step)
-        state[f"rank{rank}"].fill_(step * 10 + rank)
+        w.fill_(step)  # replicated: rank 0 writes it
+        own.fill_(step * 10 + rank)  # this rank's own shard
         assert st.save(step, state).wait()
     if not killed_pending:
         st.wait()

@@ -81,10 +81,10 @@ def test_corrupted_shard_on_nvme_is_never_promoted_and_the_good_step_stays(tmp_p
     assert not check_step(nvme, 8, deep=False).ok  # withdrawn: no longer a recovery point
     assert st2.latest_verified() == 7
     shutil.rmtree(f"{root}/nvme/n0")  # the node is lost: only the good shared copy is left
-    tmpl = {"model": {"w": torch.zeros(1 << 14)}, "step": None}
-    res = st2.restore(tmpl)
+    w = torch.zeros(1 << 14)
+    res = st2.restore({"model": {"w": w}, "step": None})
     assert res is not None and (res.step, res.tier) == (4, "lustre")
-    assert torch.equal(tmpl["model"]["w"], model_state(4, 1 << 14)["model"]["w"])
+    assert torch.equal(w, model_state(4, 1 << 14)["model"]["w"])
     st2.close()
 
 

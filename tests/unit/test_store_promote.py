@@ -1,0 +1,75 @@
+"""Promotion copies: unique staging per save, leftovers never adopted on size, the source
+chosen by checksum (real files on local tiers, real corruption)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from slurmkit.store.catalog import check_step
+from slurmkit.store.manifest import MANIFEST, FileEntry, Manifest, hash_file, step_dir
+from slurmkit.store.promote import SourceError, promote_step, save_id, staging_dir
+from slurmkit.store.tier import FsspecTier, make_tier
+
+
+def _save(tier: FsspecTier, step: int, payload: bytes, created: float = 1.0) -> Manifest:
+    """A committed step on ``tier`` with one shard holding ``payload``."""
+    rel = f"{step_dir(step)}/__0_0.distcp"
+    tier.write_atomic(rel, payload)
+    path = tier.local_path(rel)
+    assert path is not None
+    digest, size = hash_file(path, "crc32")
+    m = Manifest(step=step, world_size=1, checksum_algo="crc32", created_unix=created,
+                 files=[FileEntry("__0_0.distcp", size, digest, 0)])
+    tier.write_atomic(f"{step_dir(step)}/{MANIFEST}", m.to_json())
+    return m
+
+
+def _tiers(tmp_path: Any) -> tuple[FsspecTier, FsspecTier, FsspecTier]:
+    return (make_tier("nvme", f"{tmp_path}/nvme", {}),
+            make_tier("lustre", f"{tmp_path}/lustre", {}),
+            make_tier("object", f"{tmp_path}/object", {}))
+
+
+def test_a_same_size_leftover_in_staging_is_replaced_not_adopted(tmp_path: Any) -> None:
+    nvme, lustre, _ = _tiers(tmp_path)
+    payload = os.urandom(1 << 16)
+    m = _save(nvme, 5, payload)
+    stage = staging_dir(5, save_id(m))
+    lustre.write_atomic(f"{stage}/__0_0.distcp", bytes(len(payload)))  # an aborted copy
+    promote_step([nvme], lustre, m)
+    assert check_step(lustre, 5, deep=True).ok
+    with lustre.open(f"{step_dir(5)}/__0_0.distcp") as f:
+        assert f.read() == payload
+
+
+def test_two_saves_of_one_step_stage_apart(tmp_path: Any) -> None:
+    nvme, _, _ = _tiers(tmp_path)
+    a = _save(nvme, 7, b"a" * 100, created=1.0)
+    b = _save(nvme, 7, b"b" * 100, created=2.0)  # a re-save after a restart
+    assert staging_dir(7, save_id(a)) != staging_dir(7, save_id(b))
+    assert save_id(a) == save_id(Manifest.from_json(a.to_json()))
+
+
+def test_the_source_is_the_tier_where_the_file_verifies(tmp_path: Any) -> None:
+    """NVMe's copy rotted (same size); Lustre holds the same save intact: the object tier
+    gets Lustre's bytes. With no intact copy anywhere nothing is committed."""
+    nvme, lustre, obj = _tiers(tmp_path)
+    payload = os.urandom(1 << 16)
+    m = _save(nvme, 9, payload)
+    promote_step([nvme], lustre, m)
+    shard = nvme.local_path(f"{step_dir(9)}/__0_0.distcp")
+    assert shard is not None
+    with open(shard, "r+b") as f:
+        f.seek(100)
+        f.write(b"\x00" * 8 if payload[100:108] != b"\x00" * 8 else b"\x01" * 8)
+    promote_step([nvme, lustre], obj, m)
+    assert check_step(obj, 9, deep=True).ok
+    with obj.open(f"{step_dir(9)}/__0_0.distcp") as f:
+        assert f.read() == payload
+    other = make_tier("object", f"{tmp_path}/object2", {})
+    with pytest.raises(SourceError, match="no tier holds a verified __0_0.distcp"):
+        promote_step([nvme], other, m)
+    assert not other.exists(f"{step_dir(9)}/{MANIFEST}")
