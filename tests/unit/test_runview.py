@@ -147,3 +147,25 @@ def test_a_hostile_sweep_file_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "sweep.json").write_text('{"variants": [')
     with pytest.raises(ConfigError, match="cannot be read"):
         read_sweep(str(tmp_path))
+
+
+def test_heartbeat_samples_alone_recompute_the_summary_at_most_every_interval(tmp_path: Path) -> None:
+    run = run_with_one_crash(str(tmp_path / "r"))
+    now = [0.0]
+    w = RunWatcher(run.run_dir, summary_interval_s=30.0, clock=lambda: now[0])
+    w.refresh()
+    first = w.view
+    assert first is not None and first.report is not None
+    run.clock.tick(10)
+    run.heartbeat_sample(31)  # a sample only: the view moves, the summary waits
+    now[0] = 10.0
+    assert w.refresh() and w.view is not None and w.view.step == 31
+    assert w.view.report is first.report
+    now[0] = 31.0
+    run.heartbeat_sample(32)
+    w.refresh()
+    assert w.view.report is not first.report and w.view.goodput == load(run.run_dir).goodput
+    second = w.view.report
+    run.checkpoint(32)  # any other event: the summary follows at once
+    w.refresh()
+    assert w.view.report is not second and w.view.checkpoints["nvme"] == 32
