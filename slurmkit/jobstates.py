@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from slurmkit.errors import ConfigError
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.errors import SlurmError
 from slurmkit.slurm.hostlist import expand_hostlist
@@ -63,8 +65,8 @@ def _row_ids(job_id: str) -> list[str]:
     """squeue prints pending array tasks folded (``123_[1-3,5]``): the ids that row stands for."""
     if "_[" in job_id:
         try:
-            return expand_hostlist(job_id.split("%")[0])
-        except ValueError:
+            return expand_hostlist(re.sub(r"%\d+", "", job_id))  # "%K": the array's throttle
+        except ConfigError:
             return [job_id]
     return [job_id]
 

@@ -89,3 +89,12 @@ def test_local_jobs_from_the_process_table() -> None:
     assert poller.poll([ref])[ref].state == GONE
     proc.wait()
     assert poller.poll([ref])[ref].state == GONE
+
+
+def test_folded_pending_array_tasks_are_unfolded() -> None:
+    from slurmkit.jobstates import _row_ids
+
+    # squeue prints pending tasks of an array folded, with the throttle (%K) inside the brackets.
+    assert _row_ids("10_[1-3,5]") == ["10_1", "10_2", "10_3", "10_5"]
+    assert _row_ids("10_[1-3%2]") == ["10_1", "10_2", "10_3"]
+    assert _row_ids("10_4") == ["10_4"] and _row_ids("10_[x") == ["10_[x"]
