@@ -115,20 +115,33 @@ def scan(tier: Tier, *, deep: bool) -> list[StepStatus]:
     return [check_step(tier, s, deep=deep) for s in list_steps(tier)]
 
 
+def _read_latest(tier: Tier) -> int | None:
+    if not tier.exists(LATEST):
+        return None
+    with tier.open(LATEST, "rb") as f:
+        return int(json.loads(f.read())["step"])
+
+
 def read_latest(tier: Tier) -> int | None:
+    """The step ``latest.json`` names; None when missing or unreadable (a read can fail with
+    OSError from inside the open file on S3, e.g. while the server restarts)."""
     try:
-        if not tier.exists(LATEST):
-            return None
-        with tier.open(LATEST, "rb") as f:
-            return int(json.loads(f.read())["step"])
-    except (TierError, ValueError, KeyError, TypeError) as exc:
+        return _read_latest(tier)
+    except (TierError, OSError, ValueError, KeyError, TypeError) as exc:
         log.warning("unreadable %s on %s: %s", LATEST, tier.uri, exc)
         return None
 
 
 def write_latest(tier: Tier, step: int) -> None:
-    """Move the latest pointer forward (never back: a late promotion must not rewind it)."""
-    current = read_latest(tier)
+    """Move the latest pointer forward (never back: a late promotion must not rewind it).
+    A pointer whose bytes cannot be read now (S3 raises OSError from inside the open file)
+    fails the write rather than risk a rewind."""
+    try:
+        current = _read_latest(tier)
+    except (TierError, ValueError, KeyError, TypeError):
+        current = None
+    except OSError as exc:
+        raise TierError(f"cannot read {LATEST} on {tier.uri}: {exc}") from exc
     if current is not None and current >= step:
         return
     tier.write_atomic(LATEST, json.dumps({"step": step}).encode())
