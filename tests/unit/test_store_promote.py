@@ -4,13 +4,15 @@ chosen by checksum (real files on local tiers, real corruption)."""
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import pytest
 
-from slurmkit.store.catalog import check_step
+from slurmkit.store.catalog import VerifiedCache, check_step, read_latest
 from slurmkit.store.manifest import MANIFEST, FileEntry, Manifest, hash_file, step_dir
 from slurmkit.store.promote import SourceError, promote_step, save_id, staging_dir
+from slurmkit.store.promoter import Promoter
 from slurmkit.store.tier import FsspecTier, make_tier
 
 
@@ -73,3 +75,36 @@ def test_the_source_is_the_tier_where_the_file_verifies(tmp_path: Any) -> None:
     with pytest.raises(SourceError, match="no tier holds a verified __0_0.distcp"):
         promote_step([nvme], other, m)
     assert not other.exists(f"{step_dir(9)}/{MANIFEST}")
+
+
+def test_a_rank_that_never_delivers_is_given_up_at_the_deadline(tmp_path: Any) -> None:
+    """Rank 1's node was replaced: it never copies its file of step 4. Rank 0 copies its
+    own, waits ``commit_timeout_s``, then gives the step up with a ledger event; the step
+    is no longer pending and nothing is committed on the destination."""
+    nvme, lustre, _ = _tiers(tmp_path)
+    files = []
+    for rank in (0, 1):
+        rel = f"{step_dir(4)}/__{rank}_0.distcp"
+        nvme.write_atomic(rel, os.urandom(4096))
+        path = nvme.local_path(rel)
+        assert path is not None
+        digest, size = hash_file(path, "crc32")
+        files.append(FileEntry(f"__{rank}_0.distcp", size, digest, rank))
+    m = Manifest(step=4, world_size=2, checksum_algo="crc32", files=files,
+                 promote_to=["lustre"])
+    nvme.write_atomic(f"{step_dir(4)}/{MANIFEST}", m.to_json())
+    events: list[dict[str, Any]] = []
+    p = Promoter(primary=nvme, tiers=[nvme, lustre], rank=0, world_size=2,
+                 emit=events.append, gc=lambda t: None, verified=VerifiedCache(),
+                 retry_attempts=1, retry_initial_s=0.01, retry_max_s=0.01,
+                 retry_pending_s=3600, commit_timeout_s=0.5, max_workers=2,
+                 stagger_delay_s=0, clock=time.monotonic, sleep=time.sleep)
+    try:
+        assert p.wait_idle(timeout=None)
+        (ev,) = [e for e in events if e["event"] == "ckpt_failed"]
+        assert ev["step"] == 4 and ev["pending"] is False
+        assert ev["reason"] == "promotion_abandoned" and "ranks [1]" in ev["error"]
+        assert p.pending() == [] and read_latest(lustre) is None
+        assert not lustre.exists(f"{step_dir(4)}/{MANIFEST}")
+    finally:
+        p.stop()
