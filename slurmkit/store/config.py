@@ -7,18 +7,25 @@ store, or uses the named AWS profile.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from slurmkit.errors import ConfigError
 
 BUSY_POLICIES = ("wait", "skip")
 CHECKSUMS = ("sha256", "crc32")
+RUN_ID_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
+RUN_ID_VAR = "SLURMKIT_RUN_ID"
 
 
 @dataclass
 class StoreConfig:
-    # fsspec URIs; "" disables a tier. Environment variables ($SLURM_JOB_ID, $USER) expand.
-    # nvme_uri gets one sub-directory per node (the node name) appended.
+    # fsspec URIs; "" disables a tier. Environment variables ($SLURMKIT_RUN_ID, $USER) expand.
+    # nvme_uri gets one sub-directory per node (the node name) appended. Key checkpoints by
+    # $SLURMKIT_RUN_ID (the run), not $SLURM_JOB_ID: a resubmitted run gets a new job id.
     nvme_uri: str = ""
     lustre_uri: str = ""
     object_uri: str = ""
@@ -67,6 +74,14 @@ class StoreConfig:
     # a content digest when the checksum must identify the bytes). Neither is a defence
     # against deliberate tampering: whoever can rewrite a shard can rewrite the manifest.
     checksum: str = "crc32"
+    # The run's identity, $SLURMKIT_RUN_ID in the URIs above. "" = derived from the run
+    # directory ($SLURMKIT_RUN_DIR: its name plus a hash of its path), which a requeue and a
+    # resubmission (``sbatch RUN_DIR/job.sbatch``, a new job id) keep; set it to resume the
+    # checkpoints of another run directory. Letters, digits, '.', '_', '-' only.
+    run_id: str = ""
+    # Seconds one rank waits for the others in one coordination step of a save or restore
+    # (the ranks' records reaching rank 0, its answer reaching them); then that save fails.
+    coord_timeout_s: float = 1800.0
     # AWS profile for the object tier ("" = credentials from the environment mapping).
     s3_profile: str = ""
     # Local directory used when no tier is a local path ("" = the system temp directory).
@@ -100,6 +115,17 @@ class StoreConfig:
                 raise ConfigError(detected=f"store.{name}={getattr(self, name)}",
                                   requirement=f"store.{name} >= 0 (0 = never)",
                                   fix=f"set store.{name}=0")
+        if self.run_id and not RUN_ID_RE.fullmatch(self.run_id):
+            raise ConfigError(
+                detected=f"store.run_id={self.run_id!r}",
+                requirement="1-128 characters of letters, digits, '.', '_', '-', not "
+                            "starting with '.' (it becomes a directory name)",
+                fix="set store.run_id=my-run-1 (or leave it empty to use the run directory)",
+            )
+        if not self.coord_timeout_s > 0:
+            raise ConfigError(detected=f"store.coord_timeout_s={self.coord_timeout_s}",
+                              requirement="store.coord_timeout_s > 0",
+                              fix="set store.coord_timeout_s=1800")
         for secret_marker in ("@", "aws_secret", "access_key"):
             if secret_marker in self.object_uri.lower():
                 raise ConfigError(
@@ -107,3 +133,39 @@ class StoreConfig:
                     requirement="S3 credentials come from the environment or a profile",
                     fix="export AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or set store.s3_profile",
                 )
+
+
+def run_identity(cfg: StoreConfig, env: Mapping[str, str]) -> str | None:
+    """The name of this run's checkpoints: ``store.run_id``, else one derived from the run
+    directory (stable across requeues and resubmissions, unlike the job id), else None.
+
+    Derived: the directory's name (sanitized) and 8 hex digits of its absolute path, so two
+    runs whose directories share a name (two sweeps' variant 0) never share checkpoints. No
+    file system access: every rank computes the same name from the same path."""
+    if cfg.run_id:
+        return cfg.run_id
+    run_dir = env.get("SLURMKIT_RUN_DIR")
+    if not run_dir:
+        return None
+    path = os.path.normpath(os.path.abspath(run_dir))
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(path)).lstrip(".")[:100] or "run"
+    return f"{name}-{hashlib.sha256(path.encode()).hexdigest()[:8]}"
+
+
+def store_env(cfg: StoreConfig, env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` plus $SLURMKIT_RUN_ID for the tier URIs: ``store.run_id``, else an exported
+    SLURMKIT_RUN_ID (checked like store.run_id: it becomes a directory name), else the one
+    derived from the run directory."""
+    out = dict(env)
+    given = cfg.run_id or env.get(RUN_ID_VAR, "")
+    if given and not RUN_ID_RE.fullmatch(given):
+        raise ConfigError(
+            detected=f"{RUN_ID_VAR}={given!r}"[:200],
+            requirement="1-128 characters of letters, digits, '.', '_', '-', not starting "
+                        "with '.' (it becomes a directory name)",
+            fix=f"unset {RUN_ID_VAR} (the run directory names the run) or set a plain name",
+        )
+    rid = given or run_identity(cfg, env)
+    if rid:
+        out[RUN_ID_VAR] = rid
+    return out

@@ -25,7 +25,7 @@ from typing import Any
 
 from slurmkit.errors import ConfigError, SlurmkitError
 from slurmkit.store.catalog import VerifiedCache, check_step, list_steps, read_manifest
-from slurmkit.store.config import StoreConfig
+from slurmkit.store.config import StoreConfig, store_env
 from slurmkit.store.buddy import Links, Ring
 from slurmkit.store.coord import Coordinator
 from slurmkit.store.manifest import Manifest, ManifestError, step_dir
@@ -121,6 +121,7 @@ class CheckpointStore:
 
         ``env["LOCAL_WORLD_SIZE"]`` (ranks per node, set by the node agent) enables the buddy
         copies of ``store.replicas``; without it the node layout is unknown and they are off."""
+        env = store_env(cfg, env)  # + $SLURMKIT_RUN_ID: the run, not the job, names the tiers
         fg, bg = _coordinators(rank, world_size)
         ring = Ring(rank, world_size, int(env.get("LOCAL_WORLD_SIZE") or 0), cfg.replicas)
         links = Links(rank)
