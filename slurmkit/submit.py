@@ -16,6 +16,7 @@ import getpass
 import logging
 import os
 import secrets
+import shlex
 import shutil
 import sys
 import time
@@ -163,11 +164,9 @@ def print_submitted(console: Console, s: Submitted, spec: JobSpec) -> None:
     console.print(f"  agent logs    : {os.path.join(s.run_dir, 'submitit')}/{s.job_id}_*_log.out")
     console.print(f"  rank logs     : {os.path.join(s.run_dir, 'logs')}/rank<N>.log")
     console.print(f"  ledger        : {os.path.join(s.run_dir, LEDGER_NAME)}")
-    if s.executor == "slurm":
-        console.print(f"  follow        : squeue -j {s.job_id}; sacct -j {s.job_id}; "
-                      f"tail -f {os.path.join(s.run_dir, 'logs', 'rank0.log')}")
-    else:
-        console.print(f"  follow        : tail -f {os.path.join(s.run_dir, 'logs', 'rank0.log')}")
+    console.print(f"  watch         : slurmkit status --watch {shlex.quote(s.run_dir)}")
+    console.print(f"  follow logs   : slurmkit logs -f {shlex.quote(s.run_dir)} --rank 0")
+    console.print(f"  cancel        : slurmkit cancel --checkpoint {shlex.quote(s.run_dir)}")
 
 
 def wait_job(s: Submitted, env: Mapping[str, str], timeout_s: float) -> int:
