@@ -149,7 +149,9 @@ def test_local_executor_runs_every_variant(tmp_path) -> None:
     first_end = events(sweep.variants[0].run_dir, "end")[0]["t"]
     assert events(sweep.variants[1].run_dir, "allocation_start")[0]["t"] < first_end
     log = os.path.join(sweep_dir, "local_runner.log")
-    _wait(lambda: open(log).read().count("completed") == 2, 120, "the runner to record both variants")
+    _wait(lambda: "sweep done: 2 of 2 variants completed" in open(log).read(), 120,
+          "the runner to record both variants")
+    assert open(log).read().count("): completed") == 2
     with open(os.path.join(sweep_dir, "sweep.json")) as f:
         doc = json.load(f)
     assert doc["job_id"] is None and isinstance(doc["runner_pid"], int)
