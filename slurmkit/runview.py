@@ -193,29 +193,24 @@ def _float(value: Any) -> float | None:
     return float(value)
 
 
+# The phase an event puts the run in; ``end`` carries its own status.
+_PHASE_OF_EVENT = {
+    "submitted": "submitted", "allocation_start": "starting", "ranks_started": "running",
+    "train_started": "training", "train_resumed": "training", "failure": "recovering",
+    "requeue": "requeued", "checkpointed_on_signal": "checkpointing",
+    "cancel_requested": "cancelling",
+}
+
+
 def phase_of(events: Sequence[Mapping[str, Any]]) -> tuple[str, bool]:
     """(what the run is doing, whether it ended) from its events in ledger order."""
     phase = "created"
     for e in events:
         kind = e.get("event")
-        if kind == "submitted":
-            phase = "submitted"
-        elif kind == "allocation_start":
-            phase = "starting"
-        elif kind == "ranks_started":
-            phase = "running"
-        elif kind in ("train_started", "train_resumed"):
-            phase = "training"
-        elif kind == "failure":
-            phase = "recovering"
-        elif kind == "requeue":
-            phase = "requeued"
-        elif kind == "checkpointed_on_signal":
-            phase = "checkpointing"
-        elif kind == "cancel_requested":
-            phase = "cancelling"
-        elif kind == "end":
+        if kind == "end":
             phase = str(e.get("status") or "ended")
+        elif kind in _PHASE_OF_EVENT:
+            phase = _PHASE_OF_EVENT[kind]
     return phase, phase in END_STATUSES
 
 
