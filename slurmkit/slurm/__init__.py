@@ -1,8 +1,8 @@
-"""Talking to Slurm: one command runner, pure parsers of its output, a client, and a fake.
+"""Talking to Slurm: one command runner, pure parsers of its output, and a client.
 
-Every Slurm command goes through a :class:`CommandRunner` (:class:`SubprocessRunner` for real,
-:class:`FakeSlurm` in unit tests); :class:`SlurmClient` adds retries of transient controller
-errors and typed results.
+Every Slurm command goes through a :class:`CommandRunner` (:class:`SubprocessRunner` for real;
+tests use :class:`slurmkit.testing.fakeslurm.FakeSlurm`); :class:`SlurmClient` adds retries of
+transient controller errors and typed results.
 """
 
 from slurmkit.slurm.client import SlurmClient
@@ -15,7 +15,6 @@ from slurmkit.slurm.errors import (
     SlurmParseError,
     SlurmWaitTimeout,
 )
-from slurmkit.slurm.fake import FakeSlurm
 from slurmkit.slurm.parsers import (
     SACCT_FIELDS,
     SQUEUE_FORMAT,
@@ -52,7 +51,7 @@ from slurmkit.slurm.runner import CommandResult, CommandRunner, SubprocessRunner
 
 __all__ = [
     "ACTIVE_STATES", "ERROR_PATTERNS", "SACCT_FIELDS", "SQUEUE_FORMAT", "TERMINAL_STATES",
-    "CommandResult", "CommandRunner", "Disposition", "FakeSlurm", "JobInfo", "NodeInfo",
+    "CommandResult", "CommandRunner", "Disposition", "JobInfo", "NodeInfo",
     "PartitionInfo", "RetryPolicy", "RetryingRunner", "SacctRow", "SlurmClient",
     "SlurmCommandError", "SlurmCommandTimeout", "SlurmError", "SlurmJobStateError",
     "SlurmNotInstalled", "SlurmParseError", "SlurmWaitTimeout", "SqueueRow", "SubprocessRunner",

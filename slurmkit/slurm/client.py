@@ -46,7 +46,8 @@ class SlurmClient:
     """Slurm operations slurmkit needs, on top of a runner.
 
     Args:
-        runner: runs the commands (:class:`SubprocessRunner`, or ``FakeSlurm`` in tests).
+        runner: runs the commands (:class:`SubprocessRunner`; in tests
+            ``slurmkit.testing.fakeslurm.FakeSlurm``).
         retry: backoff for transient errors; None uses :class:`RetryPolicy` defaults.
         timeout_s: per-command timeout in seconds.
         clock: monotonic seconds, for :meth:`wait_for_state` deadlines.

@@ -1,1 +1,2 @@
-"""Helpers for tests and tools that start real local services (S3 server)."""
+"""Helpers for tests and tools: real local services (S3 server) and a fake Slurm controller
+(:mod:`slurmkit.testing.fakeslurm`). Nothing in the product imports from here."""

@@ -17,7 +17,6 @@ import pytest
 from slurmkit.errors import SubmissionError
 from slurmkit.slurm import (
     Disposition,
-    FakeSlurm,
     RetryPolicy,
     SlurmClient,
     SlurmCommandError,
@@ -25,6 +24,7 @@ from slurmkit.slurm import (
     classify,
     parse_duration_s,
 )
+from slurmkit.testing.fakeslurm import FakeSlurm
 
 pytestmark = pytest.mark.integration
 

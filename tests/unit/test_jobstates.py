@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 from slurmkit.jobstates import GONE, JobPoller, JobRef
-from slurmkit.slurm import FakeSlurm
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.retry import RetryPolicy
+from slurmkit.testing.fakeslurm import FakeSlurm
 
 
 def _submit(fake: FakeSlurm, tmp: Path, name: str) -> str:

@@ -8,13 +8,13 @@ import pytest
 
 from slurmkit.errors import SubmissionError
 from slurmkit.slurm import (
-    FakeSlurm,
     RetryPolicy,
     SlurmClient,
     SlurmCommandError,
     SlurmJobStateError,
     SlurmWaitTimeout,
 )
+from slurmkit.testing.fakeslurm import FakeSlurm
 
 SCRIPT = """#!/bin/bash
 #SBATCH --job-name=unit

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from slurmkit.slurm import (
-    FakeSlurm,
     SlurmCommandError,
     SlurmCommandTimeout,
     parse_sacct,
@@ -20,6 +19,7 @@ from slurmkit.slurm import (
     parse_scontrol_partitions,
     parse_squeue,
 )
+from slurmkit.testing.fakeslurm import FakeSlurm
 
 
 def sbatch(fake: FakeSlurm, script: str, *args: str, tmp: Path) -> str:

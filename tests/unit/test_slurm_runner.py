@@ -11,7 +11,6 @@ from slurmkit.slurm import (
     ERROR_PATTERNS,
     CommandRunner,
     Disposition,
-    FakeSlurm,
     RetryingRunner,
     RetryPolicy,
     SlurmCommandError,
@@ -21,6 +20,7 @@ from slurmkit.slurm import (
     classify,
 )
 from slurmkit.slurm.retry import should_retry
+from slurmkit.testing.fakeslurm import FakeSlurm
 
 PY = sys.executable
 

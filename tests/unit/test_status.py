@@ -11,10 +11,10 @@ from rich.console import Console
 
 from slurmkit import status
 from slurmkit.jobstates import JobPoller
-from slurmkit.slurm import FakeSlurm
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.retry import RetryPolicy
 from slurmkit.supervise.__main__ import load
+from slurmkit.testing.fakeslurm import FakeSlurm
 from tests.unit.watch_runs import FakeRun, run_with_one_crash
 
 

@@ -15,16 +15,16 @@ from collections.abc import Callable, Mapping
 
 from slurmkit.errors import ConfigError
 from slurmkit.slurm.errors import SlurmCommandError, SlurmCommandTimeout
-from slurmkit.slurm.fake_controller import FakeController
-from slurmkit.slurm.fake_jobs import (
+from slurmkit.slurm.hostlist import expand_hostlist
+from slurmkit.slurm.runner import CommandResult
+from slurmkit.slurm.timelimit import parse_time_limit
+from slurmkit.testing.fakeslurm.controller import FakeController
+from slurmkit.testing.fakeslurm.jobs import (
     FakeCommandFailure,
     FakeJob,
     parse_sbatch_args,
     sbatch_directives,
 )
-from slurmkit.slurm.hostlist import expand_hostlist
-from slurmkit.slurm.runner import CommandResult
-from slurmkit.slurm.timelimit import parse_time_limit
 
 #: The transient error injected by default (what a busy slurmctld makes the CLI print).
 SOCKET_TIMEOUT = "slurm_load_jobs error: Socket timed out on send/recv operation"

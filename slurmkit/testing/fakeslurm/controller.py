@@ -1,4 +1,4 @@
-"""The state and command handlers of the fake Slurm controller (see :mod:`slurmkit.slurm.fake`).
+"""The state and command handlers of the fake Slurm controller (see :mod:`slurmkit.testing.fakeslurm.cluster`).
 
 Handlers take the arguments after the program name and return stdout, or raise
 :class:`FakeCommandFailure` with the real Slurm error text.
@@ -10,7 +10,9 @@ import re
 from collections.abc import Callable, Mapping
 
 from slurmkit.errors import ConfigError
-from slurmkit.slurm.fake_jobs import (
+from slurmkit.slurm.hostlist import compress_hostlist, expand_hostlist
+from slurmkit.slurm.timelimit import format_time_limit, parse_time_limit
+from slurmkit.testing.fakeslurm.jobs import (
     REQUEUE_DELAY_S,
     FakeCommandFailure,
     FakeJob,
@@ -19,8 +21,6 @@ from slurmkit.slurm.fake_jobs import (
     render_config,
     sacct_line,
 )
-from slurmkit.slurm.hostlist import compress_hostlist, expand_hostlist
-from slurmkit.slurm.timelimit import format_time_limit, parse_time_limit
 
 _ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"}
 _SACCT_CANONICAL = {"jobid": "JobID", "jobname": "JobName", "state": "State",
