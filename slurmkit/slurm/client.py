@@ -69,6 +69,16 @@ class SlurmClient:
         self.clock = clock
         self.sleep = sleep
 
+    def bounded(self, retry: RetryPolicy, timeout_s: float) -> SlurmClient:
+        """The same runner (the same cluster, or the same fake) with a shorter retry budget.
+
+        For callers that must not wait long on a busy controller (the supervisor confirming a
+        lost node while every agent waits for its decision); everything else keeps the
+        client's own policy.
+        """
+        return SlurmClient(self.raw_runner, retry=retry, timeout_s=timeout_s, clock=self.clock,
+                           sleep=self.sleep)
+
     def _run(self, args: list[str], *, env: Mapping[str, str] | None = None) -> CommandResult:
         return self.runner.run(args, timeout_s=self.timeout_s, env=env)
 
@@ -144,9 +154,19 @@ class SlurmClient:
                 return []  # all asked-for jobs are gone: an empty queue, not an error
             raise
 
-    def nodes(self) -> list[NodeInfo]:
-        """All nodes (``scontrol show node -o``)."""
-        return parse_scontrol_nodes(self._run(["scontrol", "show", "node", "-o"]).stdout)
+    def nodes(self, names: Collection[str] | None = None) -> list[NodeInfo]:
+        """All nodes (``scontrol show node -o``), or only ``names`` (one hostlist argument).
+
+        Asking for the few nodes one cares about keeps the answer (and the controller's work)
+        O(those nodes) instead of O(cluster): a supervisor confirming 2 lost nodes of a
+        2,048-node job must not make slurmctld serialise every node of the cluster.
+        """
+        args = ["scontrol", "show", "node", "-o"]
+        if names is not None:
+            if not names:
+                return []
+            args.append(compress_hostlist(list(names)))
+        return parse_scontrol_nodes(self._run(args).stdout)
 
     def partitions(self) -> list[PartitionInfo]:
         """All partitions (``scontrol show partition -o``)."""

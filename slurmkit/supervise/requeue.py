@@ -12,14 +12,22 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from slurmkit.slurm.client import SlurmClient
+from slurmkit.slurm.errors import SlurmError
 from slurmkit.slurm.runner import SubprocessRunner
 
 log = logging.getLogger(__name__)
 
 RELEASE_TIMEOUT_S = 180.0
+#: Polls of the requeued job while waiting for PENDING: 0.2 s at first (the requeue is usually
+#: through within a second), doubling to at most 5 s so a controller busy with a large
+#: requeue is not hammered; each poll itself retries transient errors with the client's backoff.
+POLL_FIRST_S, POLL_MAX_S = 0.2, 5.0
+
+#: Starts the detached release helper; returns True once it has left this job's process tree.
+StartHelper = Callable[[list[str], Mapping[str, str]], bool]
 
 
 def job_ref(job_id: str, env: Mapping[str, str]) -> str:
@@ -34,46 +42,61 @@ def job_ref(job_id: str, env: Mapping[str, str]) -> str:
     return job_id
 
 
-def requeue_now(job_id: str, exclude: tuple[str, ...] | list[str], *, env: Mapping[str, str],
-                run_dir: str) -> None:
-    client = SlurmClient(SubprocessRunner(env=env))
+def start_detached_helper(argv: list[str], env: Mapping[str, str]) -> bool:
+    """Run ``argv`` in its own session; True once it printed that it detached."""
+    helper = subprocess.Popen(
+        argv, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    assert helper.stdout is not None  # noqa: S101 - stdout=PIPE
+    ready = helper.stdout.readline().strip()
+    helper.wait(timeout=30)
+    return ready == b"detached"
+
+
+def requeue_now(client: SlurmClient, job_id: str, exclude: tuple[str, ...] | list[str], *,
+                env: Mapping[str, str], run_dir: str,
+                start_helper: StartHelper = start_detached_helper) -> None:
+    """Requeue through ``client``, after starting the helper that releases the job at once.
+
+    The helper is a separate process (the requeue ends this one), so it builds its own client
+    from ``env`` at its entry point (:func:`main`); tests drive :func:`release_when_pending`
+    with their own client instead.
+    """
     job_id = job_ref(job_id, env)
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
     log_path = os.path.join(run_dir, "logs", f"release_{job_id}.log")
     # Slurm takes ExcNodeList only while the job is pending: the helper sets it after the
     # requeue. Until it does, the job is not eligible (held ~120 s), so it cannot start there.
-    helper = subprocess.Popen(
-        [sys.executable, "-m", "slurmkit.supervise.requeue", "release", job_id, log_path, *exclude],
-        env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-        start_new_session=True, close_fds=True)
+    argv = [sys.executable, "-m", "slurmkit.supervise.requeue", "release", job_id, log_path,
+            *exclude]
     # Requeue only once the helper has left this job's process tree: the requeue kills the tree.
-    assert helper.stdout is not None  # noqa: S101 - stdout=PIPE
-    ready = helper.stdout.readline().strip()
-    helper.wait(timeout=30)
-    if ready != b"detached":
-        log.warning("release helper did not detach (%r); the job waits Slurm's requeue delay", ready)
+    if not start_helper(argv, env):
+        log.warning("release helper did not detach; the job waits Slurm's requeue delay")
     client.requeue(job_id)
 
 
-def release_when_pending(job_id: str, env: Mapping[str, str], exclude: list[str],
-                         timeout_s: float = RELEASE_TIMEOUT_S) -> bool:
-    client = SlurmClient(SubprocessRunner(env=env))
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+def release_when_pending(client: SlurmClient, job_id: str, exclude: list[str],
+                         timeout_s: float = RELEASE_TIMEOUT_S, *,
+                         clock: Callable[[], float] = time.monotonic,
+                         sleep: Callable[[float], None] = time.sleep) -> bool:
+    """Once the requeued job is PENDING: exclude the bad nodes and make it eligible now."""
+    deadline = clock() + timeout_s
+    wait = POLL_FIRST_S
+    while clock() < deadline:
         try:
             info = client.job(job_id)
-        except Exception as exc:  # the controller may be busy with the requeue: try again
+        except SlurmError as exc:  # the controller may be busy with the requeue: try again
             log.warning("scontrol show job %s: %s", job_id, exc)
-            time.sleep(0.5)
-            continue
-        if info.state == "PENDING":
+            info = None
+        if info is not None and info.state == "PENDING":
             if exclude:
                 now_excluded = client.update_exclude(job_id, exclude)
                 print(f"job {job_id}: ExcNodeList={','.join(now_excluded)}", flush=True)
             client.release_now(job_id)
             print(f"released job {job_id} (StartTime=now)", flush=True)
             return True
-        time.sleep(0.2)
+        sleep(min(wait, max(deadline - clock(), 0.0)))
+        wait = min(wait * 2, POLL_MAX_S)
     print(f"job {job_id} never became pending within {timeout_s:.0f} s", flush=True)
     return False
 
@@ -97,7 +120,8 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     _detach(argv[2])
-    return 0 if release_when_pending(argv[1], os.environ, argv[3:]) else 1
+    client = SlurmClient(SubprocessRunner(env=os.environ))  # the helper's own entry point
+    return 0 if release_when_pending(client, argv[1], argv[3:]) else 1
 
 
 if __name__ == "__main__":

@@ -72,6 +72,9 @@ def test_controller_nodes_partitions_config(client: SlurmClient,
         assert nodes[name].gres == "gpu:4" and nodes[name].gpus == 4
         assert nodes[name].cpu_tot and nodes[name].real_memory_mb
         assert "debug" in nodes[name].partitions
+    # The supervisor asks for its lost nodes only: one hostlist argument, those nodes back.
+    assert [n.name for n in client.nodes(["node2", "node4"])] == ["node2", "node4"]
+    assert client.nodes([]) == []
     (debug,) = [p for p in client.partitions() if p.name == "debug"]
     assert {"node1", "node2", "node3", "node4"} <= set(debug.node_names)
     assert debug.state == "UP" and debug.default

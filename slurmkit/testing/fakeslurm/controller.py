@@ -215,11 +215,12 @@ class FakeController:
         if what == "config":
             return render_config(self.config, self.clock())
         if what == "node":
-            names = [target] if target else list(self.nodes)
-            if target and target not in self.nodes:
-                raise FakeCommandFailure(f"Node {target} not found")
-            return "".join(self.nodes[n].line(17000 + i) + "\n"
-                           for i, n in enumerate(names, start=1))
+            names = expand_hostlist(target) if target else list(self.nodes)
+            missing = [n for n in names if n not in self.nodes]
+            if missing:
+                raise FakeCommandFailure(f"Node {missing[0]} not found")
+            order = list(self.nodes)
+            return "".join(self.nodes[n].line(17000 + order.index(n) + 1) + "\n" for n in names)
         if what == "partition":
             return "".join(self._partition_line(p) + "\n" for p in self.partitions
                            if target in (None, p))
