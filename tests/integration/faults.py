@@ -66,3 +66,33 @@ def events(run_dir: str, name: str) -> list[dict]:
 
 def finish(job_id: str, env: Mapping[str, str], timeout_s: float = 400) -> str:
     return wait_terminal(job_id, env, timeout_s)
+
+
+def diagnose(run_dir: str, job_id: str, env: Mapping[str, str]) -> str:
+    """What a failed fault test prints: every step of the supervisor and the job's own end.
+
+    A run that ends in the wrong state on a shared CI machine is hard to reproduce, so the
+    assertion carries the ledger (without heartbeats), Slurm's accounting rows and the tail of
+    every agent's log rather than rank 0's traceback alone.
+    """
+    import subprocess
+
+    out = []
+    for e in read_ledger(run_dir):
+        if e["event"] in ("heartbeat",):
+            continue
+        keep = {k: v for k, v in e.items() if k in (
+            "event", "source", "generation", "step", "cls", "rank", "node", "action", "reason",
+            "old", "new", "why", "status", "exit_code", "tier", "evidence")}
+        out.append(json.dumps(keep)[:400])
+    res = subprocess.run(["sacct", "-j", job_id, "-n", "-P", "--duplicates",
+                          "--format=JobID,State,ExitCode,DerivedExitCode,NodeList,Elapsed"],
+                         env=dict(env), capture_output=True, text=True, timeout=60)
+    out.append("sacct:\n" + res.stdout + res.stderr)
+    logs = os.path.join(run_dir, "submitit")
+    for name in sorted(os.listdir(logs)) if os.path.isdir(logs) else []:
+        if name.endswith(("_log.out", "_log.err")):
+            with open(os.path.join(logs, name), errors="replace") as f:
+                lines = [ln for ln in f.read().splitlines() if "heartbeat" not in ln]
+            out.append(f"--- {name} (last 25 lines)\n" + "\n".join(lines[-25:]))
+    return "\n".join(out)

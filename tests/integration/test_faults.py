@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from tests.integration.faults import (
-    COMMON, INTERVAL, STEPS, events, final, finish, mark_fault, rank_pid, submit, wait_for_step,
+    COMMON, INTERVAL, STEPS, diagnose, events, final, finish, mark_fault, rank_pid, submit, wait_for_step,
 )
 from tests.integration.helpers import slurm_env
 
@@ -39,7 +39,7 @@ def reference(env, tmp_path_factory) -> str:
 
 def assert_recovered(run_dir: str, job: str, env, reference: str, fault_step: int) -> None:
     state = finish(job, env)
-    assert state == "COMPLETED", (state, open(os.path.join(run_dir, "logs", "rank0.log")).read()[-3000:])
+    assert state == "COMPLETED", f"job {job} ended {state}\n{diagnose(run_dir, job, env)}"
     assert final(run_dir)["param_sha256"] == reference, "resumed run diverged from the uninterrupted one"
     restored = [e["step"] for e in events(run_dir, "ckpt_restored")]
     assert restored, "no resume recorded in the ledger"
