@@ -2,6 +2,6 @@
 
 import sys
 
-from slurmkit.cli import main
+from slurmkit.cli import run
 
-sys.exit(main())
+sys.exit(run())

@@ -9,6 +9,7 @@ submit`` starts as fast as ``python -m slurmkit.submit``.
 from __future__ import annotations
 
 import importlib.util
+import os
 import runpy
 import sys
 
@@ -80,3 +81,24 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def run(argv: list[str] | None = None) -> int:
+    """The console script: ``main`` plus a quiet end when the reader of stdout went away.
+
+    ``slurmkit runs | head`` closes the pipe early; without this the interpreter's last flush
+    prints a BrokenPipeError traceback to the terminal.
+    """
+    try:
+        try:
+            code = main(argv)
+        except SystemExit:  # a verb's own sys.exit: flush what it printed first
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # Point stdout at /dev/null so the flush at interpreter exit has nowhere to fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # what a shell reports for a command ended by SIGPIPE

@@ -81,3 +81,17 @@ def test_same_output_and_exit_code_as_python_dash_m(tmp_path) -> None:
     assert via.stdout == direct.stdout and "fits" in via.stdout
     bad = _py("-m", "slurmkit", "plan", "+exp=tiny", "cluster=nowhere", cwd=str(tmp_path))
     assert bad.returncode == 2 and "cluster='nowhere'" in bad.stdout + bad.stderr
+
+
+@pytest.mark.parametrize("args", [["--help"], ["runs", "--help"]])
+def test_a_reader_that_went_away_is_a_quiet_exit(args) -> None:
+    # `slurmkit runs | head`: the pipe's read end is closed before anything is written.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        res = subprocess.run([sys.executable, "-m", "slurmkit", *args], cwd=REPO, stdout=write_end,
+                             stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr, res.stderr
+    assert res.returncode in (0, 141)  # argparse's help drops a failed write itself
