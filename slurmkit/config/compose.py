@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -18,6 +19,8 @@ from omegaconf.errors import OmegaConfBaseException
 from slurmkit.config.schema import SlurmkitConfig
 from slurmkit.errors import ConfigError
 from slurmkit.resources import packaged
+
+log = logging.getLogger(__name__)
 
 _REGISTERED = False
 ROOT = "slurmkit_root"
@@ -147,7 +150,13 @@ def load_frozen(path: str) -> SlurmkitConfig:
     """Load a config frozen into a run directory (a requeued job runs exactly this)."""
     register_configs()
     try:
-        raw = OmegaConf.merge(OmegaConf.structured(SlurmkitConfig), OmegaConf.load(path))
+        frozen = OmegaConf.load(path)
+        if OmegaConf.select(frozen, "supervisor.enabled") is False:
+            # Frozen before the key was retired: that run has always run supervised (nothing
+            # read the key), so its requeue must not fail on it now.
+            log.warning("%s sets the retired supervisor.enabled=false; ignored, as it always was", path)
+            frozen.supervisor.enabled = None
+        raw = OmegaConf.merge(OmegaConf.structured(SlurmkitConfig), frozen)
     except (OSError, OmegaConfBaseException) as exc:
         raise ConfigError(f"cannot load the frozen config {path}: {exc}",
                           "the config.yaml that submit wrote into the run directory",

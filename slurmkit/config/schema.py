@@ -6,6 +6,7 @@ so the rest of the code only ever sees checked, typed objects, never a DictConfi
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 
@@ -15,6 +16,8 @@ from slurmkit.errors import ConfigError
 from slurmkit.store.config import StoreConfig
 from slurmkit.topology.config import TopologyConfig
 from slurmkit.train.config import ModelConfig, ParallelConfig, TrainConfig
+
+log = logging.getLogger(__name__)
 
 CLUSTER_KINDS = ("auto", "slurm", "local")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -115,7 +118,16 @@ class SubmitConfig:
 
 @dataclass
 class SupervisorConfig:
-    enabled: bool = True
+    """The node agents' supervisor: restart limits, spares and liveness deadlines.
+
+    The supervisor always runs (the agent is how ranks start); ``enabled`` is a retired key that
+    nothing ever read. It stays in the schema, unset (None), only so that a config that still
+    sets it is answered precisely: ``true`` (in every config.yaml frozen before it was retired,
+    which a requeued job reloads) is accepted with a deprecation message; ``false`` asked for a
+    job without a supervisor, which slurmkit cannot run, and is refused.
+    """
+
+    enabled: bool | None = None  # retired: see above
     max_restarts: int = 5  # restarts inside one allocation before requeueing
     max_restarts_without_progress: int = 3  # then stop with exit code 93
     heartbeat_timeout_s: float = 60.0  # no step advance for this long: a hang
@@ -126,6 +138,14 @@ class SupervisorConfig:
     heartbeat_ledger_interval_s: float = 10.0  # how often sampled heartbeats go to the ledger
 
     def __post_init__(self) -> None:
+        if self.enabled is False:
+            raise ConfigError("supervisor.enabled=false, a retired key: the supervisor runs every "
+                              "job (it is what starts, watches and restarts the ranks)",
+                              "no supervisor.enabled (true is accepted and ignored)",
+                              "remove supervisor.enabled from the config and the command line")
+        if self.enabled is True:
+            log.warning("supervisor.enabled is retired and ignored (the supervisor always runs); "
+                        "remove it from your config")
         if self.spare_nodes < 0:
             raise ConfigError(f"supervisor.spare_nodes={self.spare_nodes}", "a value >= 0",
                               "set supervisor.spare_nodes=0 or more")
