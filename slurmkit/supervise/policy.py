@@ -2,7 +2,9 @@
 
 States and allowed transitions are a table; every transition is logged and written to the
 ledger. ``decide`` is pure: given the root cause, the history of this allocation and what the
-allocation still has (spare nodes), it says what to do next.
+allocation still has (spare nodes), it says what to do next and returns the history that
+follows; the caller keeps it. A decision that is thrown away (node 0 lost mid-decision, a
+successor deciding again) therefore leaves no trace in the counters.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from slurmkit.errors import SlurmkitError
@@ -68,15 +70,22 @@ class Decision:
     exclude: tuple[str, ...] = ()  # nodes to exclude (requeue) or to retire (replace)
 
 
-@dataclass
+@dataclass(frozen=True)
 class History:
-    """What happened in this allocation so far (node 0's memory across generations)."""
+    """What happened in this allocation so far (node 0's memory across generations); never
+    changed in place: ``decide`` returns the next one."""
 
     restarts: int = 0
     restarts_without_progress: int = 0
     ckpt_step_at_last_failure: int | None = None
-    failures_per_node: Counter[str] = field(default_factory=Counter)
-    retired: set[str] = field(default_factory=set)  # nodes a spare already replaced
+    failures_per_node: tuple[tuple[str, int], ...] = ()  # (node, suspect failures), sorted
+    retired: frozenset[str] = field(default_factory=frozenset)  # nodes a spare already replaced
+
+    def failures_on(self, node: str) -> int:
+        return dict(self.failures_per_node).get(node, 0)
+
+    def restarted(self) -> "History":
+        return replace(self, restarts=self.restarts + 1)
 
 
 @dataclass(frozen=True)
@@ -86,39 +95,41 @@ class Limits:
 
 
 def decide(failure: Failure, history: History, ckpt_step: int | None, limits: Limits,
-           spare_nodes: list[str], lost_nodes: list[str]) -> Decision:
-    """What to do about ``failure``. Updates ``history`` (progress is checkpoint progress)."""
+           spare_nodes: list[str], lost_nodes: list[str]) -> tuple[Decision, History]:
+    """What to do about ``failure``, and the history after it (progress is checkpoint progress).
+
+    ``history`` is not changed."""
     info = CLASS_INFO[failure.cls]
     where = f"{failure.cls.value} on rank {failure.rank} ({failure.node}): {failure.evidence}"
     if failure.cls in _ALLOCATION_ENDS:
         # The allocation is ending, not the job: exit 93 here would forbid the requeue that
         # resumes it from its last checkpoint.
-        return Decision(Action.REQUEUE, f"{where}; the allocation ends: requeue")
+        return Decision(Action.REQUEUE, f"{where}; the allocation ends: requeue"), history
     if not info.restartable:
         return Decision(Action.STOP, f"{where}; restarting cannot fix {failure.cls.value}: fix the "
-                        "configuration (memory, batch size, layout) and resubmit")
+                        "configuration (memory, batch size, layout) and resubmit"), history
     progressed = ckpt_step is not None and (history.ckpt_step_at_last_failure is None
                                             or ckpt_step > history.ckpt_step_at_last_failure)
-    history.restarts_without_progress = 0 if progressed else history.restarts_without_progress + 1
-    history.ckpt_step_at_last_failure = ckpt_step
+    per_node = Counter(dict(history.failures_per_node))
     if info.suspect_node and failure.node:
-        history.failures_per_node[failure.node] += 1
-    if history.restarts_without_progress >= limits.max_restarts_without_progress:
-        return Decision(Action.STOP, f"{where}; {history.restarts_without_progress} failures in a row "
-                        f"without checkpoint progress (last checkpoint step {ckpt_step}): a crash loop")
-    repeated = {n for n, k in history.failures_per_node.items() if k >= 2}
-    bad = sorted((set(lost_nodes) | repeated) - history.retired)
+        per_node[failure.node] += 1
+    h = replace(history, restarts_without_progress=0 if progressed else history.restarts_without_progress + 1,
+                ckpt_step_at_last_failure=ckpt_step, failures_per_node=tuple(sorted(per_node.items())))
+    if h.restarts_without_progress >= limits.max_restarts_without_progress:
+        return Decision(Action.STOP, f"{where}; {h.restarts_without_progress} failures in a row "
+                        f"without checkpoint progress (last checkpoint step {ckpt_step}): a crash loop"), h
+    repeated = {n for n, k in per_node.items() if k >= 2}
+    bad = sorted((set(lost_nodes) | repeated) - h.retired)
     if bad:
         if len(spare_nodes) >= len(bad):
-            history.retired.update(bad)
-            return Decision(Action.REPLACE_NODE, f"{where}; replacing {','.join(bad)} with a spare",
-                            tuple(bad))
+            return (Decision(Action.REPLACE_NODE, f"{where}; replacing {','.join(bad)} with a spare",
+                             tuple(bad)), replace(h, retired=h.retired | frozenset(bad)))
         return Decision(Action.REQUEUE, f"{where}; no spare node left for {','.join(bad)}: requeue "
-                        "without it", tuple(bad))
-    if history.restarts >= limits.max_restarts:
-        return Decision(Action.REQUEUE, f"{where}; {history.restarts} restarts in this allocation")
-    history.restarts += 1
-    return Decision(Action.RESTART, f"{where}; restart {history.restarts} in the allocation")
+                        "without it", tuple(bad)), h
+    if h.restarts >= limits.max_restarts:
+        return Decision(Action.REQUEUE, f"{where}; {h.restarts} restarts in this allocation"), h
+    h = h.restarted()
+    return Decision(Action.RESTART, f"{where}; restart {h.restarts} in the allocation"), h
 
 
 class StateMachine:

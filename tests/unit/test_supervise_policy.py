@@ -20,9 +20,30 @@ def failure(cls: FailureClass, node: str = "node2", rank: int = 3) -> Failure:
     return Failure(cls=cls, rank=rank, node=node, time=0.0, evidence="line", ranks_affected=(0, 1, 2, 3))
 
 
-def run(cls: FailureClass, h: History, ckpt: int | None = 100, *, spares: list[str] | None = None,
+class Track:
+    """The caller's side of the pure ``decide``: keeps the history each decision returns."""
+
+    def __init__(self, h: History | None = None) -> None:
+        self.h = h or History()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.h, name)
+
+
+def run(cls: FailureClass, h: "Track | History", ckpt: int | None = 100, *, spares: list[str] | None = None,
         lost: list[str] | None = None, node: str = "node2", limits: Limits = LIMITS) -> Decision:
-    return decide(failure(cls, node), h, ckpt, limits, spares or [], lost or [])
+    t = h if isinstance(h, Track) else Track(h)
+    d, t.h = decide(failure(cls, node), t.h, ckpt, limits, spares or [], lost or [])
+    return d
+
+
+def test_decide_is_pure() -> None:
+    before = History(restarts=1, failures_per_node=(("node2", 1),))
+    d, after = decide(failure(F.NCCL_ERROR), before, 50, LIMITS, ["node9"], [])
+    assert before == History(restarts=1, failures_per_node=(("node2", 1),))
+    assert d.action == Action.REPLACE_NODE and after.retired == {"node2"} and after.failures_on("node2") == 2
+    # The same inputs give the same answer (a successor that decides again agrees).
+    assert decide(failure(F.NCCL_ERROR), before, 50, LIMITS, ["node9"], []) == (d, after)
 
 
 @pytest.mark.parametrize("cls", [F.GPU_OOM, F.HOST_OOM, F.CONFIG_ERROR])
@@ -40,21 +61,21 @@ def test_allocation_end_requeues_instead_of_stopping(cls: FailureClass) -> None:
 
 
 def test_restartable_failure_restarts_and_counts() -> None:
-    h = History()
+    h = Track()
     d = run(F.USER_ERROR, h, ckpt=20)
     assert d.action == Action.RESTART and h.restarts == 1
     assert "restart 1" in d.reason
 
 
 def test_crash_loop_without_checkpoint_progress_stops() -> None:
-    h = History()
+    h = Track()
     actions = [run(F.USER_ERROR, h, ckpt=None).action for _ in range(3)]
     assert actions == [Action.RESTART, Action.RESTART, Action.STOP]
     assert h.restarts_without_progress == 3
 
 
 def test_crash_loop_at_the_same_checkpoint_stops() -> None:
-    h = History()
+    h = Track()
     actions = [run(F.RANK_CRASH, h, ckpt=40).action for _ in range(4)]
     # The first failure after step 40 is progress (nothing seen before); then 3 without.
     assert actions == [Action.RESTART, Action.RESTART, Action.RESTART, Action.STOP]
@@ -63,7 +84,7 @@ def test_crash_loop_at_the_same_checkpoint_stops() -> None:
 
 
 def test_checkpoint_progress_resets_the_counter() -> None:
-    h = History()
+    h = Track()
     run(F.USER_ERROR, h, ckpt=None)
     run(F.USER_ERROR, h, ckpt=None)
     assert h.restarts_without_progress == 2
@@ -92,26 +113,26 @@ def test_two_lost_nodes_one_spare_requeues_excluding_both() -> None:
 
 def test_node_failing_twice_with_suspect_class_is_excluded() -> None:
     assert CLASS_INFO[F.NCCL_TIMEOUT].suspect_node
-    h = History()
+    h = Track()
     assert run(F.NCCL_TIMEOUT, h, ckpt=10, node="node2").action == Action.RESTART
     d = run(F.NCCL_TIMEOUT, h, ckpt=20, node="node2")
     assert d.action == Action.REQUEUE and d.exclude == ("node2",)
-    h2 = History()
+    h2 = Track()
     run(F.WATCHDOG_STUCK, h2, ckpt=10, node="node2")
     d2 = run(F.HANG, h2, ckpt=20, node="node2", spares=["node9"])
     assert d2.action == Action.REPLACE_NODE and d2.exclude == ("node2",)
 
 
 def test_non_suspect_failures_never_exclude_a_node() -> None:
-    h = History()
+    h = Track()
     for step in (10, 20, 30, 40):
         d = run(F.USER_ERROR, h, ckpt=step, node="node2")
         assert d.action == Action.RESTART and d.exclude == ()
-    assert h.failures_per_node["node2"] == 0
+    assert h.failures_on("node2") == 0
 
 
 def test_replaced_node_is_not_excluded_again() -> None:
-    h = History()
+    h = Track()
     run(F.NCCL_ERROR, h, ckpt=10, node="node2")
     d = run(F.NCCL_ERROR, h, ckpt=20, node="node2", spares=["node3"])
     assert d.action == Action.REPLACE_NODE
@@ -121,7 +142,7 @@ def test_replaced_node_is_not_excluded_again() -> None:
 
 
 def test_max_restarts_requeues() -> None:
-    h = History()
+    h = Track()
     limits = Limits(max_restarts=2, max_restarts_without_progress=3)
     actions = [run(F.USER_ERROR, h, ckpt=10 * (i + 1), limits=limits).action for i in range(3)]
     assert actions == [Action.RESTART, Action.RESTART, Action.REQUEUE]

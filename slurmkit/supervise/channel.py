@@ -1,0 +1,307 @@
+"""The typed channel between node agents: every TCPStore key and message in one place.
+
+The agents talk through one TCPStore on the node that holds it. Anyone on the cluster network
+can connect to a TCPStore, so nothing here trusts a name or a value by itself:
+
+- every key lives under one prefix per run attempt (and one per generation below it) derived
+  from a random per-run token with HMAC, so a stranger can neither guess a key nor read one;
+- every value carries an HMAC of its key and payload under the same token, so a value written
+  by anyone without the token is refused, not believed (``evidence=gpu_oom`` from outside would
+  otherwise stop the job with 93);
+- every value read is validated (types, ranges, known node names) and a bad one raises
+  :class:`ChannelError` with Detected/Requirement/Fix.
+
+The token lives in a 0600 file of the run directory (``rdzv/token``), created by the first
+agent that starts the run; a file others can read or write, or owned by someone else, is
+refused. Counters (``add``) cannot carry a MAC; their keys are as unguessable as the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from slurmkit.errors import ActionableError
+from slurmkit.supervise.classes import FailureClass
+from slurmkit.supervise.classify import Evidence
+from slurmkit.supervise.policy import Action, Decision
+
+log = logging.getLogger(__name__)
+
+TOKEN_NAME = "token"  # in RUN_DIR/rdzv/
+_TOKEN_BYTES = 32
+_MAX_VALUE = 1 << 20  # a value this long was not written by an agent
+_MAX_EVIDENCE = 64  # per node and generation
+COMPLETED, SIGNALLED = "completed", "signalled"
+
+
+class ChannelError(ActionableError):
+    """Something read from the agents' store (or the token file) cannot be trusted."""
+
+
+# ------------------------------------------------------------------ the per-run token
+def token_path(run_dir: str) -> str:
+    return os.path.join(run_dir, "rdzv", TOKEN_NAME)
+
+
+def _check_token_file(path: str, st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise ChannelError(f"{path} is not a regular file", "the agents' token is a plain file",
+                           f"remove {path} and start the run again")
+    if st.st_uid != os.getuid():
+        raise ChannelError(f"{path} is owned by uid {st.st_uid}, not by this user ({os.getuid()})",
+                           "only the run's owner holds the agents' token",
+                           f"remove {path} (someone else may have planted it) and start the run again")
+    if st.st_mode & 0o077:
+        raise ChannelError(f"{path} has mode {stat.S_IMODE(st.st_mode):04o}",
+                           "the agents' token is readable by its owner only (0600)",
+                           f"remove {path} (its token may have leaked) and start the run again; "
+                           "or `chmod 600` it if nobody else could have read it")
+
+
+def load_token(run_dir: str, *, create: bool) -> bytes:
+    """The run's token; ``create``: make it if missing (the first agent that starts the run)."""
+    path = token_path(run_dir)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if create:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            try:
+                os.write(fd, secrets.token_hex(_TOKEN_BYTES).encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise ChannelError(f"no agents' token at {path}", "node 0's agent creates it before the "
+                           "rendezvous file", "put submit.run_root on a file system every node sees") from None
+    except OSError as exc:
+        raise ChannelError(f"cannot open {path}: {exc}", "the agents' token is a plain 0600 file",
+                           f"remove {path} and start the run again") from None
+    try:
+        _check_token_file(path, os.fstat(fd))
+        raw = os.read(fd, 4 * _TOKEN_BYTES).strip()
+    finally:
+        os.close(fd)
+    try:
+        token = bytes.fromhex(raw.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        token = b""
+    if len(token) != _TOKEN_BYTES:
+        raise ChannelError(f"{path} does not hold a {_TOKEN_BYTES}-byte hex token",
+                           "the token file written by the run's first agent",
+                           f"remove {path} and start the run again")
+    return token
+
+
+# ------------------------------------------------------------------ messages
+@dataclass(frozen=True)
+class FailureNotice:
+    """The first failure of a generation: who saw it (node, rank; -1: the agent) and its class."""
+
+    node: str
+    rank: int
+    cls: FailureClass
+
+
+class Channel:
+    """One agent's view of the store: ``nodes`` are the allocation's node names (node-rank order)."""
+
+    def __init__(self, store: Any, attempt: str, token: bytes, nodes: Sequence[str]) -> None:
+        self.store = store
+        self.nodes = tuple(nodes)
+        self._token = token
+        tag = hmac.new(token, f"attempt:{attempt}".encode(), hashlib.sha256).hexdigest()[:32]
+        self.prefix = f"sk/{tag}"
+
+    # -------------------------------------------------------------- keys (the only place)
+    def _gen(self, gen: int, name: str) -> str:
+        return f"{self.prefix}/g{int(gen)}/{name}"
+
+    def _alive(self, node_rank: int) -> str:
+        return f"{self.prefix}/alive/{int(node_rank)}"
+
+    def _exit(self) -> str:
+        return f"{self.prefix}/exit"
+
+    # -------------------------------------------------------------- signed values
+    def _mac(self, key: str, payload: str) -> str:
+        return hmac.new(self._token, f"{key}\n{payload}".encode(), hashlib.sha256).hexdigest()
+
+    def _seal(self, key: str, value: object) -> str:
+        payload = json.dumps(value, separators=(",", ":"))
+        return json.dumps({"p": payload, "mac": self._mac(key, payload)}, separators=(",", ":"))
+
+    def _open(self, key: str, raw: bytes) -> Any:
+        """The payload of a sealed value; ChannelError if it is not one this run wrote."""
+        if len(raw) > _MAX_VALUE:
+            raise ChannelError(f"store key {key} holds {len(raw)} bytes", "a short agent message",
+                               "look for a stranger writing to the agents' store")
+        try:
+            outer = json.loads(raw)
+            payload, mac = outer["p"], outer["mac"]
+            if not isinstance(payload, str) or not isinstance(mac, str):
+                raise TypeError("not strings")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ChannelError(f"store key {key} holds an unsealed value ({exc})",
+                               "values carry the run token's HMAC",
+                               "look for a stranger writing to the agents' store") from None
+        if not hmac.compare_digest(mac, self._mac(key, payload)):
+            raise ChannelError(f"store key {key} holds a value with a wrong HMAC",
+                               "values signed with the run's token (rdzv/token)",
+                               "look for a stranger writing to the agents' store; the value was ignored")
+        return json.loads(payload)
+
+    def _get(self, key: str) -> Any | None:
+        """The sealed value at ``key``, or None when absent."""
+        if not self.store.check([key]):
+            return None
+        return self._open(key, self.store.get(key))
+
+    def _count(self, key: str) -> int:
+        return int(self.store.add(key, 0))
+
+    def _node(self, value: object, key: str) -> str:
+        if not isinstance(value, str) or value not in self.nodes:
+            raise ChannelError(f"store key {key} names node {value!r}",
+                               f"one of the allocation's nodes ({','.join(self.nodes)})",
+                               "look for a stranger writing to the agents' store")
+        return value
+
+    # -------------------------------------------------------------- rendezvous port of the ranks
+    def post_port(self, gen: int, port: int) -> None:
+        self.store.set(self._gen(gen, "port"), self._seal(self._gen(gen, "port"), int(port)))
+
+    def wait_port(self, gen: int, timeout_s: float) -> int:
+        key = self._gen(gen, "port")
+        self.store.wait([key], timedelta(seconds=timeout_s))
+        port = self._open(key, self.store.get(key))
+        if not isinstance(port, int) or not 0 < port < 65536:
+            raise ChannelError(f"store key {key} holds port {port!r}", "a TCP port (1-65535)",
+                               "look for a stranger writing to the agents' store")
+        return port
+
+    # -------------------------------------------------------------- failure of a generation
+    def post_failure(self, gen: int, node: str, rank: int, cls: FailureClass) -> None:
+        """The first failure wins; later ones only add evidence."""
+        key = self._gen(gen, "fail")
+        self.store.compare_set(key, "", self._seal(key, {"node": node, "rank": int(rank), "cls": cls.value}))
+
+    def failure(self, gen: int) -> FailureNotice | None:
+        key = self._gen(gen, "fail")
+        raw = self._get(key)
+        if raw is None:
+            return None
+        try:
+            return FailureNotice(self._node(raw["node"], key), int(raw["rank"]), FailureClass(raw["cls"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ChannelError(f"store key {key} holds a malformed failure ({exc})",
+                               "node, rank and a failure class", "report a bug in slurmkit") from None
+
+    def post_evidence(self, gen: int, node_rank: int, evidence: list[Evidence]) -> None:
+        """This node's evidence (set once: the first report of a generation stands)."""
+        key = self._gen(gen, f"evidence/{int(node_rank)}")
+        self.store.compare_set(key, "", self._seal(key, [e.to_json() for e in evidence[:_MAX_EVIDENCE]]))
+
+    def evidence(self, gen: int, node_rank: int) -> list[Evidence] | None:
+        key = self._gen(gen, f"evidence/{int(node_rank)}")
+        raw = self._get(key)
+        if raw is None:
+            return None
+        if not isinstance(raw, list) or len(raw) > _MAX_EVIDENCE:
+            raise ChannelError(f"store key {key} holds no evidence list", "a list of evidence records",
+                               "report a bug in slurmkit")
+        try:
+            return [Evidence.from_json(d) for d in raw]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ChannelError(f"store key {key} holds a malformed evidence record ({exc})",
+                               "time, node, rank, source, class, detail", "report a bug in slurmkit") from None
+
+    def post_stopped(self, gen: int) -> None:
+        self.store.add(self._gen(gen, "stopped"), 1)
+
+    def stopped(self, gen: int) -> int:
+        return self._count(self._gen(gen, "stopped"))
+
+    # -------------------------------------------------------------- the end of a generation
+    def post_finished(self, gen: int, kind: str) -> None:
+        if kind not in (COMPLETED, SIGNALLED):
+            raise ValueError(kind)
+        self.store.add(self._gen(gen, kind), 1)
+
+    def finished(self, gen: int) -> tuple[int, int]:
+        """(slots that completed, slots that left on a signal) in ``gen``."""
+        return self._count(self._gen(gen, COMPLETED)), self._count(self._gen(gen, SIGNALLED))
+
+    # -------------------------------------------------------------- the decision
+    def post_decision(self, gen: int, d: Decision) -> None:
+        key = self._gen(gen, "decision")
+        self.store.compare_set(key, "", self._seal(key, {"action": d.action.value, "reason": d.reason,
+                                                         "exclude": list(d.exclude)}))
+
+    def decision(self, gen: int) -> Decision | None:
+        key = self._gen(gen, "decision")
+        raw = self._get(key)
+        if raw is None:
+            return None
+        try:
+            exclude = tuple(self._node(n, key) for n in raw["exclude"])
+            reason = raw["reason"]
+            if not isinstance(reason, str):
+                raise TypeError("reason is not text")
+            return Decision(Action(raw["action"]), reason, exclude)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ChannelError(f"store key {key} holds a malformed decision ({exc})",
+                               "action, reason, exclude", "report a bug in slurmkit") from None
+
+    def wait_decision(self, gen: int, timeout_s: float) -> Decision:
+        key = self._gen(gen, "decision")
+        self.store.wait([key], timedelta(seconds=timeout_s))
+        d = self.decision(gen)
+        assert d is not None  # noqa: S101 - wait returned, so the key exists
+        return d
+
+    # -------------------------------------------------------------- liveness
+    def beat(self, node_rank: int, tick: int, store: Any | None = None) -> None:
+        """One beat of an agent (``store``: the beating thread's own connection)."""
+        (store or self.store).set(self._alive(node_rank), str(int(tick)))
+
+    def seed_beats(self, node_ranks: Sequence[int]) -> None:
+        """Node 0, before anyone beats: every agent's counter exists (0: never beat), so one
+        multi_get reads them all without waiting on a missing key."""
+        for nr in node_ranks:
+            self.store.compare_set(self._alive(nr), "", "0")
+
+    def beats(self, node_ranks: Sequence[int]) -> dict[int, int]:
+        """Every agent's beat counter in one round trip."""
+        if not node_ranks:
+            return {}
+        raw = self.store.multi_get([self._alive(nr) for nr in node_ranks])
+        out: dict[int, int] = {}
+        for nr, v in zip(node_ranks, raw):
+            try:
+                out[nr] = int(v)
+            except ValueError:
+                raise ChannelError(f"store key {self._alive(nr)} holds {v[:40]!r}", "a beat counter",
+                                   "look for a stranger writing to the agents' store") from None
+        return out
+
+    # -------------------------------------------------------------- exit barrier
+    def arrive_exit(self) -> int:
+        return int(self.store.add(self._exit(), 1))
+
+    def exited(self) -> int:
+        return self._count(self._exit())

@@ -1,0 +1,338 @@
+"""The supervisor loop: drives the state machine over generations and applies decisions.
+
+One :class:`Supervisor` runs in every node agent. Each generation it asks its node
+(slurmkit.launch.agent.NodeAgent: start, watch, stop this node's ranks) to run, and talks to
+the other agents only through the typed channel (slurmkit.supervise.channel). When a
+generation fails every node stops its ranks and posts its evidence; node 0 classifies it,
+calls the pure ``decide`` and posts the decision; every node applies it: restart, continue on a
+spare, requeue without the bad nodes, or stop with exit code 93.
+
+What it needs from outside is given to it (channel, node, ledger, Slurm client, clock), so the
+whole loop runs in one process in the unit tests against a real in-process store and the fake
+Slurm controller. Every Slurm call goes through the client it is given (None: no Slurm, local
+mode, where a requeue becomes a stop).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from slurmkit import EXIT_NO_REQUEUE
+from slurmkit.config import SlurmkitConfig
+from slurmkit.launch.cancel_request import read_cancel_request
+from slurmkit.slurm.client import SlurmClient
+from slurmkit.supervise.channel import COMPLETED, SIGNALLED, Channel, ChannelError
+from slurmkit.supervise.classes import FailureClass
+from slurmkit.supervise.classify import Evidence, root_cause
+from slurmkit.supervise.monitor import EXIT_CHECKPOINTED_ON_SIGNAL
+from slurmkit.supervise.policy import Action, Decision, History, Limits, State, StateMachine, decide
+from slurmkit.supervise.requeue import requeue_now
+from slurmkit.supervise.slurmview import node_evidence
+
+log = logging.getLogger(__name__)
+
+FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: str  # completed | failed | signalled
+    gen: int
+
+
+class Node(Protocol):
+    """What the loop needs from the node's launcher (slurmkit.launch.agent.NodeAgent)."""
+
+    signal_kind: str | None
+
+    def start(self, gen: int, slot: int, port: int, master_addr: str) -> None: ...
+    def poll(self, gen: int) -> Evidence | None: ...  # the trigger of a failure seen on this node
+    def exit_codes(self) -> list[int | None]: ...
+    def stop(self) -> list[Evidence]: ...  # kill the ranks at once, return this node's evidence
+    def join_output(self) -> None: ...
+
+
+class Ledger(Protocol):
+    def append(self, event: str, **fields: Any) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where this agent is (a subset of slurmkit.launch.context.NodeContext)."""
+
+    node_rank: int
+    nodes: tuple[str, ...]
+    attempt: str
+    job_id: str
+    executor: str  # "slurm" | "local"
+    master_addr: str
+    restart_count: int = 0
+
+    @property
+    def node_name(self) -> str:
+        return self.nodes[self.node_rank]
+
+
+class Supervisor:
+    def __init__(self, cfg: SlurmkitConfig, where: Where, channel: Channel, node: Node, ledger: Ledger, *,
+                 train_nodes: int, run_dir: str, env: Mapping[str, str] | None = None,
+                 slurm: SlurmClient | None = None,
+                 ckpt_step: Callable[[], int | None] = lambda: None,
+                 free_port: Callable[[], int] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.cfg, self.where, self.channel, self.node, self.ledger = cfg, where, channel, node, ledger
+        self.run_dir = run_dir
+        self.env = dict(env or {})
+        self.slurm = slurm
+        self._ckpt_step = ckpt_step
+        self._free_port = free_port
+        self.clock, self.sleep = clock, sleep
+        sup = cfg.supervisor
+        self.limits = Limits(sup.max_restarts, sup.max_restarts_without_progress)
+        self.history = History()
+        self.sm = StateMachine(self._on_transition)
+        # Train slots -> node names. Spares are the allocation's nodes beyond the train nodes.
+        self.node_map: list[str] = list(where.nodes[:train_nodes])
+        self.spares: list[str] = list(where.nodes[train_nodes:])
+        self._alive_seen: dict[int, tuple[int, float]] = {}
+        self.decisions: list[tuple[int, Decision]] = []  # what this agent applied, per generation
+
+    @property
+    def is_node0(self) -> bool:
+        return self.where.node_rank == 0
+
+    def _on_transition(self, old: State, new: State, why: str) -> None:
+        if self.is_node0:
+            self.ledger.append("state", old=old.value, new=new.value, why=why)
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> int:
+        if self.is_node0:
+            self.channel.seed_beats(range(len(self.where.nodes)))
+            self.ledger.append("allocation_start", job_id=self.where.job_id, attempt=self.where.attempt,
+                               restart_count=self.where.restart_count, nodes=list(self.where.nodes),
+                               train_nodes=self.node_map, spares=self.spares, executor=self.where.executor)
+        gen = 0
+        while True:
+            code = self.run_generation(gen)
+            if code is not None:
+                return self.finish(code)
+            gen += 1
+
+    def run_generation(self, gen: int) -> int | None:
+        """One generation; returns the agent's exit code, or None to run the next generation."""
+        me = self.where.node_name
+        slot = self.node_map.index(me) if me in self.node_map else None
+        participants = [self.where.nodes.index(n) for n in self.node_map]
+        if self.sm.state != State.STARTING:
+            self.sm.to(State.STARTING, f"generation {gen}")
+        if slot is not None:
+            if self.is_node0:
+                self.channel.post_port(gen, self._free_port() if self._free_port else 29500 + gen)
+            port = self.channel.wait_port(gen, self.cfg.supervisor.startup_timeout_s)
+            self.node.start(gen, slot, port, self.where.master_addr)
+        self.sm.to(State.RUNNING, f"generation {gen}")
+        outcome = self.watch(gen, slot is not None)
+        if outcome.kind == COMPLETED:
+            self.sm.to(State.COMPLETED)
+            if self.is_node0:
+                self.ledger.append("end", status="completed", exit_code=0, generation=gen)
+            return 0
+        if outcome.kind == SIGNALLED:
+            return self.after_signal(gen)
+        self.sm.to(State.STOPPING, f"generation {gen}")
+        if slot is not None:
+            self.channel.post_evidence(gen, self.where.node_rank, self.node.stop())
+            self.channel.post_stopped(gen)
+        if self.is_node0:
+            self.sm.to(State.DECIDING, f"generation {gen}")
+            d = self.node0_decide(gen, participants)
+            self.channel.post_decision(gen, d)
+        d = self.channel.wait_decision(gen, self.cfg.supervisor.node_timeout_s * 6 + 60)
+        return self.apply_decision(d, gen)
+
+    def watch(self, gen: int, has_ranks: bool) -> Outcome:
+        n_slots = len(self.node_map)
+        reported = False
+        self._alive_seen.clear()
+        while True:
+            trigger = self.node.poll(gen) if has_ranks else None
+            if trigger is not None:
+                self.channel.post_failure(gen, trigger.node, trigger.rank, trigger.cls)
+            if self.is_node0:
+                self.check_peers(gen)
+            try:
+                failed = self.channel.failure(gen) is not None
+            except ChannelError as exc:  # a forged value at the failure key: say so, keep going
+                log.error("%s", exc)
+                failed = False
+            if failed:
+                return Outcome(FAILED, gen)
+            codes = self.node.exit_codes() if has_ranks else []
+            if not reported and codes and all(c is not None for c in codes):
+                kind = COMPLETED if all(c == 0 for c in codes) else (
+                    SIGNALLED if all(c in (0, EXIT_CHECKPOINTED_ON_SIGNAL) for c in codes) else None)
+                if kind is not None:
+                    self.channel.post_finished(gen, kind)
+                    reported = True
+            done, sig = self.channel.finished(gen)
+            if done + sig >= n_slots:
+                if has_ranks:
+                    self.node.join_output()
+                return Outcome(COMPLETED if sig == 0 else SIGNALLED, gen)
+            self.sleep(self.cfg.supervisor.poll_interval_s)
+
+    # ------------------------------------------------------------------ liveness (node 0)
+    def lost_agents(self) -> list[int]:
+        """Agents whose beat counter stopped moving for supervisor.node_timeout_s."""
+        now, lost = self.clock(), []
+        nrs = [self.where.nodes.index(n) for n in self.node_map if self.where.nodes.index(n) != 0]
+        for nr, val in self.channel.beats(nrs).items():
+            seen = self._alive_seen.get(nr)
+            if seen is None or seen[0] != val:
+                self._alive_seen[nr] = (val, now)
+            elif now - seen[1] > self.cfg.supervisor.node_timeout_s:
+                lost.append(nr)
+        return lost
+
+    def check_peers(self, gen: int) -> None:
+        for nr in self.lost_agents():
+            name = self.where.nodes[nr]
+            ev = Evidence(time.time(), name, -1, "agent", FailureClass.NODE_LOSS,
+                          f"agent on {name} silent for over {self.cfg.supervisor.node_timeout_s:g} s")
+            self.channel.post_evidence(gen, nr, [ev])
+            self.channel.post_failure(gen, name, -1, FailureClass.NODE_LOSS)
+
+    # ------------------------------------------------------------------ deciding (node 0)
+    def _evidence_of(self, gen: int, nr: int) -> list[Evidence] | None:
+        try:
+            return self.channel.evidence(gen, nr)
+        except ChannelError as exc:  # refused, not believed: the node counts as silent
+            log.error("%s", exc)
+            self.ledger.append("channel_refused", generation=gen, node=self.where.nodes[nr], detail=str(exc))
+            return None
+
+    def gather_evidence(self, gen: int, participants: list[int]) -> tuple[list[Evidence], list[str]]:
+        """Wait (briefly) for every participating agent's evidence; silent ones are lost."""
+        deadline = self.clock() + self.cfg.supervisor.node_timeout_s
+        known_lost = [nr for nr in participants
+                      if any(e.cls == FailureClass.NODE_LOSS for e in self._evidence_of(gen, nr) or [])]
+        expected = len(participants) - len(known_lost)
+        while self.channel.stopped(gen) < expected and self.clock() < deadline:
+            self.sleep(0.05)
+        evidence: list[Evidence] = []
+        lost: list[str] = []
+        for nr in participants:
+            got = self._evidence_of(gen, nr)
+            name = self.where.nodes[nr]
+            if got is not None:
+                evidence += got
+                if any(e.cls == FailureClass.NODE_LOSS for e in got):
+                    lost.append(name)
+            else:
+                lost.append(name)
+                evidence.append(Evidence(time.time(), name, -1, "agent", FailureClass.NODE_LOSS,
+                                         f"agent on {name} did not answer the stop request"))
+        return evidence, sorted(set(lost))
+
+    def node0_decide(self, gen: int, participants: list[int]) -> Decision:
+        evidence, lost = self.gather_evidence(gen, participants)
+        slurm_view = node_evidence(lost, self.slurm) if lost and self.slurm is not None else []
+        failure = root_cause(evidence + slurm_view)
+        if failure is None:
+            self.history = self.history.restarted()
+            return Decision(Action.RESTART, "generation stopped without evidence")
+        self.ledger.append("failure", generation=gen, cls=failure.cls.value, rank=failure.rank,
+                           node=failure.node, evidence=failure.evidence, time_of_fault=failure.time,
+                           ranks_affected=list(failure.ranks_affected),
+                           slurm_view=[e.detail for e in slurm_view])
+        spares = [n for n in self.spares if n not in lost]
+        decision, self.history = decide(failure, self.history, self._ckpt_step(), self.limits, spares, lost)
+        if decision.action == Action.REQUEUE and self.slurm is None:
+            decision = Decision(Action.STOP, decision.reason + "; no Slurm to requeue with (local mode)")
+        return decision
+
+    # ------------------------------------------------------------------ applying (every node)
+    def apply_replacement(self, bad: tuple[str, ...]) -> None:
+        for name in bad:
+            if name in self.node_map:
+                spare = self.spares.pop(0)
+                self.node_map[self.node_map.index(name)] = spare
+            if name in self.spares:
+                self.spares.remove(name)
+
+    def requeue(self, reason: str, exclude: tuple[str, ...]) -> None:
+        """Node 0: requeue this job without the bad nodes and make it eligible at once."""
+        self.ledger.append("requeue", job_id=self.where.job_id, reason=reason, exclude=list(exclude))
+        if self.slurm is not None:
+            requeue_now(self.slurm, self.where.job_id, exclude, env=self.env, run_dir=self.run_dir)
+
+    def apply_decision(self, d: Decision, gen: int) -> int | None:
+        self.decisions.append((gen, d))
+        if self.is_node0:
+            self.ledger.append("decision", generation=gen, action=d.action.value, reason=d.reason,
+                               exclude=list(d.exclude))
+        if d.action == Action.RESTART:
+            self.sm.to(State.RESTARTING, d.reason)
+            return None
+        if d.action == Action.REPLACE_NODE:
+            self.sm.to(State.REPLACING, d.reason)
+            self.apply_replacement(d.exclude)
+            if self.is_node0:
+                self.ledger.append("exclusion", nodes=list(d.exclude), how="spare", train_nodes=self.node_map)
+            return None
+        if d.action == Action.REQUEUE:
+            self.sm.to(State.REQUEUEING, d.reason)
+            if self.is_node0:
+                if d.exclude:
+                    self.ledger.append("exclusion", nodes=list(d.exclude), how="requeue")
+                self.requeue(d.reason, d.exclude)
+            return 0
+        self.sm.to(State.STOPPED, d.reason)
+        print(f"slurmkit supervisor: stopping, exit {EXIT_NO_REQUEUE} (do not requeue): {d.reason}",
+              file=sys.stderr, flush=True)
+        if self.is_node0:
+            self.ledger.append("end", status="stopped", exit_code=EXIT_NO_REQUEUE, reason=d.reason)
+        return EXIT_NO_REQUEUE
+
+    def after_signal(self, gen: int) -> int:
+        """Every rank saved a final checkpoint on the warning and left."""
+        kind = self.node.signal_kind
+        if read_cancel_request(self.run_dir) is not None:
+            kind = self.node.signal_kind = "cancel"  # slurmkit cancel --checkpoint: end here, never requeue
+        self.sm.to(State.CHECKPOINTING, kind or "signal")
+        if self.is_node0:
+            self.ledger.append("checkpointed_on_signal", generation=gen, signal=kind, step=self._ckpt_step())
+        if kind == "time_limit" and self.cfg.job.requeue and self.slurm is not None:
+            self.sm.to(State.REQUEUEING, "time limit")
+            if self.is_node0:
+                self.requeue("time limit warning: final checkpoint saved", ())
+            return 0
+        # Preemption: Slurm requeues a preempted job itself. Local mode: nothing to requeue.
+        self.sm.to(State.COMPLETED, "left on signal")
+        if self.is_node0:
+            cancelled = kind == "cancel"
+            self.ledger.append("end", status="cancelled" if cancelled else "signalled", signal=kind, exit_code=0)
+            if cancelled and self.slurm is not None:
+                self.slurm.cancel(self.where.job_id)  # Slurm ends the job CANCELLED (no requeue)
+        return 0
+
+    def finish(self, code: int) -> int:
+        """Leave together: node 0 keeps the store alive until every agent has read what it needs."""
+        try:
+            n = self.channel.arrive_exit()
+            if self.is_node0:
+                deadline = self.clock() + 10
+                while n < len(self.node_map) and self.clock() < deadline:
+                    self.sleep(0.1)
+                    n = self.channel.exited()
+        except (RuntimeError, OSError):  # node 0 already gone: nothing left to sync
+            pass
+        return code
+

@@ -1,0 +1,231 @@
+"""The supervisor loop in one process: one Supervisor per scripted node agent, each in its own
+thread, all talking through the typed channel over one real in-process store (HashStore, the
+TCPStore's semantics without sockets). Scripted fault sequences; the decisions are asserted."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from slurmkit import EXIT_NO_REQUEUE
+from slurmkit.config import compose
+from slurmkit.supervise.channel import Channel
+from slurmkit.supervise.classes import FailureClass
+from slurmkit.supervise.classify import Evidence
+from slurmkit.supervise.loop import Supervisor, Where
+from slurmkit.supervise.policy import Action
+
+F = FailureClass
+TOKEN = bytes(range(32))
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def append(self, event: str, **fields: Any) -> dict[str, Any]:
+        with self.lock:
+            self.events.append({"event": event, **fields})
+        return self.events[-1]
+
+    def of(self, event: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [e for e in self.events if e["event"] == event]
+
+
+@dataclass
+class Script:
+    """What one node's ranks do: per generation, a failure to report (class) or an exit code."""
+
+    fail: dict[int, FailureClass] = field(default_factory=dict)
+    at: float = 0.0  # when the failure was seen (epoch seconds): the earliest is the root cause
+    exit_code: int = 0
+    gate: threading.Event | None = None  # the node's ranks finish only once this is set
+    on_stop: Callable[[], None] | None = None  # runs while the node stops its ranks
+
+
+class ScriptedNode:
+    """The loop's Node: ranks that do what the script says."""
+
+    def __init__(self, name: str, script: Script) -> None:
+        self.name, self.script = name, script
+        self.signal_kind: str | None = None
+        self.started: list[tuple[int, int, int]] = []  # (gen, slot, port)
+        self.gen = -1
+
+    def start(self, gen: int, slot: int, port: int, master_addr: str) -> None:
+        self.gen = gen
+        self.started.append((gen, slot, port))
+
+    def poll(self, gen: int) -> Evidence | None:
+        cls = self.script.fail.get(gen)
+        if cls is None:
+            return None
+        return Evidence(self.script.at, self.name, 0, "line", cls, f"scripted {cls.value}")
+
+    def exit_codes(self) -> list[int | None]:
+        if self.script.fail.get(self.gen) is not None:
+            return [None]
+        if self.script.gate is not None and not self.script.gate.is_set():
+            return [None]
+        return [self.script.exit_code]
+
+    def stop(self) -> list[Evidence]:
+        if self.script.on_stop is not None:
+            self.script.on_stop()
+        ev = self.poll(self.gen)
+        return [ev] if ev is not None else [Evidence(0.0, self.name, 0, "exit", F.PEER_FAILURE, "returncode -9")]
+
+    def join_output(self) -> None:
+        pass
+
+
+def config(**sup: Any):  # noqa: ANN201 - SlurmkitConfig
+    over = [f"supervisor.{k}={v}" for k, v in {"poll_interval_s": 0.01, "node_timeout_s": 1.0, **sup}.items()]
+    return compose(["+exp=tiny", "cluster=local", *over])
+
+
+class Cluster:
+    """N supervisors over one store; ``beating[nr]`` stops an agent's beats when cleared."""
+
+    def __init__(self, tmp_path: Path, scripts: list[Script], *, train_nodes: int | None = None,
+                 executor: str = "local", **sup: Any) -> None:
+        self.store = dist.HashStore()
+        self.cfg = config(**sup)
+        self.names = tuple(f"n{i}" for i in range(len(scripts)))
+        self.ledger = Ledger()
+        self.nodes = [ScriptedNode(n, s) for n, s in zip(self.names, scripts)]
+        self.beating = [threading.Event() for _ in scripts]
+        for e in self.beating:
+            e.set()
+        self.codes: dict[int, int] = {}
+        self.errors: list[BaseException] = []
+        self.sups = []
+        for nr in range(len(scripts)):
+            where = Where(node_rank=nr, nodes=self.names, attempt="7-0", job_id="7", executor=executor,
+                          master_addr="127.0.0.1")
+            ch = Channel(self.store, where.attempt, TOKEN, self.names)
+            self.sups.append(Supervisor(self.cfg, where, ch, self.nodes[nr], self.ledger,
+                                        train_nodes=train_nodes or len(scripts), run_dir=str(tmp_path),
+                                        free_port=lambda: 12345))
+        self._stop = threading.Event()
+
+    def _beat(self, nr: int) -> None:
+        tick = 0
+        while not self._stop.is_set():
+            if self.beating[nr].is_set():
+                tick += 1
+                self.sups[nr].channel.beat(nr, tick)
+            self._stop.wait(0.02)
+
+    def _run(self, nr: int) -> None:
+        try:
+            self.codes[nr] = self.sups[nr].run()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.errors.append(exc)
+
+    def run(self, agents: list[int] | None = None) -> dict[int, int]:
+        self.sups[0].channel.seed_beats(range(len(self.names)))
+        agents = list(range(len(self.names))) if agents is None else agents
+        beaters = [threading.Thread(target=self._beat, args=(nr,), daemon=True) for nr in agents]
+        runners = [threading.Thread(target=self._run, args=(nr,), daemon=True) for nr in agents]
+        for t in beaters + runners:
+            t.start()
+        for t in runners:
+            t.join(timeout=120)
+        self._stop.set()
+        assert not self.errors, self.errors
+        assert all(not t.is_alive() for t in runners), "a supervisor never ended"
+        return self.codes
+
+    def decisions(self) -> list[tuple[int, Action, tuple[str, ...]]]:
+        return [(e["generation"], Action(e["action"]), tuple(e["exclude"])) for e in self.ledger.of("decision")]
+
+
+def test_a_clean_run_completes_on_every_node(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, [Script(), Script(), Script()])
+    assert c.run() == {0: 0, 1: 0, 2: 0}
+    assert c.decisions() == []
+    assert [e["status"] for e in c.ledger.of("end")] == ["completed"]
+    assert all(n.started == [(0, i, 12345)] for i, n in enumerate(c.nodes))
+
+
+def test_a_failure_restarts_every_node_then_completes(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, [Script(), Script(fail={0: F.USER_ERROR}), Script()])
+    assert c.run() == {0: 0, 1: 0, 2: 0}
+    assert c.decisions() == [(0, Action.RESTART, ())]
+    (failure,) = c.ledger.of("failure")
+    assert failure["cls"] == "user_error" and failure["node"] == "n1"
+    # Every node applied the same decision and started generation 1 in the same slot.
+    assert all([g for g, _ in s.decisions] == [0] for s in c.sups)
+    assert all(n.started == [(0, i, 12345), (1, i, 12345)] for i, n in enumerate(c.nodes))
+
+
+def test_two_failures_at_once_make_one_decision_on_the_root_cause(tmp_path: Path) -> None:
+    # Two nodes see a failure in the same generation; the earlier (a GPU OOM) is the root cause:
+    # one decision, stop with 93, although the later crash alone would restart.
+    c = Cluster(tmp_path, [Script(), Script(fail={0: F.RANK_CRASH}, at=2.0),
+                           Script(fail={0: F.GPU_OOM}, at=1.0)])
+    assert c.run() == {0: EXIT_NO_REQUEUE, 1: EXIT_NO_REQUEUE, 2: EXIT_NO_REQUEUE}
+    assert c.decisions() == [(0, Action.STOP, ())]
+    (failure,) = c.ledger.of("failure")
+    assert failure["cls"] == "gpu_oom"
+
+
+def test_a_failure_during_a_decision_belongs_to_the_next_generation(tmp_path: Path) -> None:
+    # Node 2's ranks fail again in generation 1 while node 0 still decides about generation 0;
+    # generation 0's decision stays what it was, generation 1 gets its own.
+    c = Cluster(tmp_path, [Script(), Script(fail={0: F.USER_ERROR}), Script(fail={1: F.RANK_CRASH})])
+    c.run()
+    assert [(g, a) for g, a, _ in c.decisions()] == [(0, Action.RESTART), (1, Action.RESTART)]
+    assert [e["cls"] for e in c.ledger.of("failure")] == ["user_error", "rank_crash"]
+
+
+def test_a_silent_agent_is_lost_and_its_slot_goes_to_the_spare(tmp_path: Path) -> None:
+    gate = threading.Event()
+    scripts = [Script(gate=gate), Script(gate=gate), Script(gate=gate)]
+    c = Cluster(tmp_path, scripts, train_nodes=2, spare_nodes=1)
+    # n1's agent never runs and never beats: node 0 calls it lost, the spare n2 takes slot 1.
+    c.beating[1].clear()
+
+    def open_gate_on_replace() -> None:
+        while not c.ledger.of("exclusion"):
+            threading.Event().wait(0.01)
+        gate.set()
+
+    threading.Thread(target=open_gate_on_replace, daemon=True).start()
+    codes = c.run(agents=[0, 2])
+    assert codes == {0: 0, 2: 0}
+    assert c.decisions() == [(0, Action.REPLACE_NODE, ("n1",))]
+    assert c.nodes[2].started == [(1, 1, 12345)]
+    (failure,) = c.ledger.of("failure")
+    assert failure["cls"] == "node_loss" and failure["node"] == "n1"
+
+
+def test_a_forged_value_in_the_store_is_refused(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, [Script(), Script()])
+    ch = c.sups[0].channel
+    # A stranger who knows the old, guessable key names changes nothing...
+    c.store.set("7-0/g0/fail", "n1:0:gpu_oom")
+    c.store.set("7-0/g0/evidence/1", '[{"cls": "gpu_oom"}]')
+    # ...and one who even learned a real key cannot sign a value: the failure is refused.
+    forged = Channel(c.store, "7-0", b"\x01" * 32, c.names)
+    key = ch._gen(0, "fail")  # noqa: SLF001 - the test plays the stranger who learned the key
+    c.store.set(key, forged._seal(key, {"node": "n1", "rank": 0, "cls": "gpu_oom"}))  # noqa: SLF001
+    assert c.run() == {0: 0, 1: 0}
+    assert c.decisions() == []  # no stop with 93: the forged failure was never believed
+
+
+@pytest.mark.parametrize("executor", ["local"])
+def test_requeue_without_slurm_becomes_a_stop(tmp_path: Path, executor: str) -> None:
+    c = Cluster(tmp_path, [Script(), Script(fail={0: F.TIME_LIMIT})], executor=executor)
+    assert c.run() == {0: EXIT_NO_REQUEUE, 1: EXIT_NO_REQUEUE}
+    ((gen, action, _),) = c.decisions()
+    assert action == Action.STOP
