@@ -1,0 +1,628 @@
+"""How the supervisor's control plane grows with the job size N: the real loop, channel and
+beat code, N simulated node agents, one real TCPStore, on this machine.
+
+    python tools/bench/control_plane.py --sizes 16,128,512,2048
+
+At each N, N + 1 node agents (N train nodes and one spare) run what a real agent runs:
+slurmkit.supervise.loop.Supervisor over slurmkit.supervise.channel.Channel on its own TCPStore
+connection, its beats (channel.beat at the interval the agent uses) on a second connection, and
+a ledger writer (slurmkit.supervise.ledger.Ledger) on the run directory. Their nodes have no
+torch ranks: a simulated node reports no failure and keeps its ranks "running" until the end.
+Node 0 runs in this process, which hosts the TCPStore (libuv) as the batch host does and
+answers for Slurm (the fake controller, through the SlurmClient the loop is given). The other
+agents are threads spread over ``--procs`` worker processes, so one interpreter lock does not
+serialise thousands of agents that on a cluster each have a host of their own. Settings are
+the packaged defaults (conf/supervisor), and the beat interval is the one the agent derives
+from N.
+
+Per N it measures:
+
+* store_rps: TCPStore round trips per second of all agents in a fault-free window (every
+  client call counts one, a multi_get too; each beat is one), and per agent;
+* false_lost: agents node 0 called lost in that window (must be 0);
+* fs_ops_per_step: shared-file-system operations (opens, renames, removes, listings, mkdirs:
+  what Python's audit hooks report) under the run directory by a few sample training ranks,
+  per step, each beating through slurmkit.train.heartbeat as the trainer does;
+  agent_fs_ops_s: the same for the agents, per second of the window;
+* ledger_bytes_per_h: the ledger's growth in that window, per hour;
+* detect_s: one train node's agent dies (its threads freeze, its beats stop, Slurm calls the
+  node DOWN): seconds until node 0's loop calls it lost;
+* decide_s: from then until the last live agent has applied node 0's decision (continue on the
+  spare); node0_decide_s: the part node 0 spends deciding;
+* node 0's liveness scan: the channel's one multi_get of N counters against what the agent did
+  before the channel (a check and a get per agent, serially), timed on the same store.
+
+The growth exponent of each figure is the least-squares slope of log(figure) on log(N). For
+context, torchrun's elastic agent calls a node dead after 3 missed 5 s keep-alives (15 s, its
+documented default, not run here). The last line is ``RESULT ...`` for the largest N run.
+The machine is shared and small (2 cores): the load average is printed, expect noise; a size
+that does not fit is reported and the sizes below it stand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import multiprocessing as mp
+import os
+import queue
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+# A TCPStore client looks up its own address's name (getnameinfo) when it connects. Where no
+# DNS server answers (this machine), each lookup waits out glibc's 5 s resolver timeout and
+# thousands of connections take many minutes; one try of 1 s keeps the setup short. It is read
+# before the first lookup of a process and changes nothing that is measured.
+os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
+
+import torch.distributed as dist  # noqa: E402
+
+from slurmkit.config import compose  # noqa: E402
+from slurmkit.slurm.client import SlurmClient  # noqa: E402
+from slurmkit.slurm.retry import RetryPolicy  # noqa: E402
+from slurmkit.supervise.channel import Channel, load_token  # noqa: E402
+from slurmkit.supervise.ledger import LEDGER_NAME, Ledger  # noqa: E402
+from slurmkit.supervise.loop import Supervisor, Where  # noqa: E402
+from slurmkit.testing.fakeslurm import FakeSlurm  # noqa: E402
+from slurmkit.train.heartbeat import Heartbeat  # noqa: E402
+
+try:  # the interval the agent derives from N, where the supervisor has one
+    from slurmkit.supervise.timeouts import beat_interval_s  # noqa: E402
+except ImportError:  # every agent beats at each poll
+    def beat_interval_s(n_nodes: int, poll_interval_s: float) -> float:
+        return poll_interval_s
+
+TORCHRUN_DEAD_S = 15.0  # torchrun elastic: keep-alive every 5 s, dead after 3 missed
+ATTEMPT, JOB_ID, HOST = "bench.0", "1", "127.0.0.1"
+_RPCS = frozenset({"set", "get", "add", "check", "compare_set", "multi_get", "multi_set", "wait",
+                   "delete_key", "num_keys", "append"})
+_FS_EVENTS = frozenset({"open", "os.rename", "os.remove", "os.rmdir", "os.mkdir", "os.listdir",
+                        "os.scandir", "os.chmod", "os.truncate", "os.link", "os.symlink", "os.utime"})
+
+
+# ------------------------------------------------------------------ instruments
+class CountingStore:
+    """A TCPStore client that counts its round trips. ``die`` freezes every later call, as the
+    process on a lost host stops answering. Each one is used by one thread: no lock needed."""
+
+    def __init__(self, store: dist.TCPStore) -> None:
+        self._store = store
+        self.port = store.port
+        self.calls = 0
+        self.gone = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if name not in _RPCS:
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.gone.is_set():
+                threading.Event().wait()  # a dead host: this thread never runs again
+            self.calls += 1
+            return attr(*args, **kwargs)
+
+        return call
+
+
+class FsCounter:
+    """Shared-file-system operations under one directory, by the kind of thread that made them."""
+
+    def __init__(self) -> None:
+        self.root: str | None = None
+        self.counts: dict[str, int] = {}
+        sys.addaudithook(self._hook)
+
+    def _hook(self, event: str, args: tuple[Any, ...]) -> None:
+        root = self.root
+        if root is None or event not in _FS_EVENTS or not args:
+            return
+        path = args[0]
+        if isinstance(path, bytes):
+            path = path.decode(errors="replace")
+        if not isinstance(path, str) or not os.path.abspath(path).startswith(root):
+            return
+        kind = threading.current_thread().name.split("-", 1)[0]
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+
+    def take(self) -> dict[str, int]:
+        out, self.counts = self.counts, {}
+        return out
+
+
+class Sink:
+    """Where a supervisor reports what happened to it (node 0: the probe; workers: a queue)."""
+
+    def __init__(self, put: Callable[[tuple[Any, ...]], None]) -> None:
+        self.put = put
+
+
+@dataclass
+class Probe:
+    """Timestamps (time.monotonic, one clock for every process of this machine)."""
+
+    started: dict[int, set[int]] = field(default_factory=dict)  # gen -> node ranks with ranks up
+    applied: dict[int, dict[int, float]] = field(default_factory=dict)  # gen -> node rank -> time
+    lost: list[tuple[float, int]] = field(default_factory=list)
+    decide: dict[int, tuple[float, float]] = field(default_factory=dict)  # gen -> node 0 (start, end)
+    errors: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, msg: tuple[Any, ...]) -> None:
+        with self.lock:
+            kind = msg[0]
+            if kind == "started":
+                self.started.setdefault(msg[1], set()).add(msg[2])
+            elif kind == "applied":
+                self.applied.setdefault(msg[1], {})[msg[2]] = msg[3]
+            elif kind == "lost":
+                self.lost.append((msg[1], msg[2]))
+            elif kind == "decide":
+                self.decide[msg[1]] = (msg[2], msg[3])
+            elif kind == "error":
+                self.errors.append(msg[1])
+
+
+class SimNode:
+    """A node with no torch ranks: they 'run' until the bench says they finished."""
+
+    signal_kind: str | None = None
+
+    def __init__(self, node_rank: int, sink: Sink, finished: Any) -> None:
+        self.node_rank, self.sink, self.finished = node_rank, sink, finished
+
+    def start(self, gen: int, slot: int, port: int, master_addr: str) -> None:
+        self.sink.put(("started", gen, self.node_rank))
+
+    def poll(self, gen: int) -> None:
+        return None
+
+    def exit_codes(self) -> list[int | None]:
+        return [0] if self.finished.is_set() else [None]
+
+    def stop(self) -> list[Any]:
+        return []
+
+    def join_output(self) -> None:
+        return None
+
+
+class TimedSupervisor(Supervisor):
+    """The real loop; these overrides only record when things happened."""
+
+    sink: Sink
+
+    def lost_agents(self) -> Any:
+        lost = super().lost_agents()
+        for x in lost:
+            self.sink.put(("lost", time.monotonic(), getattr(x, "node_rank", x)))
+        return lost
+
+    def node0_decide(self, gen: int, participants: list[int]) -> Any:
+        t0 = time.monotonic()
+        d = super().node0_decide(gen, participants)
+        self.sink.put(("decide", gen, t0, time.monotonic()))
+        return d
+
+    def apply_decision(self, d: Any, gen: int) -> int | None:
+        self.sink.put(("applied", gen, self.where.node_rank, time.monotonic()))
+        return super().apply_decision(d, gen)
+
+
+# ------------------------------------------------------------------ agents (node 0 here, the rest in workers)
+@dataclass(frozen=True)
+class Spec:
+    n: int
+    port: int
+    run_dir: str
+    token: bytes
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f"b{i:04d}" for i in range(self.n + 1))
+
+
+def _config(n: int) -> Any:
+    return compose(["+exp=tiny", "cluster=local", f"job.nodes={n}", "supervisor.spare_nodes=1"])
+
+
+def _client(port: int) -> CountingStore:
+    return CountingStore(dist.TCPStore(HOST, port, is_master=False, timeout=timedelta(seconds=120),
+                                       use_libuv=True))
+
+
+class Agents:
+    """Some of the job's agents, each a supervisor thread plus its beater, in this process."""
+
+    def __init__(self, spec: Spec, nrs: Sequence[int], sink: Sink, finished: Any,
+                 slurm: SlurmClient | None = None) -> None:
+        self.spec, self.sink, self.finished = spec, sink, finished
+        self.cfg = _config(spec.n)
+        names = spec.names
+        with ThreadPoolExecutor(32) as pool:  # connects overlap: a slow one does not hold the rest
+            stores = list(pool.map(lambda _: _client(spec.port), range(2 * len(nrs))))
+        self.loops = dict(zip(nrs, stores))
+        self.beats = dict(zip(nrs, stores[len(nrs):]))  # the alive thread's own connection
+        self.channels = {nr: Channel(self.loops[nr], ATTEMPT, spec.token, names) for nr in nrs}
+        self.stop_beats = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self._slurm = slurm
+
+    def start(self) -> None:
+        interval = beat_interval_s(len(self.spec.names), self.cfg.supervisor.poll_interval_s)
+        for nr in self.channels:
+            threading.Thread(target=self._beat, args=(nr, interval), name=f"beat-{nr}", daemon=True).start()
+            t = threading.Thread(target=self._run, args=(nr,), name=f"agent-{nr}", daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def _beat(self, nr: int, interval_s: float) -> None:
+        """The agent's alive thread: one beat per interval on its own connection."""
+        tick = 0
+        while not self.stop_beats.is_set():
+            tick += 1
+            try:
+                self.channels[nr].beat(nr, tick, self.beats[nr])
+            except RuntimeError:  # the store is gone: the job is ending
+                return
+            self.stop_beats.wait(interval_s)
+
+    def _run(self, nr: int) -> None:
+        spec = self.spec
+        ledger = Ledger(os.path.join(spec.run_dir, LEDGER_NAME), source=f"agent:{spec.names[nr]}")
+        s = TimedSupervisor(self.cfg, Where(nr, spec.names, ATTEMPT, JOB_ID, "slurm", HOST),
+                            self.channels[nr], SimNode(nr, self.sink, self.finished), ledger,
+                            train_nodes=spec.n, run_dir=spec.run_dir, env={}, slurm=self._slurm,
+                            ckpt_step=lambda: 100, free_port=lambda: 29500)
+        s.sink = self.sink
+        try:
+            s.run()
+        except Exception as exc:  # noqa: BLE001 - reported to the bench, which stops
+            self.sink.put(("error", f"{spec.names[nr]}: {type(exc).__name__}: {exc}"))
+
+    def kill(self, nr: int) -> None:
+        self.beats[nr].gone.set()
+        self.loops[nr].gone.set()
+
+    def rpcs(self) -> int:
+        return sum(s.calls for s in (*self.loops.values(), *self.beats.values()))
+
+    def join(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for nr, t in zip(self.channels, self.threads):
+            if not self.loops[nr].gone.is_set():
+                t.join(max(deadline - time.monotonic(), 0.1))
+        self.stop_beats.set()
+
+
+def _worker(spec: Spec, nrs: list[int], events: Any, conn: Any, finished: Any) -> None:
+    """A worker process: its agents, and a command loop for the bench (kill, counts, end)."""
+    logging.basicConfig(level=logging.ERROR)
+    threading.stack_size(512 * 1024)
+    fs = FsCounter()
+    fs.root = os.path.abspath(spec.run_dir) + os.sep
+    agents = Agents(spec, nrs, Sink(events.put), finished)
+    conn.send(("ready",))
+    agents.start()
+    while True:
+        cmd = conn.recv()
+        if cmd[0] == "kill":
+            agents.kill(cmd[1])
+        elif cmd[0] == "counts":
+            conn.send((agents.rpcs(), fs.take()))
+        elif cmd[0] == "end":
+            agents.join(60)
+            conn.send(("ended",))
+            return
+
+
+# ------------------------------------------------------------------ one size
+@dataclass
+class Figures:
+    n: int
+    store_rps: float
+    rps_per_agent: float
+    false_lost: int
+    fs_ops_per_step: float
+    agent_fs_ops_s: float
+    ledger_bytes_per_h: float
+    detect_s: float
+    decide_s: float
+    node0_decide_s: float
+    scan_channel_ms: float
+    scan_serial_ms: float
+    setup_s: float
+
+
+def _wait(pred: Callable[[], bool], timeout_s: float, what: str, probe: Probe) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if probe.errors:
+            raise RuntimeError(f"an agent failed while waiting for {what}: {probe.errors[0]}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.02)
+
+
+class Size:
+    """One N: the store, node 0 here, the other agents in worker processes."""
+
+    def __init__(self, n: int, procs: int, workdir: str, fs: FsCounter) -> None:
+        self.n, self.fs = n, fs
+        run_dir = tempfile.mkdtemp(prefix=f"cp{n}-", dir=workdir)
+        self.server = dist.TCPStore(HOST, 0, is_master=True, timeout=timedelta(seconds=120),
+                                    wait_for_workers=False, use_libuv=True)
+        self.spec = Spec(n, self.server.port, run_dir, load_token(run_dir, create=True))
+        self.fake = FakeSlurm({"bench": f"b[0000-{n:04d}]"})
+        script = os.path.join(run_dir, "job.sh")
+        with open(script, "w") as f:
+            f.write(f"#!/bin/bash\n#SBATCH --nodes={n + 1}\n")
+        self.fake.start(self.fake.run(["sbatch", "--parsable", script]).stdout.strip(), list(self.spec.names))
+        slurm = SlurmClient(self.fake, retry=RetryPolicy(max_attempts=3, initial_wait_s=0.1, jitter_s=0))
+        self.probe = Probe()
+        self.ctx = mp.get_context("spawn")
+        self.finished = self.ctx.Event()
+        self.events = self.ctx.Queue()
+        others = list(range(1, n + 1))  # every agent but node 0 (train nodes and the spare)
+        self.shares = [others[i::procs] for i in range(min(procs, len(others)))]
+        self.conns, self.workers = [], []
+        for share in self.shares:
+            here, there = self.ctx.Pipe()
+            p = self.ctx.Process(target=_worker, args=(self.spec, share, self.events, there, self.finished),
+                                 daemon=True)
+            p.start()
+            self.conns.append(here)
+            self.workers.append(p)
+        self.drain = threading.Thread(target=self._drain, name="bench-drain", daemon=True)
+        self.drain.start()
+        Channel(_client(self.spec.port), ATTEMPT, self.spec.token, self.spec.names).seed_beats(
+            range(len(self.spec.names)))
+        for c in self.conns:
+            if not c.poll(600):
+                raise TimeoutError("a worker did not start within 600 s")
+            c.recv()
+        self.node0 = Agents(self.spec, [0], Sink(self.probe.record), self.finished, slurm=slurm)
+        self.node0.start()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                msg = self.events.get(timeout=0.5)
+            except queue.Empty:
+                if not any(p.is_alive() for p in self.workers):
+                    return
+                continue
+            self.probe.record(msg)
+
+    def counts(self) -> tuple[int, dict[str, int]]:
+        total, ops = self.node0.rpcs(), self.fs.take()
+        for c in self.conns:
+            c.send(("counts",))
+        for c in self.conns:
+            rpcs, more = c.recv()
+            total += rpcs
+            for k, v in more.items():
+                ops[k] = ops.get(k, 0) + v
+        return total, ops
+
+    def kill(self, nr: int) -> None:
+        node = self.fake.nodes[self.spec.names[nr]]  # what slurmctld shows once slurmd is gone
+        node.state, node.flags, node.reason = "DOWN", ["NOT_RESPONDING"], "Not responding"
+        self.conns[(nr - 1) % len(self.conns)].send(("kill", nr))
+
+    def end(self) -> None:
+        self.finished.set()
+        for c in self.conns:
+            c.send(("end",))
+        for c, p in zip(self.conns, self.workers):
+            if c.poll(90):
+                c.recv()
+            p.join(30)
+            if p.is_alive():
+                p.terminate()
+        self.node0.join(30)
+        shutil.rmtree(self.spec.run_dir, ignore_errors=True)
+
+
+def run_size(n: int, steady_s: float, sample_ranks: int, procs: int, fs: FsCounter, workdir: str) -> Figures:
+    t_setup = time.monotonic()
+    fs.root = None
+    size = Size(n, procs, workdir, fs)
+    probe, run_dir = size.probe, size.spec.run_dir
+    try:
+        _wait(lambda: len(probe.started.get(0, ())) == n, 300 + n / 5, f"{n} nodes to start generation 0",
+              probe)
+        setup_s = time.monotonic() - t_setup
+        time.sleep(3.0)  # every beat counter has moved a few times
+
+        # ---- fault-free window: RPC rate, false losses, shared-FS operations, ledger growth
+        ledger_path = os.path.join(run_dir, LEDGER_NAME)
+        size0 = os.path.getsize(ledger_path) if os.path.exists(ledger_path) else 0
+        fs.root = os.path.abspath(run_dir) + os.sep
+        rpc0, _ = size.counts()
+        lost0 = len(probe.lost)
+        steps = [0] * sample_ranks
+        window_over = threading.Event()
+
+        def rank(i: int) -> None:  # a training rank's per-step heartbeat, as the trainer calls it
+            hb = Heartbeat.from_env({"SLURMKIT_RUN_DIR": run_dir, "SLURMKIT_GENERATION": "0",
+                                     "RANK": str(i)}, i)
+            while not window_over.is_set():
+                if hb is not None:
+                    hb.beat(steps[i])
+                steps[i] += 1
+                window_over.wait(0.05)
+
+        ranks = [threading.Thread(target=rank, args=(i,), name=f"rank-{i}", daemon=True)
+                 for i in range(sample_ranks)]
+        t0 = time.monotonic()
+        for t in ranks:
+            t.start()
+        time.sleep(steady_s)
+        window_over.set()
+        for t in ranks:
+            t.join()
+        rpc1, ops = size.counts()
+        window = time.monotonic() - t0
+        fs.root = None
+        false_lost = len(probe.lost) - lost0
+        size1 = os.path.getsize(ledger_path) if os.path.exists(ledger_path) else 0
+        scan_channel, scan_serial = _time_scans(size.spec, n)
+
+        # ---- one train node's agent dies
+        victim = n - 1 if n > 1 else 1
+        t_kill = time.monotonic()
+        size.kill(victim)
+        _wait(lambda: any(nr == victim for _, nr in probe.lost), 300, "node 0 to call the node lost", probe)
+        t_lost = min(t for t, nr in probe.lost if nr == victim)
+        _wait(lambda: len(probe.applied.get(0, {})) == n, 300, "every live agent to apply the decision", probe)
+        t_applied = max(probe.applied[0].values())
+        d0, d1 = probe.decide[0]
+        _wait(lambda: len(probe.started.get(1, ())) == n, 300, "generation 1 on the spare", probe)
+    finally:
+        size.end()
+    if probe.errors:
+        raise RuntimeError(f"agents failed: {probe.errors[:3]}")
+    agent_ops = sum(v for k, v in ops.items() if k != "rank")
+    rpcs = rpc1 - rpc0
+    return Figures(
+        n=n, store_rps=rpcs / window, rps_per_agent=rpcs / window / (n + 1), false_lost=false_lost,
+        fs_ops_per_step=ops.get("rank", 0) / max(sum(steps), 1), agent_fs_ops_s=agent_ops / window,
+        ledger_bytes_per_h=(size1 - size0) / window * 3600, detect_s=t_lost - t_kill,
+        decide_s=t_applied - t_lost, node0_decide_s=d1 - d0,
+        scan_channel_ms=scan_channel * 1e3, scan_serial_ms=scan_serial * 1e3, setup_s=setup_s)
+
+
+def _time_scans(spec: Spec, n: int, repeats: int = 3) -> tuple[float, float]:
+    """Node 0's liveness scan of n agents: the channel's one multi_get, and the serial check +
+    get per agent that the agent made before the channel (its key scheme), on the same store."""
+    store = _client(spec.port)
+    keys = [f"old/alive/{nr}" for nr in range(1, n + 1)]
+    for k in keys:
+        store.set(k, "1")
+    chan = Channel(store, ATTEMPT, spec.token, spec.names)
+    best_c = best_s = math.inf
+    for _ in range(repeats):
+        t = time.monotonic()
+        chan.beats(list(range(1, n + 1)))
+        best_c = min(best_c, time.monotonic() - t)
+        t = time.monotonic()
+        for k in keys:
+            if store.check([k]):
+                store.get(k)
+        best_s = min(best_s, time.monotonic() - t)
+    return best_c, best_s
+
+
+# ------------------------------------------------------------------ report
+def slope(ns: list[int], ys: list[float]) -> float | None:
+    pts = [(math.log(x), math.log(y)) for x, y in zip(ns, ys) if y > 0]
+    if len(pts) < 2:
+        return None
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    den = sum((p[0] - mx) ** 2 for p in pts)
+    return sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else None
+
+
+def _fmt(v: float | None, nd: int = 2) -> str:
+    return "na" if v is None else f"{v:.{nd}f}"
+
+
+def print_table(rows: list[Figures]) -> dict[str, float | None]:
+    sup = _config(rows[-1].n).supervisor
+    print(f"\nsettings: poll_interval_s={sup.poll_interval_s:g} node_timeout_s={sup.node_timeout_s:g} "
+          f"(packaged defaults); beat interval at N={rows[-1].n}: "
+          f"{beat_interval_s(rows[-1].n + 1, sup.poll_interval_s):g} s")
+    head = ("N", "setup_s", "store_rps", "rps/agent", "false_lost", "fs_ops/step", "agent_fs/s",
+            "ledger_B/h", "detect_s", "decide_s", "node0_s", "scan_ms", "serial_ms", "ratio")
+    print(" ".join(f"{h:>11}" for h in head))
+    for r in rows:
+        ratio = r.scan_serial_ms / r.scan_channel_ms if r.scan_channel_ms else float("nan")
+        vals = (r.n, r.setup_s, r.store_rps, r.rps_per_agent, r.false_lost, r.fs_ops_per_step,
+                r.agent_fs_ops_s, r.ledger_bytes_per_h, r.detect_s, r.decide_s, r.node0_decide_s,
+                r.scan_channel_ms, r.scan_serial_ms, ratio)
+        print(" ".join(f"{v:>11}" if isinstance(v, int) else f"{v:>11.2f}" for v in vals))
+    ns = [r.n for r in rows]
+    exps = {name: slope(ns, [getattr(r, name) for r in rows])
+            for name in ("store_rps", "rps_per_agent", "detect_s", "decide_s", "node0_decide_s",
+                         "scan_channel_ms", "scan_serial_ms", "ledger_bytes_per_h")}
+    print("growth exponent in N (slope of log figure on log N; 0: flat, 1: linear): "
+          + " ".join(f"{k}={_fmt(v)}" for k, v in exps.items()))
+    last = rows[-1]
+    print(f"vs torchrun's keep-alive (dead after {TORCHRUN_DEAD_S:g} s, documented): detect "
+          f"{last.detect_s:.2f} s = {last.detect_s / TORCHRUN_DEAD_S:.2f}x at N={last.n}; node 0's scan "
+          f"with the channel {last.scan_serial_ms / max(last.scan_channel_ms, 1e-9):.1f}x faster than "
+          "serial check+get")
+    return exps
+
+
+def result_line(rows: list[Figures], exps: dict[str, float | None]) -> str:
+    r = rows[-1]
+    fs_ops = f"{r.fs_ops_per_step:.2f}" if r.fs_ops_per_step else "0"
+    return (f"RESULT n={r.n} detect_s={r.detect_s:.2f} decide_s={r.decide_s:.2f} "
+            f"store_rps={r.store_rps:.0f} fs_ops_per_step={fs_ops} "
+            f"ledger_bytes_per_h={r.ledger_bytes_per_h:.0f} false_lost={r.false_lost} "
+            f"rps_per_agent={r.rps_per_agent:.2f} node0_decide_s={r.node0_decide_s:.2f} "
+            f"detect_exp={_fmt(exps['detect_s'])} decide_exp={_fmt(exps['decide_s'])} "
+            f"store_rps_exp={_fmt(exps['store_rps'])} sizes={','.join(str(x.n) for x in rows)}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="16,128,512,2048", help="comma-separated N (train nodes)")
+    p.add_argument("--steady-s", type=float, default=10.0,
+                   help="length of the fault-free window per N (600 for the 10-minute check)")
+    p.add_argument("--sample-ranks", type=int, default=4, help="training ranks that beat per step")
+    p.add_argument("--procs", type=int, default=4, help="worker processes for the agents")
+    p.add_argument("--dir", default=None, help="where run directories go (default: a temp dir)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)
+    sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
+    threading.stack_size(512 * 1024)  # thousands of agent threads
+    workdir = tempfile.mkdtemp(prefix="cpbench-", dir=args.dir)
+    fs = FsCounter()
+    print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start (shared machine); "
+          f"agents in {args.procs} worker processes", flush=True)
+    rows: list[Figures] = []
+    try:
+        for n in sizes:
+            print(f"N={n}: {n + 1} agents, {2 * (n + 1)} store connections ...", flush=True)
+            try:
+                rows.append(run_size(n, args.steady_s, args.sample_ranks, args.procs, fs, workdir))
+            except (TimeoutError, RuntimeError, OSError) as exc:
+                print(f"N={n} did not fit this machine: {exc}; stopping at the sizes above", flush=True)
+                break
+            r = rows[-1]
+            print(f"N={n}: detect {r.detect_s:.2f} s, decide {r.decide_s:.2f} s, "
+                  f"{r.store_rps:.0f} store RPC/s, false lost {r.false_lost}, setup {r.setup_s:.1f} s",
+                  flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if not rows:
+        print("no size completed")
+        return 1
+    exps = print_table(rows)
+    print(f"ran N = {','.join(str(r.n) for r in rows)} of {','.join(map(str, sizes))}; "
+          f"load average {os.getloadavg()[0]:.1f} at end")
+    print(result_line(rows, exps))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
