@@ -1,7 +1,9 @@
 """Watch one node's ranks: their log lines, exits and heartbeats become Evidence.
 
 Lines arrive on the tee threads, exits on waiter threads (so each has an exact time), and
-heartbeats are read by ``poll`` from the files the ranks replace atomically.
+heartbeats are read by ``poll`` from the files the ranks replace atomically. Those files are
+node-local (slurmkit.train.heartbeat.node_local_dir: /dev/shm): a poll costs a few local
+reads per rank and nothing on the shared file system, however often it runs.
 """
 
 from __future__ import annotations

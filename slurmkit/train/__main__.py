@@ -73,11 +73,12 @@ def _open_store(raw: DictConfig, env: Mapping[str, str], rank: int, world: int,
         log.warning("no store section in the config: training without checkpoints")
         return None
     from slurmkit.store import CheckpointStore  # the store imports fsspec/s3fs: only if used
+    from slurmkit.supervise.events import from_store
 
     def forward(event: dict[str, Any]) -> None:
         if ledger is not None:
-            fields = {k: v for k, v in event.items() if k != "event"}
-            ledger.append(str(event.get("event", "store_event")), **fields)
+            name, fields = from_store(event)
+            ledger.append(name, **fields)
 
     store: Store = CheckpointStore.from_config(
         section(raw, "store", StoreConfig), rank=rank, world_size=world,
@@ -87,10 +88,18 @@ def _open_store(raw: DictConfig, env: Mapping[str, str], rank: int, world: int,
 
 
 def _ledger(env: Mapping[str, str], rank: int) -> Any:
-    if rank != 0 or not env.get("SLURMKIT_LEDGER"):
+    """Rank 0's event sink. Under a node agent ($SLURMKIT_EVENTS_FILE): a node-local spool the
+    agent writes into the ledger (one ledger writer per node, no shared file system here).
+    Started alone with $SLURMKIT_LEDGER: the ledger itself (then this process is its writer)."""
+    if rank != 0:
         return None
-    from slurmkit.supervise.ledger import Ledger
-    return Ledger(env["SLURMKIT_LEDGER"], source="rank0")
+    if env.get("SLURMKIT_EVENTS_FILE"):
+        from slurmkit.supervise.spool import SpoolWriter
+        return SpoolWriter(env["SLURMKIT_EVENTS_FILE"], source="rank0")
+    if env.get("SLURMKIT_LEDGER"):
+        from slurmkit.supervise.ledger import Ledger
+        return Ledger(env["SLURMKIT_LEDGER"], source="rank0")
+    return None
 
 
 def run(env: Mapping[str, str]) -> int:

@@ -1,27 +1,89 @@
-"""A per-rank heartbeat file that a supervisor reads without touching the training process.
+"""A per-rank heartbeat on the node's own memory, read by that node's agent.
 
 Any training script can use it: ``Heartbeat.from_env(rank)`` then ``hb.beat(step)`` once per
-step. The file is replaced atomically (write a temporary file, then ``os.replace``), so a
-reader sees either the previous beat or the new one, never a torn JSON document.
+step. The beat is a small JSON file replaced atomically (write a temporary file, then
+``os.replace``), so a reader sees either the previous beat or the new one, never a torn one.
+
+The file lives in a node-local directory (:func:`node_local_dir`: /dev/shm, else $TMPDIR,
+else /tmp), never in the run directory: at 2,048 nodes x 8 ranks a beat per step on Lustre
+would be tens of thousands of metadata operations per second, and a slow metadata server would
+stall every rank's step. On tmpfs a beat is four system calls that never leave the node. The
+directory is per user and per run, mode 0700, and refused if someone else owns it (the parent
+is world-writable: another user could otherwise pre-create it and read or forge beats).
+
+The agent publishes what the rank beats at a low, bounded rate (``heartbeat`` ledger samples),
+which is what tools on the login node read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import stat
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from slurmkit.errors import ActionableError
+
+
+class LocalDirError(ActionableError):
+    """The node-local directory for heartbeats cannot be made private to this user."""
+
+
+def local_root(env: Mapping[str, str]) -> str:
+    """Where node-local files go: $SLURMKIT_NODE_LOCAL_DIR, /dev/shm, $TMPDIR, /tmp (first
+    that is a writable directory)."""
+    for cand in (env.get("SLURMKIT_NODE_LOCAL_DIR"), "/dev/shm", env.get("TMPDIR"), "/tmp"):
+        if cand and os.path.isdir(cand) and os.access(cand, os.W_OK | os.X_OK):
+            return cand
+    raise LocalDirError(detected="no writable node-local directory (/dev/shm, $TMPDIR, /tmp)",
+                        requirement="a directory on the node's own memory or disk for heartbeats",
+                        fix="export SLURMKIT_NODE_LOCAL_DIR=<a writable local directory>")
+
+
+def node_local_dir(run_dir: str, env: Mapping[str, str]) -> str:
+    """This run's node-local directory: <root>/slurmkit-<uid>/<hash of the run dir>. Every node
+    derives the same name; on one machine (the local cluster) the nodes share it, which is
+    safe because the files in it are named by global rank."""
+    key = hashlib.sha256(os.path.realpath(run_dir).encode()).hexdigest()[:16]
+    return os.path.join(local_root(env), f"slurmkit-{os.getuid()}", key)
+
+
+def private_dir(path: str) -> str:
+    """Create ``path`` and its parent with mode 0700; refuse one that is a link, another
+    user's, or open to others (fix the mode when it is ours)."""
+    for d in (os.path.dirname(path), path):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(d)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            raise LocalDirError(
+                detected=f"{d} is {'not a directory' if not stat.S_ISDIR(st.st_mode) else f'owned by uid {st.st_uid}'}",
+                requirement=f"a directory of uid {os.getuid()} with mode 0700 for heartbeats",
+                fix=f"remove {d}, or export SLURMKIT_NODE_LOCAL_DIR=<a private local directory>")
+        if st.st_mode & 0o077:
+            os.chmod(d, 0o700)
+    return path
+
+
+def local_heartbeat_path(run_dir: str, rank: int, env: Mapping[str, str] | None = None) -> str:
+    """The node-local heartbeat file of ``rank`` in the run at ``run_dir``."""
+    env = os.environ if env is None else env
+    return os.path.join(node_local_dir(run_dir, env), "heartbeat", f"rank{rank}.json")
+
 
 def heartbeat_path(env: Mapping[str, str], rank: int) -> str | None:
-    """$SLURMKIT_HEARTBEAT_FILE, else $SLURMKIT_RUN_DIR/heartbeat/rank<RANK>.json, else None."""
+    """$SLURMKIT_HEARTBEAT_FILE, else the node-local file for $SLURMKIT_RUN_DIR, else None."""
     explicit = env.get("SLURMKIT_HEARTBEAT_FILE")
     if explicit:
         return explicit
     run_dir = env.get("SLURMKIT_RUN_DIR")
     if run_dir:
-        return os.path.join(run_dir, "heartbeat", f"rank{rank}.json")
+        return local_heartbeat_path(run_dir, rank, env)
     return None
 
 
@@ -36,7 +98,7 @@ class Heartbeat:
         self._clock = clock
         self._pid = os.getpid() if pid is None else pid
         self._tmp = f"{path}.tmp.{self._pid}"
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], rank: int) -> Heartbeat | None:
@@ -44,6 +106,8 @@ class Heartbeat:
         path = heartbeat_path(env, rank)
         if path is None:
             return None
+        if not env.get("SLURMKIT_HEARTBEAT_FILE"):  # ours to create: private, per user and run
+            private_dir(os.path.dirname(os.path.dirname(path)))
         return cls(path, rank=rank, generation=int(env.get("SLURMKIT_GENERATION", "0")))
 
     def beat(self, step: int, **extra: Any) -> dict[str, Any]:
@@ -63,9 +127,10 @@ class Heartbeat:
 
 
 def read_heartbeat(path: str) -> dict[str, Any] | None:
-    """The last beat at ``path``, or None if there is none yet."""
+    """The last beat at ``path``, or None if there is none yet (or it is unreadable)."""
     try:
         with open(path, encoding="utf-8") as f:
-            return dict(json.load(f))
-    except FileNotFoundError:
+            value = json.load(f)
+    except (OSError, ValueError):
         return None
+    return dict(value) if isinstance(value, dict) else None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import threading
 from dataclasses import asdict, dataclass
 
 from slurmkit.train.flops import mfu
@@ -32,15 +34,51 @@ def step_metrics(*, step: int, loss: float, lr: float, step_time_s: float, token
 
 
 class MetricsWriter:
-    """Appends one JSON object per step; line-buffered so a reader sees whole steps."""
+    """Appends one JSON object per step.
 
-    def __init__(self, path: str) -> None:
+    ``flush_interval_s=0``: line-buffered, a reader sees every step at once. A positive interval
+    (the trainer's): lines are held in memory and a daemon thread writes them every interval
+    and at ``close``, so the training step itself never writes to the run directory (on a
+    shared file system a slow server would stall rank 0's step, and every rank with it)."""
+
+    def __init__(self, path: str, *, flush_interval_s: float = 0.0) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.path = path
-        self._file = open(path, "a", encoding="utf-8", buffering=1)
+        self._file = open(path, "a", encoding="utf-8", buffering=1 if flush_interval_s <= 0 else -1)
+        self._interval = flush_interval_s
+        self._held: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if flush_interval_s > 0:
+            self._thread = threading.Thread(target=self._flusher, name="metrics-flush", daemon=True)
+            self._thread.start()
 
     def write(self, metrics: StepMetrics) -> None:
-        self._file.write(json.dumps(asdict(metrics)) + "\n")
+        line = json.dumps(asdict(metrics)) + "\n"
+        if self._thread is None:
+            self._file.write(line)
+            return
+        with self._lock:
+            self._held.append(line)
+
+    def flush(self) -> None:
+        with self._lock:
+            lines, self._held = self._held, []
+        if lines:
+            try:
+                self._file.write("".join(lines))
+                self._file.flush()
+            except OSError as exc:  # metrics are for people: a full disk must not end training
+                print(f"slurmkit: cannot write {self.path}: {exc}", file=sys.stderr, flush=True)
+
+    def _flusher(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.flush()
 
     def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10.0)
+        self.flush()
         self._file.close()

@@ -36,6 +36,9 @@ from slurmkit.train.signals import EXIT_CHECKPOINTED_ON_SIGNAL, StopRequest
 from slurmkit.train.state import apply_state, capture_state
 
 log = logging.getLogger(__name__)
+# metrics.jsonl is written from a thread this often, never from inside a step (status and
+# report read it; they lag by at most this much).
+METRICS_FLUSH_INTERVAL_S = 5.0
 
 
 class SaveHandle(Protocol):
@@ -281,7 +284,8 @@ class Trainer:
     def _metrics_writer(self) -> MetricsWriter | None:
         if self.ctx.rank != 0 or not self.ctx.run_dir:
             return None
-        return MetricsWriter(os.path.join(self.ctx.run_dir, "metrics.jsonl"))
+        return MetricsWriter(os.path.join(self.ctx.run_dir, "metrics.jsonl"),
+                             flush_interval_s=METRICS_FLUSH_INTERVAL_S)
 
     def _event(self, event: str, **fields: Any) -> None:
         if self.ledger is not None and self.ctx.rank == 0:

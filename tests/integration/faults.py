@@ -16,8 +16,12 @@ COMMON = ["+exp=tiny", f"train.steps={STEPS}", f"train.ckpt_interval_steps={INTE
 
 
 def heartbeat_step(run_dir: str, rank: int) -> int:
+    """The rank's step from its node-local heartbeat (the emulated nodes share this machine's
+    /dev/shm; on a real cluster only the agent of the rank's node can read it)."""
+    from slurmkit.train.heartbeat import local_heartbeat_path
+
     try:
-        with open(os.path.join(run_dir, "heartbeat", f"rank{rank}.json")) as f:
+        with open(local_heartbeat_path(run_dir, rank)) as f:
             return int(json.load(f)["step"])
     except (OSError, ValueError, KeyError):
         return -1

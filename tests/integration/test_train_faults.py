@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from slurmkit.train.heartbeat import read_heartbeat
+from slurmkit.train.heartbeat import local_heartbeat_path, read_heartbeat
 from slurmkit.train.local import LocalRun, spawn_ranks, write_config
 
 pytestmark = pytest.mark.integration
@@ -51,7 +51,7 @@ def test_nccl_abort_prints_the_nccl_line_and_dies_on_sigabrt(tmp_path: Any) -> N
         assert wait_exit(run, 1) == -signal.SIGABRT
         assert ("[rank1]:[E ProcessGroupNCCL.cpp:1234] [PG 0 Rank 1] NCCL error: remote process "
                 "exited or there was a network error") in run.output(1)
-        hb = read_heartbeat(os.path.join(str(tmp_path), "run", "heartbeat", "rank1.json"))
+        hb = read_heartbeat(local_heartbeat_path(os.path.join(str(tmp_path), "run"), 1))
         assert hb is not None and hb["step"] == 2
     finally:
         run.kill()
@@ -70,7 +70,7 @@ def test_raise_is_a_python_traceback_with_exit_1(tmp_path: Any) -> None:
 def test_hang_stops_heartbeats_but_keeps_the_process_alive(tmp_path: Any) -> None:
     run = start(str(tmp_path), "hang:0:3:once")
     marker = os.path.join(str(tmp_path), "run", "faults", "hang-rank0-step3.fired")
-    hb0 = os.path.join(str(tmp_path), "run", "heartbeat", "rank0.json")
+    hb0 = local_heartbeat_path(os.path.join(str(tmp_path), "run"), 0)  # node-local
     try:
         deadline = time.monotonic() + TIMEOUT_S
         while not os.path.exists(marker):
@@ -99,6 +99,6 @@ def test_exit_once_fires_only_in_the_first_generation(tmp_path: Any) -> None:
         first.kill()
     second = start(tmp, "exit:1:3:once", generation=1)
     assert second.wait(TIMEOUT_S) == [0, 0], second.tail()
-    hb = read_heartbeat(os.path.join(tmp, "run", "heartbeat", "rank1.json"))
+    hb = read_heartbeat(local_heartbeat_path(os.path.join(tmp, "run"), 1))
     assert hb is not None and hb["step"] == 6 and hb["generation"] == 1
     assert os.path.exists(os.path.join(tmp, "run", "final.json"))

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from slurmkit.supervise.ledger import read_ledger
-from slurmkit.train.heartbeat import read_heartbeat
+from slurmkit.train.heartbeat import local_heartbeat_path, read_heartbeat
 from slurmkit.train.local import spawn_ranks, write_config
 from slurmkit.train.signals import EXIT_CHECKPOINTED_ON_SIGNAL
 
@@ -106,11 +106,11 @@ def test_sigterm_to_one_rank_stops_all_at_one_step_and_resumes_exactly(tmp_path:
 
     run_dir = os.path.join(tmp, "B")
     b = launch(tmp, "b", run_dir, sections("ddp"), env={"SLURMKIT_STEP_DELAY_S": "0.3"})
-    hb1 = os.path.join(run_dir, "heartbeat", "rank1.json")
+    hb1 = local_heartbeat_path(run_dir, 1)  # node-local (/dev/shm), not the run dir
     wait_for(lambda: (read_heartbeat(hb1) or {}).get("step", 0) >= 2, 60, "rank 1 at step 2")
     b.procs[1].send_signal(signal.SIGTERM)  # only rank 1: rank 0 learns it in the all-reduce
     assert b.wait(TIMEOUT_S) == [EXIT_CHECKPOINTED_ON_SIGNAL] * 2, b.tail()
-    beats = [read_heartbeat(os.path.join(run_dir, "heartbeat", f"rank{r}.json")) for r in (0, 1)]
+    beats = [read_heartbeat(local_heartbeat_path(run_dir, r)) for r in (0, 1)]
     assert beats[0] is not None and beats[1] is not None
     assert beats[0]["step"] == beats[1]["step"] < STEPS
     stopped = [e for e in read_ledger(os.path.join(run_dir, "ledger.jsonl"))

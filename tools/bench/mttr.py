@@ -59,6 +59,7 @@ sys.path.insert(0, REPO)  # run as a script from anywhere: import the checkout's
 from slurmkit.slurm.hostlist import expand_hostlist  # noqa: E402
 from slurmkit.supervise.ledger import Ledger, read_ledger  # noqa: E402
 from slurmkit.supervise.report import summarize  # noqa: E402
+from slurmkit.train.heartbeat import local_heartbeat_path  # noqa: E402
 
 CLASSES = ("crash", "hang", "nccl", "node_spare", "node_requeue")
 EXPECTED_CLS = {"crash": "rank_crash", "hang": "hang", "nccl": "nccl_error",
@@ -174,11 +175,15 @@ def events(run_dir: str, name: str, after: float = float("-inf")) -> list[dict]:
 
 
 def heartbeat(run_dir: str, rank: int) -> dict:
-    try:
-        with open(os.path.join(run_dir, "heartbeat", f"rank{rank}.json")) as f:
-            return dict(json.load(f))
-    except (OSError, ValueError):  # not written yet, or caught mid-replace
-        return {}
+    """A slurmkit rank beats into this machine's node-local directory (the emulated nodes
+    share it); the torchrun baseline's script beats into its run directory."""
+    for path in (local_heartbeat_path(run_dir, rank), os.path.join(run_dir, "heartbeat", f"rank{rank}.json")):
+        try:
+            with open(path) as f:
+                return dict(json.load(f))
+        except (OSError, ValueError):  # not written yet, or caught mid-replace
+            continue
+    return {}
 
 
 def wait_for(what: str, probe: Callable[[], T | None], deadline_s: float, clock: Callable[[], float],

@@ -1,0 +1,150 @@
+"""Every event the run's ledger may hold: its name and its fields, checked at append.
+
+The ledger is the one record an engineer reads after a bad night (``slurmkit report``, the
+figures, ``status``); a misspelt name or a step written as a string would silently drop out of
+every figure derived from it. So each event has one entry here: the fields every reader relies
+on (required), the other fields it may carry, each with its JSON type. Events written by the
+supervisor and the CLI are closed (an unknown field is an error: a typo); those the checkpoint
+store and the fault injectors write are open (they carry tier-specific detail that only a human
+reads), but their known fields are still typed.
+
+A record that does not match raises :class:`EventError` in the writer, where the bug is, never
+in a reader hours later.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# JSON types by name. "num" is int or float; a trailing "?" also allows null.
+_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,), "num": (int, float), "str": (str,), "bool": (bool,),
+    "list": (list, tuple), "dict": (dict,), "any": (object,),
+}
+RESERVED = frozenset({"t", "event", "source"})  # set by the ledger itself
+
+
+class EventError(ValueError):
+    """A ledger record that is not one of the events below (a bug in its writer)."""
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    required: Mapping[str, str]
+    optional: Mapping[str, str] = field(default_factory=dict)
+    open: bool = False  # extra fields allowed (any JSON value)
+
+    def type_of(self, name: str) -> str | None:
+        return self.required.get(name) or self.optional.get(name)
+
+
+def _spec(required: str = "", optional: str = "", *, open: bool = False) -> EventSpec:
+    """``"step:int generation:int"`` -> {"step": "int", "generation": "int"}."""
+    def parse(text: str) -> dict[str, str]:
+        return dict(item.split(":", 1) for item in text.split())
+    return EventSpec(parse(required), parse(optional), open)
+
+
+_STORE_COMMON = "rank:int node:str time:num uri:str? bytes:int? seconds:num? reason:any from_tier:str"
+
+EVENTS: dict[str, EventSpec] = {
+    # --- the CLI (submit, sweep, cancel)
+    "submitted": _spec("", "job_id:str executor:str name:str nodes:int ranks_per_node:int "
+                           "config_hash:str array_job_id:str array_task_id:int sweep_dir:str "
+                           "overrides:list"),
+    "cancel_requested": _spec("", "job_id:str checkpoint:bool by:str job_state:str"),
+    "cancel_forced": _spec("", "job_id:str waited_s:num"),
+    # --- node agents (the supervisor)
+    "allocation_start": _spec("", "job_id:str attempt:str restart_count:int nodes:list "
+                                  "train_nodes:list spares:list executor:str"),
+    "config_warning": _spec("message:str"),
+    "state": _spec("old:str new:str", "why:str"),
+    "ranks_started": _spec("generation:int", "node:str slot:int ranks:list pids:list "
+                                             "heartbeat_dir:str"),
+    "heartbeat": _spec("generation:int node:str steps:dict"),
+    "failure": _spec("cls:str", "generation:int rank:int node:str evidence:str time_of_fault:num "
+                                "ranks_affected:list slurm_view:list"),
+    "decision": _spec("action:str", "generation:int reason:str exclude:list"),
+    "exclusion": _spec("nodes:list how:str", "train_nodes:list"),
+    "requeue": _spec("reason:str", "job_id:str exclude:list"),
+    "checkpointed_on_signal": _spec("", "generation:int signal:str? step:int?"),
+    "end": _spec("status:str", "exit_code:int generation:int reason:str signal:str? job_id:str "
+                               "job_state:str"),
+    "channel_refused": _spec("detail:str", "generation:int node:str"),
+    "ledger_write_failed": _spec("failures:int error:str", "errno:str? first_failure_t:num "
+                                                            "held:int dropped:int node:str"),
+    # --- rank 0 of the trainer
+    "train_started": _spec("step:int", "generation:int world_size:int strategy:str"),
+    "train_resumed": _spec("step:int", "tier:str? generation:int", open=True),
+    "train_stopped": _spec("step:int", "signal:int? generation:int"),
+    "train_finished": _spec("step:int", "param_sha256:str generation:int"),
+    # --- the checkpoint store (forwarded by rank 0)
+    "ckpt_saved": _spec("step:int", "tier:str " + _STORE_COMMON, open=True),
+    "ckpt_durable": _spec("step:int", "tier:str " + _STORE_COMMON, open=True),
+    "ckpt_failed": _spec("tier:str", "step:int? " + _STORE_COMMON, open=True),
+    "ckpt_dropped": _spec("step:int", "tier:str " + _STORE_COMMON, open=True),
+    "ckpt_rejected": _spec("step:int?", "tier:str phase:str " + _STORE_COMMON, open=True),
+    "ckpt_skipped": _spec("step:int?", "tier:str phase:str " + _STORE_COMMON, open=True),
+    "ckpt_waited": _spec("step:int", "waited_s:num " + _STORE_COMMON, open=True),
+    "ckpt_fetched": _spec("step:int", "tier:str " + _STORE_COMMON, open=True),
+    "ckpt_restored": _spec("step:int", "tier:str " + _STORE_COMMON, open=True),
+    "store_event": _spec("", _STORE_COMMON, open=True),  # a store event without a name
+    # --- tests and benchmarks that inject faults
+    "fault_injected": _spec("kind:str", "time:num rank:int step:int node:str", open=True),
+}
+
+
+def from_store(event: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A checkpoint store event as (ledger event name, fields). The store calls the tier a copy
+    came from ``source``; in the ledger ``source`` is the writer, so it becomes ``from_tier``."""
+    fields = {k: v for k, v in event.items() if k not in RESERVED}
+    if "source" in event:
+        fields["from_tier"] = event["source"]
+    return str(event.get("event") or "store_event"), fields
+
+
+def _matches(value: Any, type_name: str) -> bool:
+    nullable = type_name.endswith("?")
+    base = type_name.rstrip("?")
+    if value is None:
+        return nullable
+    if base in ("int", "num") and isinstance(value, bool):
+        return False  # True is an int to Python, never a step
+    if isinstance(value, float) and not math.isfinite(value):
+        return False  # NaN/inf are not JSON
+    return isinstance(value, _TYPES[base])
+
+
+def validate(event: str, fields: Mapping[str, Any]) -> None:
+    """Raise EventError unless ``event`` with ``fields`` is a known, well-typed event."""
+    spec = EVENTS.get(event)
+    if spec is None:
+        raise EventError(f"unknown ledger event {event!r} (add it to slurmkit/supervise/events.py)")
+    clash = RESERVED & set(fields)
+    if clash:
+        raise EventError(f"ledger event {event!r}: field(s) {sorted(clash)} are set by the ledger")
+    missing = [k for k in spec.required if k not in fields]
+    if missing:
+        raise EventError(f"ledger event {event!r} lacks required field(s) {missing}")
+    for name, value in fields.items():
+        type_name = spec.type_of(name)
+        if type_name is None:
+            if not spec.open:
+                raise EventError(f"ledger event {event!r} has no field {name!r} "
+                                 f"(known: {sorted({**spec.required, **spec.optional})})")
+            continue
+        if not _matches(value, type_name):
+            raise EventError(f"ledger event {event!r}: {name}={value!r} is not {type_name}")
+
+
+def encode(record: Mapping[str, Any]) -> bytes:
+    """One JSONL line. NaN/inf are refused (no JSON reader takes them); an object in an open
+    event's free-form detail is written as its string, as before the schema existed."""
+    try:
+        return (json.dumps(record, allow_nan=False, default=str) + "\n").encode()
+    except (TypeError, ValueError) as exc:
+        raise EventError(f"ledger event {record.get('event')!r} is not JSON: {exc}") from exc
