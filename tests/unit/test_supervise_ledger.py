@@ -291,3 +291,22 @@ def test_spool_write_failure_is_reported_not_raised(tmp_path, capsys) -> None:
 
 def test_urgent_events_are_known_events() -> None:
     assert URGENT <= set(EVENTS)
+
+
+def test_a_real_enospc_from_the_kernel_is_held_and_written_once_space_is_back(tmp_path) -> None:
+    """/dev/full fails every write with ENOSPC (the kernel's, not a fake's); the opener points
+    the ledger there while the disk is 'full', then back at the real file."""
+    path = str(tmp_path / "l.jsonl")
+    where = {"file": "/dev/full"}
+    said: list[str] = []
+
+    def opener(_p: str) -> int:
+        return os.open(where["file"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    led = Ledger(path, opener=opener, report=said.append, flush_interval_s=3600.0)
+    led.append("failure", cls="hang", rank=1, node="n2")  # urgent: tried at once, fails
+    assert led.stats.failures == 1 and "ENOSPC" in said[0] and "No space left" in said[0]
+    where["file"] = path
+    assert led.close()
+    assert events_of(path) == ["failure", "ledger_write_failed"]
+    assert list(read_ledger(path))[-1]["errno"] == "ENOSPC"
