@@ -24,9 +24,9 @@ FIELDS = {"n", "detect_s", "decide_s", "store_rps", "fs_ops_per_step", "ledger_b
 @pytest.mark.timeout(600)
 def test_control_plane_bench_small_sizes(tmp_path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    res = subprocess.run([sys.executable, BENCH, "--sizes", "4,8", "--steady-s", "2", "--sample-ranks", "2", "--procs", "2",
-                          "--dir", str(tmp_path)], cwd=str(tmp_path), env=env, capture_output=True, text=True,
-                         timeout=540)
+    cmd = [sys.executable, BENCH, "--sizes", "4,8", "--steady-s", "2", "--sample-ranks", "2", "--procs", "2",
+           "--dir", str(tmp_path)]
+    res = subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=540)
     assert res.returncode == 0, res.stdout + res.stderr
     lines = [ln for ln in res.stdout.splitlines() if ln.strip()]
     assert lines and lines[-1].startswith("RESULT "), res.stdout + res.stderr

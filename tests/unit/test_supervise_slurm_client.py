@@ -166,6 +166,7 @@ def test_the_fake_is_not_part_of_the_slurm_package_and_no_product_module_imports
                  and IMPORTS_TESTING.search(p.read_text())]
     assert offenders == []
     # Importing the public package does not drag the fake in either.
-    code = "import sys, slurmkit.slurm, slurmkit.supervise.requeue; print('fakeslurm' in str(list(sys.modules)))"
+    code = ("import sys, slurmkit.slurm, slurmkit.supervise.requeue; "
+            "print('fakeslurm' in str(list(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -368,7 +368,8 @@ class Size:
         script = os.path.join(run_dir, "job.sh")
         with open(script, "w") as f:
             f.write(f"#!/bin/bash\n#SBATCH --nodes={n + 1}\n")
-        self.fake.start(self.fake.run(["sbatch", "--parsable", script]).stdout.strip(), list(self.spec.names))
+        job_id = self.fake.run(["sbatch", "--parsable", script]).stdout.strip()
+        self.fake.start(job_id, list(self.spec.names))
         slurm = SlurmClient(self.fake, retry=RetryPolicy(max_attempts=3, initial_wait_s=0.1, jitter_s=0))
         self.probe = Probe()
         self.ctx = mp.get_context("spawn")
@@ -486,7 +487,8 @@ def run_size(n: int, steady_s: float, sample_ranks: int, procs: int, fs: FsCount
         size.kill(victim)
         _wait(lambda: any(nr == victim for _, nr in probe.lost), 300, "node 0 to call the node lost", probe)
         t_lost = min(t for t, nr in probe.lost if nr == victim)
-        _wait(lambda: len(probe.applied.get(0, {})) == n, 300, "every live agent to apply the decision", probe)
+        _wait(lambda: len(probe.applied.get(0, {})) == n, 300, "every live agent to apply the decision",
+              probe)
         t_applied = max(probe.applied[0].values())
         d0, d1 = probe.decide[0]
         _wait(lambda: len(probe.started.get(1, ())) == n, 300, "generation 1 on the spare", probe)

@@ -1,4 +1,5 @@
-"""The state and command handlers of the fake Slurm controller (see :mod:`slurmkit.testing.fakeslurm.cluster`).
+"""The state and command handlers of the fake Slurm controller (see
+:mod:`slurmkit.testing.fakeslurm.cluster`).
 
 Handlers take the arguments after the program name and return stdout, or raise
 :class:`FakeCommandFailure` with the real Slurm error text.
