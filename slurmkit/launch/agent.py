@@ -13,7 +13,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -27,18 +26,16 @@ from slurmkit.launch.rendezvous import connect
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.runner import SubprocessRunner
 from slurmkit.supervise.channel import Channel, load_token
+from slurmkit.supervise.ckpt_progress import CheckpointProgress, tier_readers
 from slurmkit.supervise.classify import Evidence
-from slurmkit.supervise.ledger import LEDGER_NAME, Ledger, read_ledger
+from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
+from slurmkit.supervise.liveness import Beater
 from slurmkit.supervise.loop import Supervisor, Where
 from slurmkit.supervise.monitor import RankMonitor
 from slurmkit.supervise.slurmview import kill_wait_warning
-from slurmkit.supervise.spool import SpoolReader
-from slurmkit.supervise.timeouts import failure_env
-from slurmkit.train.heartbeat import node_local_dir, private_dir
+from slurmkit.supervise.timeouts import beat_interval_s, failure_env
 
 log = logging.getLogger(__name__)
-LEDGER_FLUSH_INTERVAL_S = 2.0  # an agent's ledger events are batched for at most this long
-LEDGER_SAMPLES_PER_S = 10.0  # heartbeat samples of all nodes together (2,048 nodes: each every 205 s)
 
 
 def free_port() -> int:
@@ -52,18 +49,6 @@ def rank_command(command: list[str]) -> list[str]:
     if command and command[0] in ("python", "python3"):
         return [sys.executable, *command[1:]]
     return list(command)
-
-
-def latest_checkpoint_step(ledger_path: str) -> int | None:
-    steps = [int(e["step"]) for e in read_ledger(ledger_path)
-             if e.get("event") in ("ckpt_saved", "ckpt_durable") and e.get("step") is not None]
-    return max(steps) if steps else None
-
-
-def flushed_checkpoint_step(ledger: Ledger, ledger_path: str) -> int | None:
-    """The newest saved step once this node's held events (rank 0's among them) are written."""
-    ledger.flush()
-    return latest_checkpoint_step(ledger_path)
 
 
 class NodeAgent:
@@ -83,14 +68,6 @@ class NodeAgent:
         self.procs: list[RankProcess] = []
         self.monitor: RankMonitor | None = None
         self._last_sample = self.clock()
-        # Heartbeats and rank 0's events stay on this node (/dev/shm): nothing on the shared
-        # file system per step. The directory is this user's and this run's alone (0700).
-        self.local_dir = private_dir(node_local_dir(run_dir, self.env))
-        self._spools: set[str] = set()
-        # Heartbeat samples in the ledger: node 0 at the configured interval, the others slower
-        # as the job grows, so the shared ledger sees at most ~LEDGER_SAMPLES_PER_S appends/s.
-        sample_s = cfg.supervisor.heartbeat_ledger_interval_s
-        self.sample_interval_s = sample_s if ctx.node_rank == 0 else max(sample_s, ctx.num_nodes / LEDGER_SAMPLES_PER_S)
 
     def _plans(self) -> list[object] | None:
         if not self.cfg.topology.enabled:
@@ -117,8 +94,7 @@ class NodeAgent:
             "SLURMKIT_LEDGER": self.ledger_path,
             "SLURMKIT_GENERATION": str(gen), "SLURMKIT_NODE": self.ctx.node_name,
             "SLURMKIT_ATTEMPT": self.ctx.attempt,
-            "SLURMKIT_HEARTBEAT_FILE": os.path.join(self.local_dir, "heartbeat", f"rank{rank}.json"),
-            "SLURMKIT_EVENTS_FILE": os.path.join(self.local_dir, "events", f"{self.ctx.attempt}.rank{rank}.jsonl"),
+            "SLURMKIT_HEARTBEAT_FILE": os.path.join(self.run_dir, "heartbeat", f"rank{rank}.json"),
             "PYTHONUNBUFFERED": "1",
         })
         return env
@@ -145,15 +121,11 @@ class NodeAgent:
             p = spawn_rank(cmd, env, rank=rank, local_rank=lr, log_path=path, cwd=self.run_dir,
                            sink=monitor.on_line, on_exit=monitor.on_exit)
             monitor.add_rank(rank, p.pid, env["SLURMKIT_HEARTBEAT_FILE"])
-            if env["SLURMKIT_EVENTS_FILE"] not in self._spools:  # this node writes them to the ledger
-                self._spools.add(env["SLURMKIT_EVENTS_FILE"])
-                self.ledger.attach(SpoolReader(env["SLURMKIT_EVENTS_FILE"]))
             procs.append(p)
         self.procs = procs
         self._last_sample = self.clock()
         self.ledger.append("ranks_started", generation=gen, node=self.ctx.node_name, slot=slot,
-                           ranks=[p.rank for p in procs], pids=[p.pid for p in procs],
-                           heartbeat_dir=self.local_dir)
+                           ranks=[p.rank for p in procs], pids=[p.pid for p in procs])
         if self.signal_kind is not None:  # a warning arrived while the ranks were starting
             for p in self.procs:
                 p.signal(signal.SIGUSR1 if self.signal_kind == "time_limit" else signal.SIGTERM)
@@ -163,7 +135,7 @@ class NodeAgent:
         if self.monitor is None:
             return None
         beats = self.monitor.poll()
-        if self.clock() - self._last_sample >= self.sample_interval_s and beats:
+        if self.clock() - self._last_sample >= self.cfg.supervisor.heartbeat_ledger_interval_s and beats:
             self._last_sample = self.clock()
             self.ledger.append("heartbeat", generation=gen, node=self.ctx.node_name,
                                steps={str(r): b.get("step") for r, b in beats.items()})
@@ -176,18 +148,7 @@ class NodeAgent:
         # The generation is lost already: kill at once rather than let ranks that trap SIGTERM
         # try to checkpoint from inside a broken collective.
         stop_ranks(self.procs, grace_s=0.0, sleep=self.sleep, clock=self.clock)
-        self.ledger.flush()  # the ranks' last events are in the file before node 0 decides
         return list(self.monitor.evidence) if self.monitor is not None else []
-
-    def remove_local_files(self) -> None:
-        """The heartbeats and event spools of this node's ranks (node memory, not disk)."""
-        paths = list(self._spools) + [os.path.join(self.local_dir, "heartbeat", f"rank{p.rank}.json")
-                                      for p in self.procs]
-        for path in paths:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
 
     def join_output(self) -> None:
         for p in self.procs:
@@ -206,23 +167,26 @@ class NodeAgent:
         signal.signal(signal.SIGTERM, handler)
 
 
-def start_alive_thread(ctx: NodeContext, channel: Channel, port: int, interval_s: float) -> None:
-    """Beat in the store from a thread with its own connection, so a busy main loop (stopping
-    ranks, waiting for a decision) never looks like a lost node."""
-    beat_store = dist.TCPStore(ctx.master_addr, port, ctx.num_nodes, False,
-                               timeout=timedelta(seconds=60), use_libuv=True)
+def start_alive_thread(ctx: NodeContext, channel: Channel, port: int, interval_s: float) -> Beater:
+    """This agent's beats (slurmkit.supervise.liveness.Beater), on their own connection."""
+    def connect() -> dist.TCPStore:
+        return dist.TCPStore(ctx.master_addr, port, ctx.num_nodes, False, timeout=timedelta(seconds=30),
+                             use_libuv=True)
 
-    def beat() -> None:
-        tick = 0
-        while True:
-            tick += 1
-            try:
-                channel.beat(ctx.node_rank, tick, beat_store)
-            except (RuntimeError, dist.DistStoreError):  # node 0 is gone: the job is ending
-                return
-            time.sleep(interval_s)
+    return Beater(lambda store, tick: channel.beat(ctx.node_rank, tick, store), connect,
+                  interval_s=interval_s).start()
 
-    threading.Thread(target=beat, name="agent-alive", daemon=True).start()
+
+def own_address(master_addr: str, port: int) -> str:
+    """This host's address on the route to node 0: how the other nodes reach it too (a
+    connected UDP socket sends nothing; it only picks the interface)."""
+    try:
+        family = socket.getaddrinfo(master_addr, port, type=socket.SOCK_DGRAM)[0][0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((master_addr, port))
+            return str(s.getsockname()[0])
+    except OSError:
+        return socket.gethostname()
 
 
 def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
@@ -233,11 +197,12 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
     ctx = node_context(env)
     store = connect(ctx, run_dir)
     channel = Channel(store, ctx.attempt, load_token(run_dir, create=ctx.node_rank == 0), ctx.nodes)
-    ledger = Ledger(os.path.join(run_dir, LEDGER_NAME), source=f"agent:{ctx.node_name}",
-                    flush_interval_s=LEDGER_FLUSH_INTERVAL_S)
+    ledger = Ledger(os.path.join(run_dir, LEDGER_NAME), source=f"agent:{ctx.node_name}")
     node = NodeAgent(run_dir, cfg, ctx, env, ledger)
     node.install_signal_handlers()
-    start_alive_thread(ctx, channel, store.port, cfg.supervisor.poll_interval_s)
+    start_alive_thread(ctx, channel, store.port, beat_interval_s(ctx.num_nodes, cfg.supervisor.poll_interval_s))
+    progress = CheckpointProgress(tier_readers(cfg.store, {**env, "SLURMKIT_RUN_DIR": run_dir},
+                                               ctx.node_name)).start()
     slurm = SlurmClient(SubprocessRunner(env=env)) if ctx.executor == "slurm" else None
     if ctx.node_rank == 0 and slurm is not None:
         warning = kill_wait_warning(cfg.cluster.kill_wait_s, slurm)
@@ -245,15 +210,12 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
             log.warning(warning)
             ledger.append("config_warning", message=warning)
     where = Where(node_rank=ctx.node_rank, nodes=ctx.nodes, attempt=ctx.attempt, job_id=ctx.job_id,
-                  executor=ctx.executor, master_addr=ctx.master_addr, restart_count=ctx.restart_count)
+                  executor=ctx.executor, master_addr=ctx.master_addr, restart_count=ctx.restart_count,
+                  addr=ctx.master_addr if ctx.node_rank == 0 else own_address(ctx.master_addr, store.port))
     sup = Supervisor(cfg, where, channel, node, ledger, train_nodes=node.train_nodes, run_dir=run_dir, env=env,
-                     slurm=slurm, ckpt_step=lambda: flushed_checkpoint_step(ledger, node.ledger_path),
+                     slurm=slurm, ckpt_step=progress.latest,
                      free_port=free_port)
-    try:
-        return sup.run()
-    finally:
-        ledger.close()  # what is held reaches the file (retried) before the agent leaves
-        node.remove_local_files()
+    return sup.run()
 
 
 def submitit_entry(run_dir: str) -> None:

@@ -134,6 +134,9 @@ class Channel:
     def _alive(self, node_rank: int) -> str:
         return f"{self.prefix}/alive/{int(node_rank)}"
 
+    def _addr(self, node_rank: int) -> str:
+        return f"{self.prefix}/addr/{int(node_rank)}"
+
     def _exit(self) -> str:
         return f"{self.prefix}/exit"
 
@@ -166,10 +169,16 @@ class Channel:
         return json.loads(payload)
 
     def _get(self, key: str) -> Any | None:
-        """The sealed value at ``key``, or None when absent."""
+        """The sealed value at ``key``, or None when absent. A value that is not sealed with
+        this run's token is deleted (so the agents' own set-once message can still land) and
+        refused with ChannelError."""
         if not self.store.check([key]):
             return None
-        return self._open(key, self.store.get(key))
+        try:
+            return self._open(key, self.store.get(key))
+        except ChannelError:
+            self.store.delete_key(key)
+            raise
 
     def _count(self, key: str) -> int:
         return int(self.store.add(key, 0))
@@ -193,6 +202,18 @@ class Channel:
             raise ChannelError(f"store key {key} holds port {port!r}", "a TCP port (1-65535)",
                                "look for a stranger writing to the agents' store")
         return port
+
+    def post_addr(self, node_rank: int, addr: str) -> None:
+        """Where this node's agent (and its ranks' rendezvous, when it holds slot 0) is reached."""
+        self.store.set(self._addr(node_rank), self._seal(self._addr(node_rank), addr))
+
+    def addr(self, node_rank: int) -> str:
+        key = self._addr(node_rank)
+        raw = self._get(key)
+        if not isinstance(raw, str) or not raw or len(raw) > 255 or any(c.isspace() or ord(c) < 32 for c in raw):
+            raise ChannelError(f"store key {key} holds address {raw!r}", "a host name or IP address",
+                               "check the agent log of that node")
+        return raw
 
     # -------------------------------------------------------------- failure of a generation
     def post_failure(self, gen: int, node: str, rank: int, cls: FailureClass) -> None:
@@ -225,10 +246,16 @@ class Channel:
             raise ChannelError(f"store key {key} holds no evidence list", "a list of evidence records",
                                "report a bug in slurmkit")
         try:
-            return [Evidence.from_json(d) for d in raw]
+            out = [Evidence.from_json(d) for d in raw]
         except (KeyError, TypeError, ValueError) as exc:
             raise ChannelError(f"store key {key} holds a malformed evidence record ({exc})",
                                "time, node, rank, source, class, detail", "report a bug in slurmkit") from None
+        for e in out:
+            self._node(e.node, key)
+        return out
+
+    def has_evidence(self, gen: int, node_rank: int) -> bool:
+        return bool(self.store.check([self._gen(gen, f"evidence/{int(node_rank)}")]))
 
     def post_stopped(self, gen: int) -> None:
         self.store.add(self._gen(gen, "stopped"), 1)
@@ -248,6 +275,7 @@ class Channel:
 
     # -------------------------------------------------------------- the decision
     def post_decision(self, gen: int, d: Decision) -> None:
+        """Set once: a second decider (a successor of node 0) never overwrites the first."""
         key = self._gen(gen, "decision")
         self.store.compare_set(key, "", self._seal(key, {"action": d.action.value, "reason": d.reason,
                                                          "exclude": list(d.exclude)}))
@@ -266,13 +294,6 @@ class Channel:
         except (KeyError, TypeError, ValueError) as exc:
             raise ChannelError(f"store key {key} holds a malformed decision ({exc})",
                                "action, reason, exclude", "report a bug in slurmkit") from None
-
-    def wait_decision(self, gen: int, timeout_s: float) -> Decision:
-        key = self._gen(gen, "decision")
-        self.store.wait([key], timedelta(seconds=timeout_s))
-        d = self.decision(gen)
-        assert d is not None  # noqa: S101 - wait returned, so the key exists
-        return d
 
     # -------------------------------------------------------------- liveness
     def beat(self, node_rank: int, tick: int, store: Any | None = None) -> None:

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from slurmkit import EXIT_NO_REQUEUE
 from slurmkit.config import SlurmkitConfig
+from slurmkit.errors import SlurmkitError
 from slurmkit.launch.cancel_request import read_cancel_request
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.supervise.channel import COMPLETED, SIGNALLED, Channel, ChannelError
@@ -32,7 +33,8 @@ from slurmkit.supervise.classify import Evidence, root_cause
 from slurmkit.supervise.monitor import EXIT_CHECKPOINTED_ON_SIGNAL
 from slurmkit.supervise.policy import Action, Decision, History, Limits, State, StateMachine, decide
 from slurmkit.supervise.requeue import requeue_now
-from slurmkit.supervise.slurmview import node_evidence
+from slurmkit.supervise.liveness import Liveness, Lost, client_node_states
+from slurmkit.supervise.timeouts import beat_interval_s, liveness_deadline_s
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +72,9 @@ class Where:
     attempt: str
     job_id: str
     executor: str  # "slurm" | "local"
-    master_addr: str
+    master_addr: str  # node 0's address (the store's)
     restart_count: int = 0
+    addr: str = ""  # this node's address as the others reach it ("": master_addr, node 0)
 
     @property
     def node_name(self) -> str:
@@ -100,7 +103,14 @@ class Supervisor:
         # Train slots -> node names. Spares are the allocation's nodes beyond the train nodes.
         self.node_map: list[str] = list(where.nodes[:train_nodes])
         self.spares: list[str] = list(where.nodes[train_nodes:])
-        self._alive_seen: dict[int, tuple[int, float]] = {}
+        self.beat_interval_s = beat_interval_s(len(where.nodes), sup.poll_interval_s)
+        self.liveness = Liveness({nr: n for nr, n in enumerate(where.nodes) if nr != where.node_rank},
+                                 beat_interval_s=self.beat_interval_s, floor_s=sup.node_timeout_s,
+                                 first_beat_s=sup.startup_timeout_s,
+                                 node_states=client_node_states(slurm) if slurm is not None else None,
+                                 clock=clock)
+        self._lost: dict[int, Lost] = {}  # node 0: agents found lost, with how
+        self._store_trouble_since: float | None = None
         self.decisions: list[tuple[int, Decision]] = []  # what this agent applied, per generation
 
     @property
@@ -113,6 +123,7 @@ class Supervisor:
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
+        self.channel.post_addr(self.where.node_rank, self.where.addr or self.where.master_addr)
         if self.is_node0:
             self.channel.seed_beats(range(len(self.where.nodes)))
             self.ledger.append("allocation_start", job_id=self.where.job_id, attempt=self.where.attempt,
@@ -133,10 +144,13 @@ class Supervisor:
         if self.sm.state != State.STARTING:
             self.sm.to(State.STARTING, f"generation {gen}")
         if slot is not None:
-            if self.is_node0:
+            # The ranks' rendezvous follows slot 0: after a replacement it may be a spare's.
+            slot0 = self.where.nodes.index(self.node_map[0])
+            if slot == 0:
                 self.channel.post_port(gen, self._free_port() if self._free_port else 29500 + gen)
             port = self.channel.wait_port(gen, self.cfg.supervisor.startup_timeout_s)
-            self.node.start(gen, slot, port, self.where.master_addr)
+            master = self.where.master_addr if slot0 == 0 else self.channel.addr(slot0)
+            self.node.start(gen, slot, port, master)
         self.sm.to(State.RUNNING, f"generation {gen}")
         outcome = self.watch(gen, slot is not None)
         if outcome.kind == COMPLETED:
@@ -154,59 +168,110 @@ class Supervisor:
             self.sm.to(State.DECIDING, f"generation {gen}")
             d = self.node0_decide(gen, participants)
             self.channel.post_decision(gen, d)
-        d = self.channel.wait_decision(gen, self.cfg.supervisor.node_timeout_s * 6 + 60)
-        return self.apply_decision(d, gen)
+        return self.apply_decision(self.wait_decision(gen), gen)
+
+    def wait_decision(self, gen: int) -> Decision:
+        """Wait for node 0's decision as long as node 0 beats (a decision may take a while:
+        slow agents are waited for); polled, never a store wait that could time out mid-reply."""
+        node0 = Liveness({0: self.where.nodes[0]}, beat_interval_s=self.beat_interval_s,
+                         floor_s=self.cfg.supervisor.node_timeout_s, first_beat_s=self.cfg.supervisor.node_timeout_s,
+                         clock=self.clock)
+        while True:
+            try:
+                d = self.channel.decision(gen)
+            except ChannelError as exc:  # forged: deleted by the channel; node 0's still comes
+                log.error("%s", exc)
+                d = None
+            if d is not None:
+                return d
+            if not self.is_node0:
+                node0.observe(self.channel.beats([0]))
+                gone = node0.lost()
+                if gone:
+                    raise SlurmkitError(
+                        f"Detected: node 0 ({self.where.nodes[0]}) stopped beating for {gone[0].silent_s:.0f} s "
+                        f"while deciding about generation {gen}. Requirement: node 0's agent decides. Fix: "
+                        "see node 0's agent log; Slurm ends or requeues the job when node 0's node is lost.")
+            self.sleep(self.beat_interval_s)
 
     def watch(self, gen: int, has_ranks: bool) -> Outcome:
         n_slots = len(self.node_map)
         reported = False
-        self._alive_seen.clear()
         while True:
             trigger = self.node.poll(gen) if has_ranks else None
-            if trigger is not None:
-                self.channel.post_failure(gen, trigger.node, trigger.rank, trigger.cls)
-            if self.is_node0:
-                self.check_peers(gen)
-            try:
-                failed = self.channel.failure(gen) is not None
-            except ChannelError as exc:  # a forged value at the failure key: say so, keep going
-                log.error("%s", exc)
-                failed = False
-            if failed:
-                return Outcome(FAILED, gen)
             codes = self.node.exit_codes() if has_ranks else []
-            if not reported and codes and all(c is not None for c in codes):
-                kind = COMPLETED if all(c == 0 for c in codes) else (
-                    SIGNALLED if all(c in (0, EXIT_CHECKPOINTED_ON_SIGNAL) for c in codes) else None)
-                if kind is not None:
-                    self.channel.post_finished(gen, kind)
-                    reported = True
-            done, sig = self.channel.finished(gen)
+            try:
+                if trigger is not None:
+                    self.channel.post_failure(gen, trigger.node, trigger.rank, trigger.cls)
+                if self.is_node0:
+                    self.check_peers(gen)
+                try:
+                    failed = self.channel.failure(gen) is not None
+                except ChannelError as exc:  # a forged value at the failure key: refused, deleted
+                    log.error("%s", exc)
+                    failed = False
+                if failed:
+                    return Outcome(FAILED, gen)
+                if not reported and codes and all(c is not None for c in codes):
+                    kind = COMPLETED if all(c == 0 for c in codes) else (
+                        SIGNALLED if all(c in (0, EXIT_CHECKPOINTED_ON_SIGNAL) for c in codes) else None)
+                    if kind is not None:
+                        self.channel.post_finished(gen, kind)
+                        reported = True
+                done, sig = self.channel.finished(gen)
+                self._store_ok()
+            except ChannelError:
+                raise
+            except RuntimeError as exc:  # torch's DistStoreError/DistNetworkError: maybe transient
+                self._store_failed(exc)
+                self.sleep(self.cfg.supervisor.poll_interval_s)
+                continue
             if done + sig >= n_slots:
                 if has_ranks:
                     self.node.join_output()
                 return Outcome(COMPLETED if sig == 0 else SIGNALLED, gen)
             self.sleep(self.cfg.supervisor.poll_interval_s)
 
+    def _store_ok(self) -> None:
+        if self._store_trouble_since is not None:
+            log.warning("agents' store answers again after %.1f s", self.clock() - self._store_trouble_since)
+        self._store_trouble_since = None
+
+    def _store_failed(self, exc: BaseException) -> None:
+        """A store error: retried on the next poll; fatal only after two liveness deadlines."""
+        now = self.clock()
+        if self._store_trouble_since is None:
+            self._store_trouble_since = now
+            log.warning("agents' store error (retrying): %s", exc)
+        budget = 2 * liveness_deadline_s(self.beat_interval_s, self.cfg.supervisor.node_timeout_s)
+        if now - self._store_trouble_since > budget:
+            raise SlurmkitError(
+                f"Detected: the agents' store on {self.where.nodes[0]} has not answered for "
+                f"{now - self._store_trouble_since:.0f} s ({exc}). Requirement: node 0's agent is alive. "
+                "Fix: see node 0's agent log; the job ends and Slurm requeues it if node 0 was lost.") from exc
+
     # ------------------------------------------------------------------ liveness (node 0)
-    def lost_agents(self) -> list[int]:
-        """Agents whose beat counter stopped moving for supervisor.node_timeout_s."""
-        now, lost = self.clock(), []
-        nrs = [self.where.nodes.index(n) for n in self.node_map if self.where.nodes.index(n) != 0]
-        for nr, val in self.channel.beats(nrs).items():
-            seen = self._alive_seen.get(nr)
-            if seen is None or seen[0] != val:
-                self._alive_seen[nr] = (val, now)
-            elif now - seen[1] > self.cfg.supervisor.node_timeout_s:
-                lost.append(nr)
-        return lost
+    def lost_agents(self) -> list[Lost]:
+        """Agents (train nodes and spares) confirmed lost since the last call."""
+        watched = [nr for nr in range(len(self.where.nodes))
+                   if nr != 0 and nr not in self._lost
+                   and (self.where.nodes[nr] in self.node_map or self.where.nodes[nr] in self.spares)]
+        self.liveness.observe(self.channel.beats(watched))
+        new = [x for x in self.liveness.lost() if x.node_rank in watched]
+        for x in new:
+            self._lost[x.node_rank] = x
+        return new
 
     def check_peers(self, gen: int) -> None:
-        for nr in self.lost_agents():
-            name = self.where.nodes[nr]
+        for x in self.lost_agents():
+            name = self.where.nodes[x.node_rank]
+            if name in self.spares:  # a lost spare ends nothing; it is no longer a spare
+                self.spares.remove(name)
+                self.ledger.append("spare_lost", node=name, why=x.why, silent_s=round(x.silent_s, 1))
+                continue
             ev = Evidence(time.time(), name, -1, "agent", FailureClass.NODE_LOSS,
-                          f"agent on {name} silent for over {self.cfg.supervisor.node_timeout_s:g} s")
-            self.channel.post_evidence(gen, nr, [ev])
+                          f"agent on {name} silent for {x.silent_s:.1f} s ({x.why})")
+            self.channel.post_evidence(gen, x.node_rank, [ev])
             self.channel.post_failure(gen, name, -1, FailureClass.NODE_LOSS)
 
     # ------------------------------------------------------------------ deciding (node 0)
@@ -219,13 +284,17 @@ class Supervisor:
             return None
 
     def gather_evidence(self, gen: int, participants: list[int]) -> tuple[list[Evidence], list[str]]:
-        """Wait (briefly) for every participating agent's evidence; silent ones are lost."""
-        deadline = self.clock() + self.cfg.supervisor.node_timeout_s
-        known_lost = [nr for nr in participants
-                      if any(e.cls == FailureClass.NODE_LOSS for e in self._evidence_of(gen, nr) or [])]
-        expected = len(participants) - len(known_lost)
-        while self.channel.stopped(gen) < expected and self.clock() < deadline:
-            self.sleep(0.05)
+        """Wait for every participating agent's evidence. A slow agent that still beats is
+        waited for (up to a bound); one that stops beating is lost, confirmed as in watch."""
+        bound = self.clock() + max(60.0, 4 * liveness_deadline_s(self.beat_interval_s,
+                                                                 self.cfg.supervisor.node_timeout_s))
+        pending = [nr for nr in participants if nr != self.where.node_rank]
+        while self.clock() < bound:
+            pending = [nr for nr in pending if nr not in self._lost and not self.channel.has_evidence(gen, nr)]
+            if not pending:
+                break
+            self.check_peers(gen)
+            self.sleep(min(self.cfg.supervisor.poll_interval_s, 0.05))
         evidence: list[Evidence] = []
         lost: list[str] = []
         for nr in participants:
@@ -243,7 +312,10 @@ class Supervisor:
 
     def node0_decide(self, gen: int, participants: list[int]) -> Decision:
         evidence, lost = self.gather_evidence(gen, participants)
-        slurm_view = node_evidence(lost, self.slurm) if lost and self.slurm is not None else []
+        # What Slurm said about them came with the liveness confirmation: never asked again here.
+        slurm_view = [Evidence(time.time(), self.where.nodes[nr], -1, "slurm", FailureClass.NODE_LOSS,
+                               f"slurm: {self.where.nodes[nr]} state={x.slurm_state}")
+                      for nr, x in self._lost.items() if x.slurm_state and self.where.nodes[nr] in lost]
         failure = root_cause(evidence + slurm_view)
         if failure is None:
             self.history = self.history.restarted()

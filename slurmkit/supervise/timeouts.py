@@ -1,9 +1,15 @@
-"""PyTorch/NCCL failure-handling variables, and a check that all timeouts fit together.
+"""PyTorch/NCCL failure-handling variables, the agents' liveness timing, and a check that all
+timeouts fit together.
 
 Set by the node agent for every rank, never over a value the user set. The check runs at
 submit (errors) and in the agent (warnings): the supervisor's hang detection must fire before
 the process group's own timeout, and the time-limit warning must leave room for a final
 checkpoint before Slurm's SIGKILL.
+
+Liveness scales with the job: the agents' beat interval grows with N so that all beats
+together stay under :data:`MAX_BEATS_PER_S` on node 0's store, and an agent is suspect after
+:data:`KEEPALIVE_MISSES` missed beats at the interval node 0 measured for it (torchrun's
+keep-alive is one beat every 5 s, 3 misses), never sooner than ``supervisor.node_timeout_s``.
 """
 
 from __future__ import annotations
@@ -34,6 +40,23 @@ def failure_env(cfg: SlurmkitConfig, run_dir: str, base: Mapping[str, str]) -> d
     if "TORCH_NCCL_TRACE_BUFFER_SIZE" in base:
         wanted.pop("TORCH_FR_BUFFER_SIZE")
     return {k: v for k, v in wanted.items() if k not in base}
+
+
+KEEPALIVE_MISSES = 3
+MAX_BEATS_PER_S = 2000.0  # all agents' beats together, on node 0's store
+MAX_BEAT_INTERVAL_S = 5.0  # torchrun's keep-alive interval: slower would detect too late
+
+
+def beat_interval_s(n_nodes: int, poll_interval_s: float) -> float:
+    """How often each agent beats: every poll, or slower when N agents would flood the store."""
+    return min(max(poll_interval_s, n_nodes / MAX_BEATS_PER_S), max(poll_interval_s, MAX_BEAT_INTERVAL_S))
+
+
+def liveness_deadline_s(measured_interval_s: float, floor_s: float) -> float:
+    """Silence after which an agent is suspect: 3 missed beats at its measured interval (which
+    grew with N, see beat_interval_s), plus one interval of slack for node 0's own poll; at
+    least ``floor_s``."""
+    return max(floor_s, (KEEPALIVE_MISSES + 1) * measured_interval_s)
 
 
 def check_timeouts(cfg: SlurmkitConfig) -> None:

@@ -15,11 +15,14 @@ import torch.distributed as dist
 
 from slurmkit import EXIT_NO_REQUEUE
 from slurmkit.config import compose
+from slurmkit.slurm.client import SlurmClient
+from slurmkit.slurm.retry import RetryPolicy
 from slurmkit.supervise.channel import Channel
 from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.classify import Evidence
 from slurmkit.supervise.loop import Supervisor, Where
 from slurmkit.supervise.policy import Action
+from slurmkit.testing.fakeslurm import FakeSlurm
 
 F = FailureClass
 TOKEN = bytes(range(32))
@@ -58,11 +61,13 @@ class ScriptedNode:
         self.name, self.script = name, script
         self.signal_kind: str | None = None
         self.started: list[tuple[int, int, int]] = []  # (gen, slot, port)
+        self.masters: list[str] = []  # MASTER_ADDR its ranks were given, per generation started
         self.gen = -1
 
     def start(self, gen: int, slot: int, port: int, master_addr: str) -> None:
         self.gen = gen
         self.started.append((gen, slot, port))
+        self.masters.append(master_addr)
 
     def poll(self, gen: int) -> Evidence | None:
         cls = self.script.fail.get(gen)
@@ -96,7 +101,7 @@ class Cluster:
     """N supervisors over one store; ``beating[nr]`` stops an agent's beats when cleared."""
 
     def __init__(self, tmp_path: Path, scripts: list[Script], *, train_nodes: int | None = None,
-                 executor: str = "local", **sup: Any) -> None:
+                 executor: str = "local", slurm: Any = None, **sup: Any) -> None:
         self.store = dist.HashStore()
         self.cfg = config(**sup)
         self.names = tuple(f"n{i}" for i in range(len(scripts)))
@@ -110,11 +115,11 @@ class Cluster:
         self.sups = []
         for nr in range(len(scripts)):
             where = Where(node_rank=nr, nodes=self.names, attempt="7-0", job_id="7", executor=executor,
-                          master_addr="127.0.0.1")
+                          master_addr="10.0.0.0", addr=f"10.0.0.{nr}")
             ch = Channel(self.store, where.attempt, TOKEN, self.names)
             self.sups.append(Supervisor(self.cfg, where, ch, self.nodes[nr], self.ledger,
                                         train_nodes=train_nodes or len(scripts), run_dir=str(tmp_path),
-                                        free_port=lambda: 12345))
+                                        slurm=slurm, free_port=lambda nr=nr: 12345 + 100 * nr))
         self._stop = threading.Event()
 
     def _beat(self, nr: int) -> None:
@@ -188,12 +193,18 @@ def test_a_failure_during_a_decision_belongs_to_the_next_generation(tmp_path: Pa
     assert [e["cls"] for e in c.ledger.of("failure")] == ["user_error", "rank_crash"]
 
 
-def test_a_silent_agent_is_lost_and_its_slot_goes_to_the_spare(tmp_path: Path) -> None:
+@pytest.mark.parametrize("never_beat", [False, True])
+def test_a_silent_agent_is_lost_and_its_slot_goes_to_the_spare(tmp_path: Path, never_beat: bool) -> None:
     gate = threading.Event()
     scripts = [Script(gate=gate), Script(gate=gate), Script(gate=gate)]
-    c = Cluster(tmp_path, scripts, train_nodes=2, spare_nodes=1)
-    # n1's agent never runs and never beats: node 0 calls it lost, the spare n2 takes slot 1.
-    c.beating[1].clear()
+    c = Cluster(tmp_path, scripts, train_nodes=2, spare_nodes=1, node_timeout_s=0.3, startup_timeout_s=1.0)
+    # n1's agent never runs: it beats a few times and falls silent, or never sends a first beat
+    # (then it is lost after startup_timeout_s). Node 0 calls it lost; the spare n2 takes slot 1.
+    if never_beat:
+        c.beating[1].clear()
+    else:
+        for tick in (1, 2, 3):
+            c.sups[1].channel.beat(1, tick)
 
     def open_gate_on_replace() -> None:
         while not c.ledger.of("exclusion"):
@@ -204,9 +215,35 @@ def test_a_silent_agent_is_lost_and_its_slot_goes_to_the_spare(tmp_path: Path) -
     codes = c.run(agents=[0, 2])
     assert codes == {0: 0, 2: 0}
     assert c.decisions() == [(0, Action.REPLACE_NODE, ("n1",))]
-    assert c.nodes[2].started == [(1, 1, 12345)]
+    assert c.nodes[2].started == [(1, 1, 12345)] and c.nodes[2].masters == ["10.0.0.0"]
     (failure,) = c.ledger.of("failure")
     assert failure["cls"] == "node_loss" and failure["node"] == "n1"
+    assert "two deadlines" in failure["evidence"]  # no Slurm to confirm: lost after a second deadline
+
+
+def test_slurm_confirms_the_lost_node_and_its_view_goes_into_the_failure(tmp_path: Path) -> None:
+    fake = FakeSlurm({"debug": "n[0-2]"})
+    fake.fail_node("n1", reason="Not responding")
+    client = SlurmClient(fake, retry=RetryPolicy(max_attempts=1, jitter_s=0))
+    gate = threading.Event()
+    c = Cluster(tmp_path, [Script(gate=gate), Script(gate=gate), Script(gate=gate)], train_nodes=2,
+                spare_nodes=1, node_timeout_s=0.3, slurm=client)
+    for tick in (1, 2, 3):
+        c.sups[1].channel.beat(1, tick)
+
+    def open_gate_on_replace() -> None:
+        while not c.ledger.of("exclusion"):
+            threading.Event().wait(0.01)
+        gate.set()
+
+    threading.Thread(target=open_gate_on_replace, daemon=True).start()
+    assert c.run(agents=[0, 2]) == {0: 0, 2: 0}
+    assert c.decisions() == [(0, Action.REPLACE_NODE, ("n1",))]
+    (failure,) = c.ledger.of("failure")
+    assert "Slurm says DOWN" in failure["evidence"]
+    assert any("state=DOWN" in v for v in failure["slurm_view"])
+    # Asked once, in the background, about n1 only: never the whole cluster, never again to decide.
+    assert [a for a in fake.calls if a[:2] == ["scontrol", "show"]] == [["scontrol", "show", "node", "-o", "n1"]]
 
 
 def test_a_forged_value_in_the_store_is_refused(tmp_path: Path) -> None:
@@ -229,3 +266,28 @@ def test_requeue_without_slurm_becomes_a_stop(tmp_path: Path, executor: str) -> 
     assert c.run() == {0: EXIT_NO_REQUEUE, 1: EXIT_NO_REQUEUE}
     ((gen, action, _),) = c.decisions()
     assert action == Action.STOP
+def test_a_slow_agent_that_keeps_beating_is_not_lost(tmp_path: Path) -> None:
+    # n1 takes 3 node timeouts to stop its ranks but beats meanwhile: it is slow, not lost.
+    slow = threading.Event()
+    c = Cluster(tmp_path, [Script(), Script(on_stop=lambda: slow.wait(0.6)), Script(fail={0: F.USER_ERROR})],
+                node_timeout_s=0.2)
+    c.run()
+    assert c.decisions()[0] == (0, Action.RESTART, ())
+    assert [e["cls"] for e in c.ledger.of("failure")] == ["user_error"]
+
+
+
+
+def test_slot_0_moves_to_the_spare_and_the_rendezvous_follows_it(tmp_path: Path) -> None:
+    # n0's ranks hit a suspect-node failure twice: the spare n2 takes slot 0. Node 0's agent
+    # still decides, but the ranks' MASTER_ADDR and port are now the spare's.
+    c = Cluster(tmp_path, [Script(fail={0: F.NCCL_TIMEOUT, 1: F.NCCL_TIMEOUT}), Script(), Script()],
+                train_nodes=2, spare_nodes=1)
+    assert c.run() == {0: 0, 1: 0, 2: 0}
+    assert c.decisions() == [(0, Action.RESTART, ()), (1, Action.REPLACE_NODE, ("n0",))]
+    assert c.nodes[0].started == [(0, 0, 12345), (1, 0, 12345)]  # none in generation 2
+    assert c.nodes[2].started == [(2, 0, 12545)]  # the spare picked the port on its own host
+    assert c.nodes[1].started[-1] == (2, 1, 12545)
+    assert c.nodes[1].masters == ["10.0.0.0", "10.0.0.0", "10.0.0.2"]
+    assert c.nodes[2].masters == ["10.0.0.2"]
+    assert [e["status"] for e in c.ledger.of("end")] == ["completed"]

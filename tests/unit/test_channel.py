@@ -1,0 +1,174 @@
+"""The typed channel: the run token's file, keys nobody can guess, values nobody can forge,
+validation of what is read, and a store that listens on node 0's address only."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from slurmkit.launch.rendezvous import listen_socket
+from slurmkit.supervise.channel import Channel, ChannelError, load_token, token_path
+from slurmkit.supervise.classes import FailureClass
+from slurmkit.supervise.classify import Evidence
+from slurmkit.supervise.policy import Action, Decision
+
+NODES = ("node1", "node2", "node3")
+
+
+def channel(store=None, token: bytes = b"k" * 32, attempt: str = "42-0") -> Channel:  # noqa: ANN001
+    return Channel(store if store is not None else dist.HashStore(), attempt, token, NODES)
+
+
+# ------------------------------------------------------------------ the token file
+def test_the_first_agent_creates_a_0600_token_and_the_others_read_the_same(tmp_path: Path) -> None:
+    t = load_token(str(tmp_path), create=True)
+    st = os.stat(token_path(str(tmp_path)))
+    assert st.st_mode & 0o777 == 0o600 and len(t) == 32
+    assert load_token(str(tmp_path), create=False) == t
+    assert load_token(str(tmp_path), create=True) == t  # a requeued job keeps the run's token
+    assert load_token(str(tmp_path / "other"), create=True) != t
+
+
+def test_a_token_others_can_read_is_refused(tmp_path: Path) -> None:
+    load_token(str(tmp_path), create=True)
+    os.chmod(token_path(str(tmp_path)), 0o644)
+    with pytest.raises(ChannelError, match="mode 0644") as e:
+        load_token(str(tmp_path), create=False)
+    assert "Requirement:" in str(e.value) and "Fix:" in str(e.value)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a file to another user needs root")
+def test_a_token_owned_by_someone_else_is_refused(tmp_path: Path) -> None:
+    load_token(str(tmp_path), create=True)
+    os.chown(token_path(str(tmp_path)), 4321, 4321)
+    with pytest.raises(ChannelError, match="owned by uid 4321"):
+        load_token(str(tmp_path), create=False)
+
+
+def test_a_symlinked_or_garbled_token_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "rdzv").mkdir()
+    (tmp_path / "elsewhere").write_text("aa" * 32)
+    os.symlink(tmp_path / "elsewhere", token_path(str(tmp_path)))
+    with pytest.raises(ChannelError):
+        load_token(str(tmp_path), create=False)
+    os.unlink(token_path(str(tmp_path)))
+    fd = os.open(token_path(str(tmp_path)), os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, b"not hex")
+    os.close(fd)
+    with pytest.raises(ChannelError, match="32-byte hex token"):
+        load_token(str(tmp_path), create=False)
+
+
+def test_a_missing_token_says_where_it_should_be(tmp_path: Path) -> None:
+    with pytest.raises(ChannelError, match="no agents' token"):
+        load_token(str(tmp_path), create=False)
+
+
+# ------------------------------------------------------------------ keys and values
+def test_keys_depend_on_token_and_attempt_and_hold_neither() -> None:
+    a, b, c = channel(token=b"a" * 32), channel(token=b"b" * 32), channel(token=b"a" * 32, attempt="42-1")
+    assert len({a.prefix, b.prefix, c.prefix}) == 3
+    assert "42-0" not in a.prefix and (b"a" * 32).hex() not in a.prefix and "a" * 8 not in a.prefix
+
+
+def test_messages_round_trip() -> None:
+    ch = channel()
+    assert ch.failure(0) is None and ch.decision(0) is None
+    ch.post_failure(0, "node2", 5, FailureClass.NCCL_TIMEOUT)
+    ch.post_failure(0, "node3", 7, FailureClass.RANK_CRASH)  # the first failure stands
+    f = ch.failure(0)
+    assert f is not None and (f.node, f.rank, f.cls) == ("node2", 5, FailureClass.NCCL_TIMEOUT)
+    ev = [Evidence(1.5, "node2", 5, "line", FailureClass.NCCL_TIMEOUT, "Watchdog caught collective timeout")]
+    ch.post_evidence(0, 1, ev)
+    assert ch.evidence(0, 1) == ev and ch.has_evidence(0, 1) and not ch.has_evidence(0, 2)
+    d = Decision(Action.REPLACE_NODE, "node2 twice", ("node2",))
+    ch.post_decision(0, d)
+    ch.post_decision(0, Decision(Action.STOP, "a second decider"))  # set once
+    assert ch.decision(0) == d
+    ch.post_port(3, 29511)
+    assert ch.wait_port(3, 5) == 29511
+    ch.post_addr(2, "10.0.0.3")
+    assert ch.addr(2) == "10.0.0.3"
+    ch.post_finished(0, "completed")
+    ch.post_finished(0, "signalled")
+    assert ch.finished(0) == (1, 1) and ch.finished(1) == (0, 0)
+    ch.seed_beats(range(3))
+    ch.beat(1, 9)
+    assert ch.beats([0, 1, 2]) == {0: 0, 1: 9, 2: 0}
+    assert ch.arrive_exit() == 1 and ch.arrive_exit() == 2 and ch.exited() == 2
+
+
+def test_a_value_signed_with_another_token_is_refused_and_removed() -> None:
+    store = dist.HashStore()
+    ours, theirs = channel(store), channel(store, token=b"x" * 32)
+    key = ours._gen(0, "decision")  # noqa: SLF001 - the stranger learned the key name
+    store.set(key, theirs._seal(key, {"action": "stop", "reason": "forged", "exclude": []}))  # noqa: SLF001
+    with pytest.raises(ChannelError, match="wrong HMAC"):
+        ours.decision(0)
+    assert ours.decision(0) is None  # deleted: node 0's own decision can still land
+    ours.post_decision(0, Decision(Action.RESTART, "real"))
+    assert ours.decision(0) == Decision(Action.RESTART, "real")
+
+
+def test_a_value_moved_to_another_key_is_refused() -> None:
+    store = dist.HashStore()
+    ch = channel(store)
+    ch.post_failure(0, "node2", 1, FailureClass.USER_ERROR)
+    store.set(ch._gen(1, "fail"), store.get(ch._gen(0, "fail")))  # noqa: SLF001 - replayed into gen 1
+    with pytest.raises(ChannelError, match="wrong HMAC"):
+        ch.failure(1)
+
+
+@pytest.mark.parametrize("raw", [b"n1:0:gpu_oom", b"{}", b'{"p": 1, "mac": 2}', b"x" * (1 << 21)])
+def test_unsealed_values_are_refused(raw: bytes) -> None:
+    store = dist.HashStore()
+    ch = channel(store)
+    store.set(ch._gen(0, "fail"), raw)  # noqa: SLF001
+    with pytest.raises(ChannelError):
+        ch.failure(0)
+
+
+def test_signed_but_malformed_messages_are_refused() -> None:
+    store = dist.HashStore()
+    ch = channel(store)
+
+    def put(name: str, value: object) -> None:
+        key = ch._gen(0, name)  # noqa: SLF001 - a buggy agent, with the token
+        store.set(key, ch._seal(key, value))  # noqa: SLF001
+
+    put("decision", {"action": "stop", "reason": "x", "exclude": ["node9"]})
+    with pytest.raises(ChannelError, match="node9"):
+        ch.decision(0)
+    put("decision", {"action": "reboot", "reason": "x", "exclude": []})
+    with pytest.raises(ChannelError, match="malformed decision"):
+        ch.decision(0)
+    put("evidence/1", [{"time": 0, "node": "node1", "rank": "x", "kind": "line", "cls": "hang", "detail": ""}])
+    with pytest.raises(ChannelError, match="malformed evidence"):
+        ch.evidence(0, 1)
+    put("port", 70000)
+    with pytest.raises(ChannelError, match="port 70000"):
+        ch.wait_port(0, 1)
+    store.set(ch._alive(2), "lots")  # noqa: SLF001
+    with pytest.raises(ChannelError, match="beat counter"):
+        ch.beats([2])
+
+
+# ------------------------------------------------------------------ the store's address
+def test_the_store_listens_on_the_given_address_only() -> None:
+    sock = listen_socket("127.0.0.1")
+    port = sock.getsockname()[1]
+    assert sock.getsockname()[0] == "127.0.0.1"
+    store = dist.TCPStore("127.0.0.1", port, None, True, timeout=timedelta(seconds=10),
+                          wait_for_workers=False, master_listen_fd=sock.fileno(), use_libuv=True)
+    client = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=10), use_libuv=True)
+    channel(store).post_port(0, 1234)
+    assert channel(client).wait_port(0, 5) == 1234
+    # 127.0.0.2 is this host too, but not the address the store was bound to.
+    with socket.socket() as s, pytest.raises(ConnectionRefusedError):
+        s.connect(("127.0.0.2", port))
+    sock.close()
