@@ -41,6 +41,10 @@ log = logging.getLogger(__name__)
 FAILED = "failed"
 
 
+class Node0Lost(SlurmkitError):
+    """Node 0's agent (the store, the decider) is gone: seen by a follower."""
+
+
 @dataclass(frozen=True)
 class Outcome:
     kind: str  # completed | failed | signalled
@@ -131,7 +135,10 @@ class Supervisor:
                                train_nodes=self.node_map, spares=self.spares, executor=self.where.executor)
         gen = 0
         while True:
-            code = self.run_generation(gen)
+            try:
+                code = self.run_generation(gen)
+            except Node0Lost as exc:
+                return self.after_node0_loss(gen, str(exc))
             if code is not None:
                 return self.finish(code)
             gen += 1
@@ -178,20 +185,24 @@ class Supervisor:
                          clock=self.clock)
         while True:
             try:
-                d = self.channel.decision(gen)
-            except ChannelError as exc:  # forged: deleted by the channel; node 0's still comes
-                log.error("%s", exc)
-                d = None
-            if d is not None:
-                return d
-            if not self.is_node0:
-                node0.observe(self.channel.beats([0]))
-                gone = node0.lost()
-                if gone:
-                    raise SlurmkitError(
-                        f"Detected: node 0 ({self.where.nodes[0]}) stopped beating for {gone[0].silent_s:.0f} s "
-                        f"while deciding about generation {gen}. Requirement: node 0's agent decides. Fix: "
-                        "see node 0's agent log; Slurm ends or requeues the job when node 0's node is lost.")
+                try:
+                    d = self.channel.decision(gen)
+                except ChannelError as exc:  # forged: deleted by the channel; node 0's still comes
+                    log.error("%s", exc)
+                    d = None
+                if d is not None:
+                    return d
+                if not self.is_node0:
+                    node0.observe(self.channel.beats([0]))
+                    gone = node0.lost()
+                    if gone:
+                        raise Node0Lost(f"node 0 ({self.where.nodes[0]}) stopped beating for "
+                                        f"{gone[0].silent_s:.0f} s while deciding about generation {gen}")
+                self._store_ok()
+            except (ChannelError, Node0Lost):
+                raise
+            except RuntimeError as exc:  # torch's DistStoreError/DistNetworkError: maybe transient
+                self._store_failed(exc)
             self.sleep(self.beat_interval_s)
 
     def watch(self, gen: int, has_ranks: bool) -> Outcome:
@@ -245,10 +256,12 @@ class Supervisor:
             log.warning("agents' store error (retrying): %s", exc)
         budget = 2 * liveness_deadline_s(self.beat_interval_s, self.cfg.supervisor.node_timeout_s)
         if now - self._store_trouble_since > budget:
-            raise SlurmkitError(
-                f"Detected: the agents' store on {self.where.nodes[0]} has not answered for "
-                f"{now - self._store_trouble_since:.0f} s ({exc}). Requirement: node 0's agent is alive. "
-                "Fix: see node 0's agent log; the job ends and Slurm requeues it if node 0 was lost.") from exc
+            if self.is_node0:  # its own store: nothing to succeed to
+                raise SlurmkitError(
+                    f"Detected: this agent's own store has not answered for {now - self._store_trouble_since:.0f} s "
+                    f"({exc}). Requirement: a working TCPStore on node 0. Fix: see this agent's log.") from exc
+            raise Node0Lost(f"the agents' store on node 0 ({self.where.nodes[0]}) has not answered for "
+                            f"{now - self._store_trouble_since:.0f} s ({exc})") from exc
 
     # ------------------------------------------------------------------ liveness (node 0)
     def lost_agents(self) -> list[Lost]:
@@ -393,6 +406,32 @@ class Supervisor:
             self.ledger.append("end", status="cancelled" if cancelled else "signalled", signal=kind, exit_code=0)
             if cancelled and self.slurm is not None:
                 self.slurm.cancel(self.where.job_id)  # Slurm ends the job CANCELLED (no requeue)
+        return 0
+
+    def after_node0_loss(self, gen: int, why: str) -> int:
+        """Node 0 (store, decider, batch host) is gone. Every surviving agent stops its ranks; the
+        successor, node rank 1, records the failure and requeues the job without node 0, so the
+        job never sits RUNNING with nothing running (with --no-kill Slurm would keep it so).
+        Without Slurm it stops. Exit code: 0 after a requeue (the requeue ends the job), 1 else."""
+        log.error("node 0 lost: %s", why)
+        self.node.stop()
+        node0 = self.where.nodes[0]
+        if self.where.node_rank != 1:
+            print(f"slurmkit supervisor: {why}; node rank 1 ({self.where.nodes[1]}) records it and requeues",
+                  file=sys.stderr, flush=True)
+            return 1
+        self.ledger.append("failure", generation=gen, cls=FailureClass.NODE_LOSS.value, rank=-1, node=node0,
+                           evidence=why, time_of_fault=time.time(), ranks_affected=[], slurm_view=[],
+                           decided_by=self.where.node_name)
+        if self.slurm is None:
+            reason = f"node_loss of node 0 ({node0}): {why}; no Slurm to requeue with (local mode)"
+            self.ledger.append("decision", generation=gen, action=Action.STOP.value, reason=reason, exclude=[node0])
+            self.ledger.append("end", status="stopped", exit_code=1, reason=reason)
+            return 1
+        reason = f"node_loss of node 0 ({node0}): {why}; requeue without it"
+        self.ledger.append("decision", generation=gen, action=Action.REQUEUE.value, reason=reason, exclude=[node0])
+        self.ledger.append("exclusion", nodes=[node0], how="requeue")
+        self.requeue(reason, (node0,))
         return 0
 
     def finish(self, code: int) -> int:

@@ -127,7 +127,10 @@ class Cluster:
         while not self._stop.is_set():
             if self.beating[nr].is_set():
                 tick += 1
-                self.sups[nr].channel.beat(nr, tick)
+                try:
+                    self.sups[nr].channel.beat(nr, tick)
+                except RuntimeError:  # a store that died (DyingStore): the real Beater retries too
+                    pass
             self._stop.wait(0.02)
 
     def _run(self, nr: int) -> None:
@@ -291,3 +294,52 @@ def test_slot_0_moves_to_the_spare_and_the_rendezvous_follows_it(tmp_path: Path)
     assert c.nodes[1].masters == ["10.0.0.0", "10.0.0.0", "10.0.0.2"]
     assert c.nodes[2].masters == ["10.0.0.2"]
     assert [e["status"] for e in c.ledger.of("end")] == ["completed"]
+
+
+class DyingStore:
+    """Node 0's store as one follower sees it: every call fails once ``dead`` is set."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.dead = store, threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self.store, name)
+
+        def call(*a: Any, **kw: Any) -> Any:
+            if self.dead.is_set():
+                raise dist.DistNetworkError("Connection reset by peer")
+            return fn(*a, **kw)
+        return call
+
+
+@pytest.mark.parametrize("with_slurm", [False, True])
+def test_node0_lost_the_successor_records_it_and_requeues_without_node0(
+        tmp_path: Path, with_slurm: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    requeued: list[tuple[str, tuple[str, ...]]] = []
+    monkeypatch.setattr("slurmkit.supervise.loop.requeue_now",
+                        lambda client, job, exclude, **kw: requeued.append((job, tuple(exclude))))
+    gate = threading.Event()
+    c = Cluster(tmp_path, [Script(gate=gate), Script(gate=gate), Script(gate=gate)], node_timeout_s=0.3,
+                slurm=SlurmClient(FakeSlurm({"debug": "n[0-2]"})) if with_slurm else None)
+    dying = {nr: DyingStore(c.store) for nr in (1, 2)}
+    for nr, d in dying.items():
+        c.sups[nr].channel.store = d
+    c.sups[0].channel.post_port(0, 12345)  # node 0 started generation 0, then its node died
+
+    def kill_node0_once_running() -> None:
+        while not all(c.nodes[nr].started for nr in (1, 2)):
+            threading.Event().wait(0.01)
+        for d in dying.values():
+            d.dead.set()
+
+    threading.Thread(target=kill_node0_once_running, daemon=True).start()
+    codes = c.run(agents=[1, 2])
+    (failure,) = c.ledger.of("failure")
+    assert failure["cls"] == "node_loss" and failure["node"] == "n0" and failure["decided_by"] == "n1"
+    assert "has not answered" in failure["evidence"]
+    (decision,) = c.ledger.of("decision")
+    assert decision["exclude"] == ["n0"]
+    if with_slurm:
+        assert codes == {1: 0, 2: 1} and decision["action"] == "requeue" and requeued == [("7", ("n0",))]
+    else:
+        assert codes == {1: 1, 2: 1} and decision["action"] == "stop" and requeued == []
