@@ -33,9 +33,13 @@ from slurmkit.supervise.liveness import Beater
 from slurmkit.supervise.loop import Supervisor, Where
 from slurmkit.supervise.monitor import RankMonitor
 from slurmkit.supervise.slurmview import kill_wait_warning
+from slurmkit.supervise.spool import SpoolReader
 from slurmkit.supervise.timeouts import beat_interval_s, failure_env
+from slurmkit.train.heartbeat import node_local_dir, private_dir
 
 log = logging.getLogger(__name__)
+LEDGER_FLUSH_INTERVAL_S = 2.0  # an agent's ledger events are batched for at most this long
+LEDGER_SAMPLES_PER_S = 10.0  # heartbeat samples of all nodes together (2,048 nodes: each every 205 s)
 
 
 def free_port() -> int:
@@ -68,6 +72,14 @@ class NodeAgent:
         self.procs: list[RankProcess] = []
         self.monitor: RankMonitor | None = None
         self._last_sample = self.clock()
+        # Heartbeats and rank 0's events stay on this node (/dev/shm): nothing on the shared
+        # file system per step. The directory is this user's and this run's alone (0700).
+        self.local_dir = private_dir(node_local_dir(run_dir, self.env))
+        self._spools: set[str] = set()
+        # Heartbeat samples in the ledger: node 0 at the configured interval, the others slower
+        # as the job grows, so the shared ledger sees at most ~LEDGER_SAMPLES_PER_S appends/s.
+        sample_s = cfg.supervisor.heartbeat_ledger_interval_s
+        self.sample_interval_s = sample_s if ctx.node_rank == 0 else max(sample_s, ctx.num_nodes / LEDGER_SAMPLES_PER_S)
 
     def _plans(self) -> list[object] | None:
         if not self.cfg.topology.enabled:
@@ -94,7 +106,8 @@ class NodeAgent:
             "SLURMKIT_LEDGER": self.ledger_path,
             "SLURMKIT_GENERATION": str(gen), "SLURMKIT_NODE": self.ctx.node_name,
             "SLURMKIT_ATTEMPT": self.ctx.attempt,
-            "SLURMKIT_HEARTBEAT_FILE": os.path.join(self.run_dir, "heartbeat", f"rank{rank}.json"),
+            "SLURMKIT_HEARTBEAT_FILE": os.path.join(self.local_dir, "heartbeat", f"rank{rank}.json"),
+            "SLURMKIT_EVENTS_FILE": os.path.join(self.local_dir, "events", f"{self.ctx.attempt}.rank{rank}.jsonl"),
             "PYTHONUNBUFFERED": "1",
         })
         return env
@@ -121,11 +134,15 @@ class NodeAgent:
             p = spawn_rank(cmd, env, rank=rank, local_rank=lr, log_path=path, cwd=self.run_dir,
                            sink=monitor.on_line, on_exit=monitor.on_exit)
             monitor.add_rank(rank, p.pid, env["SLURMKIT_HEARTBEAT_FILE"])
+            if env["SLURMKIT_EVENTS_FILE"] not in self._spools:  # this node writes them to the ledger
+                self._spools.add(env["SLURMKIT_EVENTS_FILE"])
+                self.ledger.attach(SpoolReader(env["SLURMKIT_EVENTS_FILE"]))
             procs.append(p)
         self.procs = procs
         self._last_sample = self.clock()
         self.ledger.append("ranks_started", generation=gen, node=self.ctx.node_name, slot=slot,
-                           ranks=[p.rank for p in procs], pids=[p.pid for p in procs])
+                           ranks=[p.rank for p in procs], pids=[p.pid for p in procs],
+                           heartbeat_dir=self.local_dir)
         if self.signal_kind is not None:  # a warning arrived while the ranks were starting
             for p in self.procs:
                 p.signal(signal.SIGUSR1 if self.signal_kind == "time_limit" else signal.SIGTERM)
@@ -135,7 +152,7 @@ class NodeAgent:
         if self.monitor is None:
             return None
         beats = self.monitor.poll()
-        if self.clock() - self._last_sample >= self.cfg.supervisor.heartbeat_ledger_interval_s and beats:
+        if self.clock() - self._last_sample >= self.sample_interval_s and beats:
             self._last_sample = self.clock()
             self.ledger.append("heartbeat", generation=gen, node=self.ctx.node_name,
                                steps={str(r): b.get("step") for r, b in beats.items()})
@@ -148,7 +165,18 @@ class NodeAgent:
         # The generation is lost already: kill at once rather than let ranks that trap SIGTERM
         # try to checkpoint from inside a broken collective.
         stop_ranks(self.procs, grace_s=0.0, sleep=self.sleep, clock=self.clock)
+        self.ledger.flush()  # the ranks' last events are in the file before node 0 decides
         return list(self.monitor.evidence) if self.monitor is not None else []
+
+    def remove_local_files(self) -> None:
+        """The heartbeats and event spools of this node's ranks (node memory, not disk)."""
+        paths = list(self._spools) + [os.path.join(self.local_dir, "heartbeat", f"rank{p.rank}.json")
+                                      for p in self.procs]
+        for path in paths:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
     def join_output(self) -> None:
         for p in self.procs:
@@ -197,7 +225,8 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
     ctx = node_context(env)
     store = connect(ctx, run_dir)
     channel = Channel(store, ctx.attempt, load_token(run_dir, create=ctx.node_rank == 0), ctx.nodes)
-    ledger = Ledger(os.path.join(run_dir, LEDGER_NAME), source=f"agent:{ctx.node_name}")
+    ledger = Ledger(os.path.join(run_dir, LEDGER_NAME), source=f"agent:{ctx.node_name}",
+                    flush_interval_s=LEDGER_FLUSH_INTERVAL_S)
     node = NodeAgent(run_dir, cfg, ctx, env, ledger)
     node.install_signal_handlers()
     start_alive_thread(ctx, channel, store.port, beat_interval_s(ctx.num_nodes, cfg.supervisor.poll_interval_s))
@@ -215,7 +244,11 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
     sup = Supervisor(cfg, where, channel, node, ledger, train_nodes=node.train_nodes, run_dir=run_dir, env=env,
                      slurm=slurm, ckpt_step=progress.latest,
                      free_port=free_port)
-    return sup.run()
+    try:
+        return sup.run()
+    finally:
+        ledger.close()  # what is held reaches the file (retried) before the agent leaves
+        node.remove_local_files()
 
 
 def submitit_entry(run_dir: str) -> None:

@@ -75,6 +75,7 @@ EVENTS: dict[str, EventSpec] = {
     "end": _spec("status:str", "exit_code:int generation:int reason:str signal:str? job_id:str "
                                "job_state:str"),
     "channel_refused": _spec("detail:str", "generation:int node:str"),
+    "spare_lost": _spec("node:str", "why:str silent_s:num"),
     "ledger_write_failed": _spec("failures:int error:str", "errno:str? first_failure_t:num "
                                                             "held:int dropped:int node:str"),
     # --- rank 0 of the trainer

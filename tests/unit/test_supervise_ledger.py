@@ -100,6 +100,25 @@ def test_every_event_the_code_writes_is_in_the_schema() -> None:
     assert unknown == []
 
 
+def test_every_literal_append_names_fields_its_event_has() -> None:
+    """``ledger.append("decision", generaton=...)`` in any module fails here, not in an agent."""
+    wrong = []
+    for path in (REPO / "slurmkit").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args
+                    and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+                    and node.func.attr == "append" and "edger" in ast.unparse(node.func.value)):
+                continue
+            spec = EVENTS[node.args[0].value]
+            names = [k.arg for k in node.keywords if k.arg is not None]
+            spread = any(k.arg is None for k in node.keywords)  # **fields: checked at run time
+            bad = [k for k in names if spec.type_of(k) is None and not spec.open]
+            missing = [] if spread else [k for k in spec.required if k not in names]
+            if bad or missing:
+                wrong.append((str(path.relative_to(REPO)), node.lineno, node.args[0].value, bad, missing))
+    assert wrong == []
+
+
 def test_the_events_the_supervisor_writes_validate() -> None:
     validate("failure", {"generation": 1, "cls": "rank_crash", "rank": 3, "node": "n2",
                          "evidence": "returncode -9", "time_of_fault": 1.5, "ranks_affected": [3],
