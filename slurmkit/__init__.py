@@ -2,5 +2,8 @@
 
 __version__ = "0.1.0"
 
-# Exit code contract: the supervisor decided not to restart; Slurm must not requeue.
-EXIT_NO_REQUEUE = 93
+# Exit code contract (slurmkit/contract.py): the supervisor decided not to restart; Slurm must
+# not requeue. Re-exported here because it is the one code users configure their site around.
+from slurmkit.contract import EXIT_NO_REQUEUE
+
+__all__ = ["EXIT_NO_REQUEUE", "__version__"]

@@ -27,6 +27,7 @@ from rich.markup import escape
 
 from slurmkit.config import SlurmkitConfig, compose, config_hash, to_yaml
 from slurmkit.errors import ConfigError, SlurmkitError, SubmissionError, print_error
+from slurmkit.layout import Layout, resolve_layout, write_layout
 from slurmkit.render import JobSpec, build_jobspec, make_executor, render_standalone, render_submitit_script
 from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
 
@@ -57,15 +58,17 @@ def new_run_dir(cfg: SlurmkitConfig, clock: Callable[[], float] = time.time) -> 
     return os.path.abspath(os.path.join(cfg.submit.run_root, cfg.job.name, f"{stamp}-{secrets.token_hex(2)}"))
 
 
-def validate(cfg: SlurmkitConfig) -> None:
-    """Checks that need more than one component: timeouts, the parallel layout vs the cluster."""
+def validate(cfg: SlurmkitConfig, layout: Layout | None = None) -> None:
+    """Checks that need more than one component: timeouts, the parallel layout vs the cluster
+    (``layout``: the run's resolved layout, the one the job, the planner and the agent use)."""
     from slurmkit.supervise.timeouts import check_timeouts
 
+    layout = resolve_layout(cfg) if layout is None else layout
     check_timeouts(cfg)
     if any("slurmkit.train" in part for part in cfg.job.command):
         from slurmkit.train.planner import check_config
 
-        check_config(cfg)
+        check_config(cfg, layout=layout)
 
 
 def topology_srun_args(cfg: SlurmkitConfig) -> list[str]:
@@ -74,12 +77,17 @@ def topology_srun_args(cfg: SlurmkitConfig) -> list[str]:
     return list(srun_binding_args(cfg.topology))
 
 
-def freeze(cfg: SlurmkitConfig, run_dir: str) -> None:
+def freeze(cfg: SlurmkitConfig, run_dir: str, layout: Layout | None = None) -> None:
+    """Write config.yaml, then layout.json beside it (each atomically; the layout carries the
+    config's digest, so an agent never pairs one run's layout with another's config)."""
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
     path = os.path.join(run_dir, "config.yaml")
     with open(path + ".tmp", "w") as f:
         f.write(to_yaml(cfg))
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
+    write_layout(run_dir, resolve_layout(cfg) if layout is None else layout)
 
 
 @dataclasses.dataclass
@@ -200,9 +208,11 @@ def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console)
         return run_sweep(argv, env, console, err)
     refuse_sweep_without_multirun(argv)
     cfg = resolve_cluster(compose(argv), env)
-    validate(cfg)
+    layout = resolve_layout(cfg)  # once: the job, the planner, layout.json and the agent use it
+    validate(cfg, layout)
     run_dir = new_run_dir(cfg)
-    spec = build_jobspec(cfg, run_dir, topology_srun_args(cfg) if cfg.cluster.kind == "slurm" else [])
+    spec = build_jobspec(cfg, run_dir, topology_srun_args(cfg) if cfg.cluster.kind == "slurm" else [],
+                         layout=layout)
     if cfg.submit.dry_run:
         if cfg.cluster.kind == "local":
             console.print(f"# local mode: {spec.nodes} agent process(es) x {spec.ranks_per_node} ranks; "
@@ -210,7 +220,7 @@ def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console)
         sys.stdout.write(render_submitit_script(spec))
         return 0
     if cfg.submit.emit == "sbatch":
-        freeze(cfg, run_dir)
+        freeze(cfg, run_dir, layout)
         path = os.path.join(run_dir, "job.sbatch")
         with open(path, "w") as f:
             f.write(render_standalone(spec, path))
@@ -218,8 +228,8 @@ def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console)
         return 0
     if cfg.cluster.kind == "slurm":
         warn_singleton(spec, env, console)
-    freeze(cfg, run_dir)
     try:
+        freeze(cfg, run_dir, layout)
         submitted = submit_slurm(spec) if cfg.cluster.kind == "slurm" else submit_local(spec)
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-way: no run dir without a job

@@ -24,6 +24,7 @@ def main() -> None:
     dist.all_gather_object(hosts, {"rank": rank, "node": os.environ.get("SLURMKIT_NODE", ""),
                                    "host": socket.gethostname(), "pid": os.getpid(),
                                    "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                   "device": os.environ.get("SLURMKIT_DEVICE"),
                                    "local_rank": os.environ.get("LOCAL_RANK")})
     print(f"rank {rank}/{world}: all_reduce sum = {t.item():.0f}", flush=True)
     if rank == 0:

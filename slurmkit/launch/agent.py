@@ -19,10 +19,12 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from slurmkit import contract
 from slurmkit.config import SlurmkitConfig, load_frozen
 from slurmkit.launch.context import NodeContext, node_context
 from slurmkit.launch.ranks import RankProcess, spawn_rank, stop_ranks
 from slurmkit.launch.rendezvous import connect
+from slurmkit.layout import load_layout
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.runner import SubprocessRunner
 from slurmkit.supervise.channel import Channel, load_token
@@ -66,8 +68,9 @@ class NodeAgent:
         self.clock, self.sleep = clock, sleep
         self.ledger_path = os.path.join(run_dir, LEDGER_NAME)
         self.ledger = ledger
-        self.ranks_per_node = cfg.job.ranks_per_node or max(cfg.job.gpus_per_node or cfg.cluster.gpus_per_node, 1)
-        self.train_nodes = cfg.job.nodes
+        # The layout frozen at submit: the ranks per node the batch script asked Slurm for.
+        self.layout = load_layout(run_dir, cfg)
+        self.ranks_per_node, self.train_nodes = self.layout.ranks_per_node, self.layout.train_nodes
         self.signal_kind: str | None = None  # "time_limit" | "preemption" once a warning came
         self.procs: list[RankProcess] = []
         self.monitor: RankMonitor | None = None
@@ -122,6 +125,7 @@ class NodeAgent:
         procs = []
         for lr in range(self.ranks_per_node):
             env = self.rank_env(gen, lr, slot, port, master_addr)
+            before = dict(env)
             cmd = argv
             if plans is not None:
                 from slurmkit.topology import pin_command, rank_env
@@ -129,6 +133,7 @@ class NodeAgent:
                 env.update(rank_env(plans[lr], plans, env, self.cfg.topology))  # type: ignore[arg-type]
                 cmd = pin_command(plans[lr], argv, verify=self.cfg.topology.verify,  # type: ignore[arg-type]
                                   method=self.cfg.topology.apply_method)
+            env.update(contract.device_env(lr, self.layout, before, env, plans[lr] if plans else None))
             rank = int(env["RANK"])
             path = os.path.join(self.run_dir, "logs", f"rank{rank}.log")
             p = spawn_rank(cmd, env, rank=rank, local_rank=lr, log_path=path, cwd=self.run_dir,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from slurmkit.config.schema import SlurmkitConfig
 from slurmkit.errors import ConfigError
+from slurmkit.layout import Layout, resolve_layout
 from slurmkit.slurm.hostlist import compress_hostlist, expand_hostlist
 from slurmkit.slurm.timelimit import format_time_limit, parse_time_limit
 
@@ -17,6 +18,7 @@ class JobSpec:
 
     name: str
     run_dir: str  # absolute; on a file system every node sees
+    # From the run's Layout (slurmkit.layout), the one answer the agent and planner also use.
     nodes: int  # allocated, spares included
     train_nodes: int  # nodes that run ranks
     ranks_per_node: int
@@ -83,17 +85,6 @@ def _check_printable(spec: JobSpec) -> None:
                               "split it into separate cluster.setup items")
 
 
-def _gpus_per_node(cfg: SlurmkitConfig) -> int:
-    cluster_gpus = cfg.cluster.gpus_per_node
-    gpus = cluster_gpus if cfg.job.gpus_per_node is None else cfg.job.gpus_per_node
-    if cluster_gpus and gpus > cluster_gpus:
-        raise ConfigError(
-            f"job.gpus_per_node={gpus} on cluster '{cfg.cluster.name}' whose nodes have {cluster_gpus} GPUs",
-            f"at most {cluster_gpus} GPUs per node",
-            f"set job.gpus_per_node={cluster_gpus} and raise job.nodes instead")
-    return gpus
-
-
 def _check_resources(cfg: SlurmkitConfig, nodes: int, cpus: int | None) -> None:
     c, j = cfg.cluster, cfg.job
     if c.max_nodes and nodes > c.max_nodes:
@@ -117,24 +108,21 @@ def array_spec(count: int, parallelism: int) -> str:
 
 
 def build_jobspec(cfg: SlurmkitConfig, run_dir: str, srun_args: list[str] | None = None,
-                  array: str | None = None) -> JobSpec:
+                  array: str | None = None, layout: Layout | None = None) -> JobSpec:
     """Validate ``cfg`` against its cluster and reduce it to a JobSpec. Raises ConfigError.
 
     ``array``: the job runs a sweep (``run_dir`` is its sweep directory), see :func:`array_spec`.
+    ``layout``: the run's resolved layout (slurmkit.layout), resolved from ``cfg`` when not given;
+    the nodes, ranks and GPUs the script asks Slurm for are exactly the ones the agent will use.
     """
     j, c = cfg.job, cfg.cluster
-    gpus = _gpus_per_node(cfg)
-    ranks = j.ranks_per_node if j.ranks_per_node is not None else max(gpus, 1)
-    if gpus and ranks > gpus and ranks % gpus:
-        raise ConfigError(f"job.ranks_per_node={ranks} with {gpus} GPUs per node",
-                          "ranks per node equal to, a divisor of, or a multiple of the GPUs",
-                          f"set job.ranks_per_node={gpus}")
+    layout = resolve_layout(cfg) if layout is None else layout
     seconds = parse_time_limit(j.time)
     if seconds is not None and seconds <= j.signal_lead_s:
         raise ConfigError(f"job.time={j.time!r} ({seconds} s) with job.signal_lead_s={j.signal_lead_s}",
                           "a time limit longer than the warning lead",
                           "raise job.time or lower job.signal_lead_s")
-    nodes = j.nodes + cfg.supervisor.spare_nodes
+    nodes = layout.nodes
     cpus = j.cpus_per_task if j.cpus_per_task is not None else (c.cpus_per_node or None)
     _check_resources(cfg, nodes, cpus)
     exclude: list[str] = []
@@ -143,15 +131,15 @@ def build_jobspec(cfg: SlurmkitConfig, run_dir: str, srun_args: list[str] | None
     env = {**c.env, **j.env}
     _check_env_names(env)
     spec = JobSpec(
-        name=j.name, run_dir=os.path.abspath(run_dir), nodes=nodes, train_nodes=j.nodes,
-        ranks_per_node=ranks, gpus_per_node=gpus, gpu_type=c.gpu_type, cpus_per_task=cpus,
+        name=j.name, run_dir=os.path.abspath(run_dir), nodes=nodes, train_nodes=layout.train_nodes,
+        ranks_per_node=layout.ranks_per_node, gpus_per_node=layout.gpus_per_node, gpu_type=c.gpu_type, cpus_per_task=cpus,
         mem_gb=j.mem_gb, time_limit=format_time_limit(seconds), time_limit_s=seconds,
         signal_lead_s=j.signal_lead_s, requeue=j.requeue, exclusive=c.exclusive,
         exclude=tuple(sorted(set(exclude))), singleton=j.singleton, partition=c.partition,
         account=c.account, qos=c.qos, constraint=c.constraint, container_image=c.container_image,
         container_mounts=tuple(c.container_mounts), setup=tuple(c.setup),
         env=tuple(sorted(env.items())), srun_args=tuple(srun_args or ()),
-        no_kill=cfg.supervisor.spare_nodes > 0, array=array,
+        no_kill=layout.spare_nodes > 0, array=array,
     )
     _check_printable(spec)
     return spec

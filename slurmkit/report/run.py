@@ -214,18 +214,34 @@ def _advice(data: RunData, mtbf_h: float | None) -> Advice | None:
     return advise(figures, current, source, why)
 
 
+def _layout_of(data: RunData) -> tuple[int, int]:
+    """(GPUs per node, training nodes): the run's frozen layout.json, the answer its job and agents
+    used; a run directory without one falls back to the same rule (job.gpus_per_node=0 is a CPU
+    job, not "the cluster's GPUs")."""
+    from slurmkit.layout import LAYOUT_NAME, LayoutError, read_layout
+
+    if os.path.exists(os.path.join(data.run_dir, LAYOUT_NAME)):
+        try:
+            layout = read_layout(data.run_dir)
+            return layout.gpus_per_node, layout.train_nodes
+        except LayoutError as exc:
+            data.notes.append(f"{LAYOUT_NAME} not used: {exc}")
+    job_gpus = _get(data.config, "job.gpus_per_node")
+    gpn = _num(job_gpus) if job_gpus is not None else _num(_get(data.config, "cluster.gpus_per_node"))
+    return int(gpn), int(_num(_get(data.config, "job.nodes"), 1))
+
+
 def _cost(data: RunData) -> Cost | None:
     price = _num(_get(data.config, "cluster.gpu_hour_cost"))
     if price <= 0:
         data.notes.append("cluster.gpu_hour_cost is not set: no cost figures")
         return None
-    gpn = int(_num(_get(data.config, "job.gpus_per_node")) or _num(_get(data.config, "cluster.gpus_per_node")))
+    gpn, train_nodes = _layout_of(data)
     if gpn <= 0:
         data.notes.append("no GPUs per node in the config (a CPU job): no cost figures")
         return None
     allocs = _allocations(data.events)
     gpu_hours = sum((b - a) * n * gpn for a, b, n in allocs) / 3600.0
-    train_nodes = int(_num(_get(data.config, "job.nodes"), 1))
     useful = data.report.productive_s * train_nodes * gpn / 3600.0
     per_step = _tokens_per_step(data.metrics)
     starts = [int(_num(e.get("step"))) for e in data.events if e.get("event") == "train_started"]

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from slurmkit.contract import EXIT_CHECKPOINTED_ON_SIGNAL  # saved on SIGUSR1/SIGTERM, left on purpose
 from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.classify import Evidence, classify_exit, classify_line
 
@@ -22,7 +23,6 @@ from slurmkit.supervise.classify import Evidence, classify_exit, classify_line
 TRIGGERING_LINES = frozenset({FailureClass.NCCL_TIMEOUT, FailureClass.NCCL_ERROR,
                               FailureClass.WATCHDOG_STUCK, FailureClass.GPU_OOM,
                               FailureClass.HOST_OOM})
-EXIT_CHECKPOINTED_ON_SIGNAL = 95  # the trainer saved on SIGUSR1/SIGTERM and left on purpose
 
 
 @dataclass

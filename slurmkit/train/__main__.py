@@ -2,8 +2,9 @@
 
 Reads the torchrun-style environment set by the node agent (RANK, LOCAL_RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and the SLURMKIT_* variables (RUN_DIR, CONFIG,
-GENERATION, NODE, LEDGER, HEARTBEAT_FILE, FAULT, STEP_DELAY_S). Exit codes: 0 finished,
-95 checkpointed on a stop signal (requeue), 2 configuration error, 1 anything else.
+GENERATION, NODE, LEDGER, HEARTBEAT_FILE, DEVICE, FAULT, STEP_DELAY_S). Exit codes
+(slurmkit.contract): 0 finished, 95 checkpointed on a stop signal (requeue), 2 configuration
+error, 1 anything else.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from slurmkit.contract import EXIT_CONFIG_ERROR, device_of
 from slurmkit.errors import ConfigError
 from slurmkit.store.config import StoreConfig
 from slurmkit.train.config import ModelConfig, ParallelConfig, TrainConfig
@@ -120,7 +122,7 @@ def run(env: Mapping[str, str]) -> int:
                           fix="resubmit to write a fresh frozen config")
     m, p = section(raw, "model", ModelConfig), section(raw, "parallel", ParallelConfig)
     t = section(raw, "train", TrainConfig)
-    runtime = select_runtime(t, local_rank)
+    runtime = select_runtime(t, local_rank, device=device_of(env))  # SLURMKIT_DEVICE, the agent's choice
     on_gpu = runtime.device.type == "cuda"
     peak = float(OmegaConf.select(raw, "cluster.gpu_peak_tflops", default=0) or 0)
     ctx = RankContext(
@@ -162,7 +164,7 @@ def main() -> int:
         return run(os.environ)
     except ConfigError as exc:
         print(f"slurmkit.train: {exc}", file=sys.stderr, flush=True)
-        return 2
+        return EXIT_CONFIG_ERROR
 
 
 def exit_now(code: int) -> None:

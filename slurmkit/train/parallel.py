@@ -1,6 +1,6 @@
 """Process group, device and model wrapping (DDP or FSDP2), and a full-parameter digest.
 
-gloo on the CPU, NCCL on a GPU (one device per local rank). Tensor and pipeline parallelism
+gloo on the CPU, NCCL on a GPU (the device the node agent chose for the rank). Tensor and pipeline parallelism
 are planned by ``slurmkit.train.planner`` but not implemented by this reference trainer: a
 layout asking for them fails at start with a clear error instead of training something else.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import warnings
 from dataclasses import dataclass
 from datetime import timedelta
@@ -22,6 +23,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from slurmkit.contract import CUDA_VISIBLE_DEVICES, DEVICE, ContractError, DeviceChoice
 from slurmkit.errors import ConfigError
 from slurmkit.train.config import ParallelConfig, TrainConfig
 from slurmkit.train.model import Transformer
@@ -39,12 +41,26 @@ class Runtime:
     compute_dtype: torch.dtype  # bf16 on GPU when configured, else fp32
 
 
-def select_runtime(train: TrainConfig, local_rank: int, *, cuda: bool | None = None) -> Runtime:
-    """GPU ``local_rank`` with NCCL when CUDA is available, else the CPU with gloo."""
+def select_runtime(train: TrainConfig, local_rank: int, *, device: DeviceChoice | None = None,
+                   cuda: bool | None = None, device_count: int | None = None) -> Runtime:
+    """Where this rank computes: the device the node agent chose (``SLURMKIT_DEVICE``, see
+    slurmkit.contract.choose_device), else GPU ``local_rank`` as under torchrun; NCCL on a GPU,
+    gloo on the CPU. A GPU choice on a host without CUDA (an emulated GPU cluster) runs on the
+    CPU; a GPU index that is not visible is refused here, not deep inside NCCL."""
     use_cuda = torch.cuda.is_available() if cuda is None else cuda
-    if use_cuda:
+    if use_cuda and (device is None or device.kind == "cuda"):
+        index = local_rank if device is None or device.index is None else device.index
+        count = torch.cuda.device_count() if device_count is None else device_count
+        if index >= count:
+            source = f"{DEVICE}=cuda:{index}" if device is not None else f"LOCAL_RANK={local_rank}"
+            raise ContractError(
+                f"this rank must use GPU {index} ({source}) but {count} GPU(s) are visible "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get(CUDA_VISIBLE_DEVICES, 'unset')})",
+                "a device index below the number of GPUs the rank sees",
+                "start ranks through the node agent (it sets SLURMKIT_DEVICE to match what it made "
+                "visible), or lower job.ranks_per_node to the GPUs per node")
         dtype = torch.bfloat16 if train.dtype == "bf16" else torch.float32
-        return Runtime(torch.device("cuda", local_rank), "nccl", dtype)
+        return Runtime(torch.device("cuda", index), "nccl", dtype)
     return Runtime(torch.device("cpu"), "gloo", torch.float32)
 
 

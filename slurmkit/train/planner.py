@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from slurmkit.errors import ConfigError
+from slurmkit.layout import Layout, resolve_layout
 from slurmkit.train.config import ModelConfig, ParallelConfig, TrainConfig
 from slurmkit.train.flops import flops_per_token, param_count
 
@@ -332,6 +333,7 @@ def check(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, *, n
 
 
 class _Cluster(Protocol):
+    name: str
     gpus_per_node: int
     gpu_mem_gb: float
     mem_gb_per_node: float
@@ -342,6 +344,10 @@ class _Job(Protocol):
     ranks_per_node: int | None
     gpus_per_node: int | None
     mem_gb: float | None
+
+
+class _Supervisor(Protocol):
+    spare_nodes: int
 
 
 class _RunConfig(Protocol):
@@ -357,29 +363,33 @@ class _RunConfig(Protocol):
     @property
     def job(self) -> _Job: ...
 
+    @property
+    def supervisor(self) -> _Supervisor: ...
+
 
 def hardware_of(cfg: _RunConfig, *, host_mem_gb: float | None = None,
-                margin: float = 0.1) -> Hardware:
+                margin: float = 0.1, layout: Layout | None = None) -> Hardware:
     """The job's hardware: GPUs (one rank each) or CPU ranks sharing the node's memory.
 
+    Nodes, ranks and GPUs per node come from the run's layout (``slurmkit.layout``, resolved
+    from ``cfg`` when not given), the same the batch script and the node agent use.
     An unknown GPU memory (``cluster.gpu_mem_gb == 0``) is taken as unlimited: the layout is
     still checked, the memory is not. CPU memory: ``job.mem_gb``, else the cluster's
     ``mem_gb_per_node``, else ``host_mem_gb`` (this machine's, for local runs).
     """
-    gpus = cfg.job.gpus_per_node if cfg.job.gpus_per_node is not None else \
-        cfg.cluster.gpus_per_node
-    ranks = cfg.job.ranks_per_node or max(gpus, 1)
-    if gpus > 0:
+    lay = resolve_layout(cfg) if layout is None else layout
+    ranks = lay.ranks_per_node
+    if lay.on_gpu:
         mem = cfg.cluster.gpu_mem_gb or math.inf
-        return Hardware(cfg.job.nodes, ranks, mem, ranks, margin)
+        return Hardware(lay.train_nodes, ranks, mem, ranks, margin)
     mem = cfg.job.mem_gb or cfg.cluster.mem_gb_per_node or host_mem_gb or math.inf
-    return Hardware(cfg.job.nodes, 0, mem, ranks, margin)
+    return Hardware(lay.train_nodes, 0, mem, ranks, margin)
 
 
 def check_config(cfg: _RunConfig, *, host_mem_gb: float | None = None,
-                 margin: float = 0.1) -> MemoryEstimate:
+                 margin: float = 0.1, layout: Layout | None = None) -> MemoryEstimate:
     """``check`` for a composed run config (what submit calls before anything is queued)."""
-    hw = hardware_of(cfg, host_mem_gb=host_mem_gb, margin=margin)
+    hw = hardware_of(cfg, host_mem_gb=host_mem_gb, margin=margin, layout=layout)
     return check(cfg.model, cfg.parallel, cfg.train, nodes=hw.nodes,
                  gpus_per_node=hw.gpus_per_node, gpu_mem_gb=hw.mem_gb, margin=hw.margin,
                  ranks_per_node=hw.ranks_per_node)

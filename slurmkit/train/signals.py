@@ -10,8 +10,10 @@ from __future__ import annotations
 import signal
 from types import FrameType
 
-# "Saved, not finished": the supervisor requeues the job (contrast 93: do not requeue).
-EXIT_CHECKPOINTED_ON_SIGNAL = 95
+# "Saved, not finished" (slurmkit.contract): the supervisor requeues the job, unlike 93.
+from slurmkit.contract import EXIT_CHECKPOINTED_ON_SIGNAL
+
+__all__ = ["EXIT_CHECKPOINTED_ON_SIGNAL", "STOP_SIGNALS", "StopRequest"]
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 

@@ -1,0 +1,180 @@
+"""The contract between the node agent, the ranks it starts, and Slurm: exit codes, the rank
+environment, and which device a rank computes on.
+
+One module so that the two sides cannot drift: the agent writes these variables and reads
+these exit codes; the trainer (or any user trainer under the agent) reads the variables and
+returns the codes. Nothing here imports torch: the agent, the CLI and the ranks all use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from slurmkit.errors import ConfigError
+
+# ---------------------------------------------------------------------------- exit codes
+EXIT_OK = 0
+EXIT_FAILED = 1  # anything unexpected
+EXIT_CONFIG_ERROR = 2  # the trainer refused its configuration (a restart cannot help)
+# The supervisor decided not to restart; Slurm must not requeue (--requeue jobs are requeued on
+# any other non-zero code by the site's RequeueExit, so this one value is reserved).
+EXIT_NO_REQUEUE = 93
+# "Saved, not finished": the rank wrote a final checkpoint on SIGUSR1/SIGTERM and left on purpose;
+# the supervisor requeues the job (time limit) or ends it (cancel --checkpoint, preemption).
+EXIT_CHECKPOINTED_ON_SIGNAL = 95
+
+# ---------------------------------------------------------------------------- rank environment
+# torchrun's names, so a trainer written for torchrun runs under the agent unchanged.
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+GROUP_RANK = "GROUP_RANK"  # the node's training slot
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+# slurmkit's own.
+RUN_DIR = "SLURMKIT_RUN_DIR"
+CONFIG = "SLURMKIT_CONFIG"  # the frozen config.yaml
+LEDGER = "SLURMKIT_LEDGER"
+GENERATION = "SLURMKIT_GENERATION"  # restarts inside one allocation count generations
+NODE = "SLURMKIT_NODE"
+ATTEMPT = "SLURMKIT_ATTEMPT"  # <job id>-<requeue count>
+HEARTBEAT_FILE = "SLURMKIT_HEARTBEAT_FILE"
+DEVICE = "SLURMKIT_DEVICE"  # "cpu" or "cuda:<index>", index among the rank's visible devices
+
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+CUDA_DEVICE_ORDER = "CUDA_DEVICE_ORDER"
+
+
+class ContractError(ConfigError):
+    """A rank's environment breaks the contract (a variable missing, malformed, out of range).
+
+    A ConfigError: a rank exits with EXIT_CONFIG_ERROR, since a restart would meet the same."""
+
+
+@dataclass(frozen=True)
+class RankIdentity:
+    """Who a rank is in the job, as torchrun would tell it."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    group_rank: int
+    master_addr: str
+    master_port: int
+
+    def env(self) -> dict[str, str]:
+        return {RANK: str(self.rank), LOCAL_RANK: str(self.local_rank), WORLD_SIZE: str(self.world_size),
+                LOCAL_WORLD_SIZE: str(self.local_world_size), GROUP_RANK: str(self.group_rank),
+                MASTER_ADDR: self.master_addr, MASTER_PORT: str(self.master_port)}
+
+
+def rank_identity(slot: int, local_rank: int, *, ranks_per_node: int, train_nodes: int,
+                  master_addr: str, master_port: int) -> RankIdentity:
+    """Global rank = slot x ranks_per_node + local rank: ranks of one node are contiguous."""
+    if not 0 <= local_rank < ranks_per_node or not 0 <= slot < train_nodes:
+        raise ValueError(f"local rank {local_rank} of {ranks_per_node} in slot {slot} of {train_nodes}")
+    return RankIdentity(rank=slot * ranks_per_node + local_rank, local_rank=local_rank,
+                        world_size=train_nodes * ranks_per_node, local_world_size=ranks_per_node,
+                        group_rank=slot, master_addr=master_addr, master_port=master_port)
+
+
+# ---------------------------------------------------------------------------- which device
+def visible_count(value: str) -> int:
+    """How many devices a CUDA_VISIBLE_DEVICES value names (an empty value: none)."""
+    return len([d for d in value.split(",") if d.strip()])
+
+
+def block_index(local_rank: int, local_world: int, devices: int) -> int:
+    """The first device of ``local_rank``'s share of ``devices``, as the topology planner deals
+    them in PCI order: equal blocks when there are at least as many devices as ranks, else
+    neighbouring ranks share one device."""
+    if devices <= 0:
+        return local_rank
+    per_rank = max(1, devices // local_world)
+    if local_world * per_rank <= devices:
+        return local_rank * per_rank
+    return local_rank * devices // local_world
+
+
+def choose_device(*, local_rank: int, local_world: int, gpus_per_node: int,
+                  inherited: Mapping[str, str], final: Mapping[str, str],
+                  planned: Sequence[int] = ()) -> str:
+    """The device the rank must compute on, decided by the agent (the rank never guesses).
+
+    ``inherited``: the environment the agent got (Slurm's, the user's); ``final``: the rank's
+    environment after the pinning plan added its variables; ``planned``: the CUDA indices (PCI
+    order, all of the host's GPUs) the plan gave the rank.
+
+    - CPU ranks (the layout requests no GPU): ``cpu``, even on a host that has GPUs.
+    - The agent narrowed CUDA_VISIBLE_DEVICES to the rank's own GPUs (topology.gpu_visibility=rank,
+      nothing set before): the rank's GPU is the first visible one, ``cuda:0``.
+    - CUDA_VISIBLE_DEVICES came from outside (Slurm sets it for a GPU job; it is never narrowed
+      then): the rank's block among what is visible. Its entries may be renumbered by Slurm's
+      cgroup, so they are counted, never matched against host indices.
+    - Nothing restricts visibility: the planned host index when CUDA numbers devices in PCI
+      order as the plan does, else the rank's block among the job's GPUs.
+    """
+    if gpus_per_node <= 0:
+        return "cpu"
+    outside = inherited.get(CUDA_VISIBLE_DEVICES)
+    mine = final.get(CUDA_VISIBLE_DEVICES)
+    if outside is None and mine is not None:
+        if visible_count(mine) < 1:
+            raise ContractError(f"{CUDA_VISIBLE_DEVICES}={mine!r} for local rank {local_rank}",
+                                "at least one GPU per rank when the layout requests GPUs",
+                                "set topology.gpu_visibility=all or check the node's GPUs with "
+                                "`python -m slurmkit.topo plan`")
+        return "cuda:0"
+    if outside is not None:
+        return f"cuda:{block_index(local_rank, local_world, visible_count(outside))}"
+    if planned and final.get(CUDA_DEVICE_ORDER) == "PCI_BUS_ID":
+        return f"cuda:{planned[0]}"
+    return f"cuda:{block_index(local_rank, local_world, gpus_per_node)}"
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    """What a rank reads back from ``SLURMKIT_DEVICE``."""
+
+    kind: str  # "cpu" or "cuda"
+    index: int | None  # the CUDA index among the rank's visible devices
+
+
+def parse_device(value: str) -> DeviceChoice:
+    text = value.strip()
+    if text == "cpu":
+        return DeviceChoice("cpu", None)
+    kind, _, index = text.partition(":")
+    if kind == "cuda" and index.isdigit() and len(index) <= 4:
+        return DeviceChoice("cuda", int(index))
+    raise ContractError(f"{DEVICE}={value!r}", "'cpu' or 'cuda:<index>', as the node agent sets it",
+                        f"start ranks through the node agent, or unset {DEVICE} to fall back to LOCAL_RANK")
+
+
+def device_of(env: Mapping[str, str]) -> DeviceChoice | None:
+    """The agent's choice for this rank, or None when no agent made one (torchrun, tests)."""
+    value = env.get(DEVICE)
+    return None if value is None else parse_device(value)
+
+
+class _Shape(Protocol):
+    """The parts of slurmkit.layout.Layout a device choice needs."""
+
+    @property
+    def ranks_per_node(self) -> int: ...
+    @property
+    def gpus_per_node(self) -> int: ...
+
+
+def device_env(local_rank: int, layout: _Shape, inherited: Mapping[str, str], final: Mapping[str, str],
+               plan: object | None = None) -> dict[str, str]:
+    """``{SLURMKIT_DEVICE: ...}`` for one rank: :func:`choose_device` over the frozen layout and
+    the rank's pinning plan (a slurmkit.topology RankPlan, or None when pinning is off)."""
+    planned = tuple(int(i) for i in getattr(plan, "gpu_indices", ()))
+    return {DEVICE: choose_device(local_rank=local_rank, local_world=layout.ranks_per_node,
+                                  gpus_per_node=layout.gpus_per_node, inherited=inherited, final=final,
+                                  planned=planned)}
