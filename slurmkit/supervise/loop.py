@@ -19,7 +19,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from slurmkit import EXIT_NO_REQUEUE
@@ -28,7 +28,7 @@ from slurmkit.errors import SlurmkitError
 from slurmkit.launch.cancel_request import read_cancel_request
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.supervise.channel import COMPLETED, SIGNALLED, Channel, ChannelError
-from slurmkit.supervise.classes import FailureClass
+from slurmkit.supervise.classes import CLASS_INFO, FailureClass
 from slurmkit.supervise.classify import Evidence, root_cause
 from slurmkit.supervise.monitor import EXIT_CHECKPOINTED_ON_SIGNAL
 from slurmkit.supervise.policy import Action, Decision, History, Limits, State, StateMachine, decide
@@ -333,6 +333,13 @@ class Supervisor:
         if failure is None:
             self.history = self.history.restarted()
             return Decision(Action.RESTART, "generation stopped without evidence")
+        if (self.node.signal_kind == "time_limit" and self.cfg.job.requeue
+                and CLASS_INFO[failure.cls].restartable and failure.cls != FailureClass.NODE_LOSS):
+            # The allocation is ending: a rank that died after the warning (e.g. killed by the
+            # SIGUSR1 itself before it could install its handler) is the time limit, not a crash
+            # to restart in an allocation with a minute left. Requeue; resume from the last save.
+            failure = replace(failure, cls=FailureClass.TIME_LIMIT,
+                              evidence=f"{failure.evidence} (after the time-limit warning; was {failure.cls.value})")
         self.ledger.append("failure", generation=gen, cls=failure.cls.value, rank=failure.rank,
                            node=failure.node, evidence=failure.evidence, time_of_fault=failure.time,
                            ranks_affected=list(failure.ranks_affected),

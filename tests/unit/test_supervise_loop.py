@@ -92,18 +92,18 @@ class ScriptedNode:
         pass
 
 
-def config(**sup: Any):  # noqa: ANN201 - SlurmkitConfig
+def config(extra: tuple[str, ...] = (), **sup: Any):  # noqa: ANN201 - SlurmkitConfig
     over = [f"supervisor.{k}={v}" for k, v in {"poll_interval_s": 0.01, "node_timeout_s": 1.0, **sup}.items()]
-    return compose(["+exp=tiny", "cluster=local", *over])
+    return compose(["+exp=tiny", "cluster=local", *over, *extra])
 
 
 class Cluster:
     """N supervisors over one store; ``beating[nr]`` stops an agent's beats when cleared."""
 
     def __init__(self, tmp_path: Path, scripts: list[Script], *, train_nodes: int | None = None,
-                 executor: str = "local", slurm: Any = None, **sup: Any) -> None:
+                 executor: str = "local", slurm: Any = None, extra: tuple[str, ...] = (), **sup: Any) -> None:
         self.store = dist.HashStore()
-        self.cfg = config(**sup)
+        self.cfg = config(extra, **sup)
         self.names = tuple(f"n{i}" for i in range(len(scripts)))
         self.ledger = Ledger()
         self.nodes = [ScriptedNode(n, s) for n, s in zip(self.names, scripts)]
@@ -343,3 +343,21 @@ def test_node0_lost_the_successor_records_it_and_requeues_without_node0(
         assert codes == {1: 0, 2: 1} and decision["action"] == "requeue" and requeued == [("7", ("n0",))]
     else:
         assert codes == {1: 1, 2: 1} and decision["action"] == "stop" and requeued == []
+
+
+def test_a_rank_that_dies_after_the_time_limit_warning_requeues_instead_of_restarting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under load a rank can get the SIGUSR1 before it installed its handler (returncode -10):
+    # restarting in an allocation that ends in a minute would only crash-loop into exit 93.
+    requeued: list[tuple[str, ...]] = []
+    monkeypatch.setattr("slurmkit.supervise.loop.requeue_now",
+                        lambda client, job, exclude, **kw: requeued.append(tuple(exclude)))
+    c = Cluster(tmp_path, [Script(), Script(fail={0: F.RANK_CRASH})], extra=("job.requeue=true",),
+                slurm=SlurmClient(FakeSlurm({"debug": "n[0-1]"})))
+    for n in c.nodes:
+        n.signal_kind = "time_limit"
+    assert c.run() == {0: 0, 1: 0}
+    ((gen, action, exclude),) = c.decisions()
+    assert action == Action.REQUEUE and exclude == () and requeued == [()]
+    (failure,) = c.ledger.of("failure")
+    assert failure["cls"] == "time_limit" and "was rank_crash" in failure["evidence"]
