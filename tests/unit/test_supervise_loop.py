@@ -200,7 +200,7 @@ def test_a_failure_during_a_decision_belongs_to_the_next_generation(tmp_path: Pa
 def test_a_silent_agent_is_lost_and_its_slot_goes_to_the_spare(tmp_path: Path, never_beat: bool) -> None:
     gate = threading.Event()
     scripts = [Script(gate=gate), Script(gate=gate), Script(gate=gate)]
-    c = Cluster(tmp_path, scripts, train_nodes=2, spare_nodes=1, node_timeout_s=0.3, startup_timeout_s=1.0)
+    c = Cluster(tmp_path, scripts, train_nodes=2, spare_nodes=1, node_timeout_s=1.0, startup_timeout_s=2.0)
     # n1's agent never runs: it beats a few times and falls silent, or never sends a first beat
     # (then it is lost after startup_timeout_s). Node 0 calls it lost; the spare n2 takes slot 1.
     if never_beat:
@@ -230,7 +230,7 @@ def test_slurm_confirms_the_lost_node_and_its_view_goes_into_the_failure(tmp_pat
     client = SlurmClient(fake, retry=RetryPolicy(max_attempts=1, jitter_s=0))
     gate = threading.Event()
     c = Cluster(tmp_path, [Script(gate=gate), Script(gate=gate), Script(gate=gate)], train_nodes=2,
-                spare_nodes=1, node_timeout_s=0.3, slurm=client)
+                spare_nodes=1, node_timeout_s=1.0, slurm=client)
     for tick in (1, 2, 3):
         c.sups[1].channel.beat(1, tick)
 
@@ -272,8 +272,8 @@ def test_requeue_without_slurm_becomes_a_stop(tmp_path: Path, executor: str) -> 
 def test_a_slow_agent_that_keeps_beating_is_not_lost(tmp_path: Path) -> None:
     # n1 takes 3 node timeouts to stop its ranks but beats meanwhile: it is slow, not lost.
     slow = threading.Event()
-    c = Cluster(tmp_path, [Script(), Script(on_stop=lambda: slow.wait(0.6)), Script(fail={0: F.USER_ERROR})],
-                node_timeout_s=0.2)
+    c = Cluster(tmp_path, [Script(), Script(on_stop=lambda: slow.wait(1.5)), Script(fail={0: F.USER_ERROR})],
+                node_timeout_s=0.5)
     c.run()
     assert c.decisions()[0] == (0, Action.RESTART, ())
     assert [e["cls"] for e in c.ledger.of("failure")] == ["user_error"]
