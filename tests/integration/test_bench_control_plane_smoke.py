@@ -2,8 +2,8 @@
 channels over a real TCPStore, one agent lost per size, its RESULT line complete.
 
 No timing thresholds: the figures have to exist and make sense (a loss is detected and decided,
-nothing is called lost in the fault-free window, the shared-file-system operations of a step are
-counted).
+nothing is called lost in the fault-free window, and a rank's heartbeat, written where the real
+agent tells it to, makes no shared-file-system operation per step).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def test_control_plane_bench_small_sizes(tmp_path) -> None:
     assert float(fields["node0_decide_s"]) <= float(fields["decide_s"]), fields
     assert float(fields["store_rps"]) > 0 and float(fields["rps_per_agent"]) > 0, fields
     assert fields["false_lost"] == "0", res.stdout  # nobody is called lost while all beat
-    assert float(fields["fs_ops_per_step"]) >= 0, res.stdout  # counted (opens, renames) per step
+    assert fields["fs_ops_per_step"] == "0", res.stdout  # a rank's step never touches the run dir
     for name in ("detect_exp", "decide_exp", "store_rps_exp"):
         float(fields[name])  # two sizes give a slope
     assert "growth exponent in N" in res.stdout and "vs torchrun" in res.stdout, res.stdout

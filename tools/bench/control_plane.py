@@ -23,7 +23,8 @@ Per N it measures:
   an agent lost before the fault is reported as one this machine does not hold);
 * fs_ops_per_step: shared-file-system operations (opens, renames, removes, listings, mkdirs:
   what Python's audit hooks report) under the run directory by a few sample training ranks,
-  per step, each beating through slurmkit.train.heartbeat as the trainer does;
+  per step, each beating through slurmkit.train.heartbeat as the trainer does, to the file
+  the real node agent names in their environment (NodeAgent.rank_env);
   agent_fs_ops_s: the same for the agents, per second of the window;
 * ledger_bytes_per_h: the ledger's growth in that window, per hour;
 * detect_s: one train node's agent dies (its threads freeze, its beats stop, Slurm calls the
@@ -457,14 +458,14 @@ def run_size(n: int, steady_s: float, sample_ranks: int, procs: int, fs: FsCount
         ledger_path = os.path.join(run_dir, LEDGER_NAME)
         size0 = os.path.getsize(ledger_path) if os.path.exists(ledger_path) else 0
         fs.root = os.path.abspath(run_dir) + os.sep
+        envs = rank_envs(run_dir, size.spec.names, sample_ranks)
         rpc0, _ = size.counts()
         lost0 = len(probe.lost)
         steps = [0] * sample_ranks
         window_over = threading.Event()
 
         def rank(i: int) -> None:  # a training rank's per-step heartbeat, as the trainer calls it
-            hb = Heartbeat.from_env({"SLURMKIT_RUN_DIR": run_dir, "SLURMKIT_GENERATION": "0",
-                                     "RANK": str(i)}, i)
+            hb = Heartbeat.from_env(envs[i], int(envs[i]["RANK"]))
             while not window_over.is_set():
                 if hb is not None:
                     hb.beat(steps[i])
@@ -512,6 +513,24 @@ def run_size(n: int, steady_s: float, sample_ranks: int, procs: int, fs: FsCount
         ledger_bytes_per_h=(size1 - size0) / window * 3600, detect_s=t_lost - t_kill,
         decide_s=t_applied - t_lost, node0_decide_s=d1 - d0,
         scan_channel_ms=scan_channel * 1e3, scan_serial_ms=scan_serial * 1e3, setup_s=setup_s)
+
+
+def rank_envs(run_dir: str, names: tuple[str, ...], k: int) -> list[dict[str, str]]:
+    """The environment the real node agent gives rank 0 of its first ``k`` nodes (where its
+    heartbeat file goes), from slurmkit.launch.agent.NodeAgent on this run directory, frozen
+    (config.yaml, layout.json) as submit freezes it."""
+    from slurmkit.launch.agent import NodeAgent
+    from slurmkit.launch.context import NodeContext
+    from slurmkit.submit import freeze
+
+    cfg = _config(len(names) - 1)
+    freeze(cfg, run_dir)
+    envs = []
+    for nr in range(k):
+        ctx = NodeContext(nr, len(names), names[nr], names, JOB_ID, 0, HOST, "slurm")
+        agent = NodeAgent(run_dir, cfg, ctx, {}, Ledger(os.path.join(run_dir, LEDGER_NAME)))
+        envs.append(agent.rank_env(0, 0, nr, 29500))
+    return envs
 
 
 def _time_scans(spec: Spec, n: int, repeats: int = 3) -> tuple[float, float]:
