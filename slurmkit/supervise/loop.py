@@ -428,8 +428,8 @@ class Supervisor:
                   file=sys.stderr, flush=True)
             return 1
         self.ledger.append("failure", generation=gen, cls=FailureClass.NODE_LOSS.value, rank=-1, node=node0,
-                           evidence=why, time_of_fault=time.time(), ranks_affected=[], slurm_view=[],
-                           decided_by=self.where.node_name)
+                           evidence=f"{why} (recorded by {self.where.node_name}, node rank 1)",
+                           time_of_fault=time.time(), ranks_affected=[], slurm_view=[])
         if self.slurm is None:
             reason = f"node_loss of node 0 ({node0}): {why}; no Slurm to requeue with (local mode)"
             self.ledger.append("decision", generation=gen, action=Action.STOP.value, reason=reason, exclude=[node0])
