@@ -100,10 +100,10 @@ def shared_node_main(rank: int, world: int, root: str, port: int, out: str, save
         real_commit = PrimaryWriter.commit
 
         def commit(self: PrimaryWriter, partial: str, manifest: Any,
-                   held: set[int] | None = None) -> Any:
+                   held: set[int] | None = None) -> None:
             if rank == bad_rank and manifest.step == bad_step and self.tier.name == "nvme":
                 raise TierError(f"injected commit failure on rank {rank}")
-            return real_commit(self, partial, manifest, held)  # the committed manifest
+            real_commit(self, partial, manifest, held)
 
         PrimaryWriter.commit = commit  # type: ignore[method-assign]
 
