@@ -23,6 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from slurmkit.contract import EXIT_CONFIG_ERROR, device_of
 from slurmkit.errors import ConfigError
+from slurmkit.procexit import leave
 from slurmkit.store.config import StoreConfig
 from slurmkit.train.config import ModelConfig, ParallelConfig, TrainConfig
 from slurmkit.train.faults import FaultInjector, parse_faults
@@ -168,21 +169,9 @@ def main() -> int:
 
 
 def exit_now(code: int) -> None:
-    """Flush and leave without interpreter finalization.
-
-    Every file, the store and the process groups are closed by now. What finalization would
-    still do is run C++ static destructors, and there gloo's transport threads can abort a
-    rank that already finished cleanly ("terminate called without an active exception",
-    SIGABRT, seen once in CI after ``train_finished``). The agent would read that as a crash.
-    """
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
-
+    """Leave without interpreter finalization: every file, the store and the process groups
+    are closed by now (see slurmkit.procexit)."""
+    leave(code)
 
 if __name__ == "__main__":
     exit_now(main())
