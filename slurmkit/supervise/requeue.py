@@ -8,6 +8,7 @@ started before the requeue, in its own session, because the requeue ends this jo
 from __future__ import annotations
 
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -78,7 +79,8 @@ def requeue_now(client: SlurmClient, job_id: str, exclude: tuple[str, ...] | lis
 def release_when_pending(client: SlurmClient, job_id: str, exclude: list[str],
                          timeout_s: float = RELEASE_TIMEOUT_S, *,
                          clock: Callable[[], float] = time.monotonic,
-                         sleep: Callable[[float], None] = time.sleep) -> bool:
+                         sleep: Callable[[float], None] = time.sleep,
+                         wall: Callable[[], float] = time.time) -> bool:
     """Once the requeued job is PENDING: exclude the bad nodes and make it eligible now."""
     deadline = clock() + timeout_s
     wait = POLL_FIRST_S
@@ -89,6 +91,12 @@ def release_when_pending(client: SlurmClient, job_id: str, exclude: list[str],
             log.warning("scontrol show job %s: %s", job_id, exc)
             info = None
         if info is not None and info.state == "PENDING":
+            # slurmd refuses a batch launch whose credential dates from the same second as the
+            # revocation of the previous attempt's ("Killing non-startable batch job: Job
+            # credential revoked", then the job ends FAILED: seen on the local cluster, released
+            # 0.25 s after the requeue onto the same node). Slurm's own requeue delay avoids
+            # it; releasing at once must let the second turn over first (at most 2 s).
+            sleep(max(math.floor(wall()) + 2 - wall(), 0.0))
             if exclude:
                 now_excluded = client.update_exclude(job_id, exclude)
                 print(f"job {job_id}: ExcNodeList={','.join(now_excluded)}", flush=True)

@@ -146,6 +146,20 @@ def test_release_waits_for_pending_with_backoff_then_excludes_and_releases(tmp_p
     assert ["scontrol", "update", f"jobid={job_id}", "StartTime=now"] in fake.calls
 
 
+def test_release_lets_the_wall_clock_second_turn_over_before_the_job_may_start(tmp_path: Path) -> None:
+    # slurmd refuses a launch whose credential is from the second the old one was revoked in.
+    fake, t = FakeSlurm(), Time()
+    job_id = _running_job(fake, tmp_path)
+    fake.run(["scontrol", "requeue", job_id])  # already PENDING at the first poll
+    release = ["scontrol", "update", f"jobid={job_id}", "StartTime=now"]
+    released_before_the_wait: list[bool] = []
+    t.on_sleep = lambda: released_before_the_wait.append(release in fake.calls)
+    assert release_when_pending(_client(fake, t), job_id, [], clock=t.clock, sleep=t.sleep,
+                                wall=lambda: 1_796_000_000.3 + (t.now - 500))
+    assert t.sleeps == [pytest.approx(1.7)]  # to 2 s past the second the requeue was seen in
+    assert released_before_the_wait == [False] and release in fake.calls
+
+
 def test_release_polls_a_never_pending_job_at_most_every_few_seconds(tmp_path: Path) -> None:
     fake, t = FakeSlurm(), Time()
     job_id = _running_job(fake, tmp_path)
