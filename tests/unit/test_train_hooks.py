@@ -15,7 +15,7 @@ import torch
 from slurmkit.errors import ConfigError
 from slurmkit.train import rng
 from slurmkit.train.faults import Fault, FaultInjector, nccl_error_line, parse_faults
-from slurmkit.train.heartbeat import Heartbeat, heartbeat_path, read_heartbeat
+from slurmkit.train.heartbeat import Heartbeat, heartbeat_path, local_heartbeat_path, read_heartbeat
 from slurmkit.train.schedule import lr_at
 from slurmkit.train.signals import StopRequest
 
@@ -33,7 +33,10 @@ def test_heartbeat_record_and_atomic_replace(tmp_path: Any) -> None:
 
 def test_heartbeat_path_from_env() -> None:
     assert heartbeat_path({"SLURMKIT_HEARTBEAT_FILE": "/x/hb.json"}, 1) == "/x/hb.json"
-    assert heartbeat_path({"SLURMKIT_RUN_DIR": "/r"}, 1) == "/r/heartbeat/rank1.json"
+    # Under a run directory the beat stays on the node, never on the shared file system.
+    local = heartbeat_path({"SLURMKIT_RUN_DIR": "/r"}, 1)
+    assert local == local_heartbeat_path("/r", 1, {"SLURMKIT_RUN_DIR": "/r"})
+    assert local is not None and not local.startswith("/r/") and local.endswith("/heartbeat/rank1.json")
     assert heartbeat_path({}, 1) is None
     assert Heartbeat.from_env({}, 0) is None
 
