@@ -159,6 +159,16 @@ class Cluster:
         return [(e["generation"], Action(e["action"]), tuple(e["exclude"])) for e in self.ledger.of("decision")]
 
 
+
+def open_gate_on_event(c: Cluster, event: str, gate: threading.Event) -> None:
+    """Let the scripted ranks finish once the ledger holds ``event`` (from a watcher thread)."""
+    def watch() -> None:
+        while not c.ledger.of(event):
+            threading.Event().wait(0.01)
+        gate.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+
 def test_a_clean_run_completes_on_every_node(tmp_path: Path) -> None:
     c = Cluster(tmp_path, [Script(), Script(), Script()])
     assert c.run() == {0: 0, 1: 0, 2: 0}
@@ -211,12 +221,7 @@ def test_a_silent_agent_is_lost_and_its_slot_goes_to_the_spare(tmp_path: Path, n
         for tick in (1, 2, 3):
             c.sups[1].channel.beat(1, tick)
 
-    def open_gate_on_replace() -> None:
-        while not c.ledger.of("exclusion"):
-            threading.Event().wait(0.01)
-        gate.set()
-
-    threading.Thread(target=open_gate_on_replace, daemon=True).start()
+    open_gate_on_event(c, "exclusion", gate)
     codes = c.run(agents=[0, 2])
     assert codes == {0: 0, 2: 0}
     assert c.decisions() == [(0, Action.REPLACE_NODE, ("n1",))]
@@ -236,12 +241,7 @@ def test_slurm_confirms_the_lost_node_and_its_view_goes_into_the_failure(tmp_pat
     for tick in (1, 2, 3):
         c.sups[1].channel.beat(1, tick)
 
-    def open_gate_on_replace() -> None:
-        while not c.ledger.of("exclusion"):
-            threading.Event().wait(0.01)
-        gate.set()
-
-    threading.Thread(target=open_gate_on_replace, daemon=True).start()
+    open_gate_on_event(c, "exclusion", gate)
     assert c.run(agents=[0, 2]) == {0: 0, 2: 0}
     assert c.decisions() == [(0, Action.REPLACE_NODE, ("n1",))]
     (failure,) = c.ledger.of("failure")
