@@ -162,7 +162,9 @@ def test_interval_flush_thread_writes_held_events(tmp_path) -> None:
     led.append("heartbeat", generation=0, node="n1", steps={"0": 1})
     thread = led._thread
     assert thread is not None and thread.daemon
-    while not os.path.exists(path):  # the flusher's own interval, no fixed sleep here
+    # wait for the flusher's own interval to pass, on the counter it bumps after the write
+    # returned (the file itself exists from the open(O_CREAT), before anything is in it)
+    while led.stats.flushes == 0:
         thread.join(0.01)
     assert events_of(path) == ["heartbeat"]
     led.close()
