@@ -8,7 +8,9 @@ The verbs that watch runs (status, runs, logs, cancel, submit.wait) read the sam
   only its first line and its last block (:func:`ledger_edges`).
 - ``metrics.jsonl`` (rank 0 of the reference trainer, one line per step): step, loss, tokens/s,
   MFU. Only its last complete line matters, read from the file's end (:func:`last_json_line`).
-- ``heartbeat/rank0.json``: the step of any program that beats, when there are no metrics.
+- rank 0's heartbeat, when there are no metrics: it is node-local (slurmkit.train.heartbeat),
+  so it is read only where the viewer runs on rank 0's node (a laptop run, or on node 0);
+  elsewhere the ledger's ``heartbeat`` samples carry the step.
 
 Run directories are on a shared file system and written by the job: every file here is
 untrusted input. Unreadable or torn lines are skipped, never fatal; values are type-checked
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,6 +33,7 @@ import yaml
 from slurmkit.errors import ConfigError
 from slurmkit.supervise.ledger import LEDGER_NAME
 from slurmkit.supervise.report import RunReport, summarize
+from slurmkit.train.heartbeat import LocalDirError, local_heartbeat_path, read_heartbeat
 
 METRICS_NAME = "metrics.jsonl"
 SWEEP_NAME = "sweep.json"
@@ -130,15 +134,19 @@ def ledger_edges(run_dir: str) -> list[dict[str, Any]]:
     return ([first] if first is not None and (not tail or tail[0] != first) else []) + tail
 
 
-def read_heartbeat_step(run_dir: str) -> int | None:
-    path = os.path.join(run_dir, "heartbeat", "rank0.json")
+def read_heartbeat_step(run_dir: str, env: Mapping[str, str] | None = None) -> int | None:
+    """Rank 0's step from its node-local heartbeat, when this machine holds it (None elsewhere:
+    the run directory holds no heartbeats, nothing on the shared file system is read here)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            beat = json.load(f)
-    except (OSError, ValueError):
+        path = local_heartbeat_path(run_dir, 0, os.environ if env is None else env)
+        st = os.lstat(path)
+    except (OSError, LocalDirError):
         return None
-    step = beat.get("step") if isinstance(beat, dict) else None
-    return step if isinstance(step, int) else None
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+        return None  # a link or another user's file is not this run's beat
+    beat = read_heartbeat(path)
+    step = beat.get("step") if beat is not None else None
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
 
 
 def read_config(run_dir: str) -> dict[str, Any]:

@@ -169,3 +169,28 @@ def test_heartbeat_samples_alone_recompute_the_summary_at_most_every_interval(tm
     run.checkpoint(32)  # any other event: the summary follows at once
     w.refresh()
     assert w.view.report is not second and w.view.checkpoints["nvme"] == 32
+
+
+def test_rank0_heartbeat_is_read_from_the_node_local_file_and_never_from_the_run_dir(tmp_path: Path) -> None:
+    from slurmkit.runview import read_heartbeat_step
+    from slurmkit.train.heartbeat import Heartbeat, local_heartbeat_path
+
+    run_dir = str(tmp_path / "run")
+    os.makedirs(os.path.join(run_dir, "heartbeat"))
+    env = {"SLURMKIT_NODE_LOCAL_DIR": str(tmp_path / "local"), "SLURMKIT_RUN_DIR": run_dir}
+    os.makedirs(env["SLURMKIT_NODE_LOCAL_DIR"])
+    # the layout before heartbeats left the shared file system: no longer a source
+    Path(run_dir, "heartbeat", "rank0.json").write_text('{"rank": 0, "step": 99}')
+    assert read_heartbeat_step(run_dir, env) is None
+    hb = Heartbeat.from_env(env, 0)
+    assert hb is not None
+    hb.beat(7)
+    assert hb.path == local_heartbeat_path(run_dir, 0, env)
+    assert read_heartbeat_step(run_dir, env) == 7
+    # untrusted: a link in its place, or a step that is not a step, reads as no beat
+    os.replace(hb.path, hb.path + ".real")
+    os.symlink(hb.path + ".real", hb.path)
+    assert read_heartbeat_step(run_dir, env) is None
+    os.unlink(hb.path)
+    Path(hb.path).write_text('{"rank": 0, "step": true}')
+    assert read_heartbeat_step(run_dir, env) is None
