@@ -1,0 +1,409 @@
+"""One campaign run on the real local cluster: submit, place each fault on the run's own
+events, inject it for real, and collect what the invariants need.
+
+Every wait is on a condition (a ledger event, a heartbeat step, a marker file, a Slurm state)
+with a deadline, never a fixed sleep. A node the driver killed is started again as soon as the
+supervisor has decided about it (so the next fault and the other jobs on the machine find the
+node back) and, whatever happens, in a ``finally``. The driver writes one ``fault_injected``
+event per fault into the run's ledger (source ``chaos``), so ``slurmkit report`` measures
+detection and lost work from the real fault times.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurmkit.supervise.ledger import Ledger, read_ledger
+from slurmkit.testing.chaos import procs
+from slurmkit.testing.chaos.invariants import Injected, RunFacts
+from slurmkit.testing.chaos.menu import AFTER_SAVE
+from slurmkit.testing.chaos.plan import PlannedFault, RunPlan, armed_spec, marker_name
+
+log = logging.getLogger(__name__)
+TERMINAL = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+            "BOOT_FAIL", "DEADLINE"]
+
+
+class RunOver(Exception):
+    """The job ended (or the run's deadline passed) while the driver waited for a trigger."""
+
+
+@dataclass
+class Cluster:
+    """The local cluster as the driver uses it: its environment and the repository's tools."""
+
+    env: dict[str, str]
+    repo: str
+    python: str = sys.executable
+    say: Callable[[str], None] = print
+
+    def local_cluster(self, *args: str) -> None:
+        subprocess.run([os.path.join(self.repo, "tools", "local-cluster"), *args], check=True,
+                       env=self.env, capture_output=True, timeout=120)
+
+    def slurm(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    def job_state(self, job_id: str) -> str:
+        res = self.slurm("sacct", "-j", job_id, "-X", "-n", "-P", "--format=State")
+        rows = [r.split()[0] for r in res.stdout.splitlines() if r.strip()]
+        return rows[-1] if rows else "UNKNOWN"
+
+    def restore_node(self, node: str, timeout_s: float = 180) -> None:
+        """Start the node's slurmd again and wait until Slurm takes jobs on it."""
+        self.local_cluster("start-node", node)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            state = self.slurm("sinfo", "-h", "-n", node, "-o", "%T").stdout.strip()
+            if state.startswith(("idle", "mixed", "allocated")) and "*" not in state:
+                return
+            if "down" in state or "drain" in state:
+                self.slurm("scontrol", "update", f"nodename={node}", "state=resume")
+            time.sleep(1)
+        raise RuntimeError(f"{node} did not come back within {timeout_s:.0f} s")
+
+
+@dataclass
+class Run:
+    """What one run of a plan left: the facts for the invariants, and the run's handles."""
+
+    plan: RunPlan
+    job_id: str
+    run_dir: str
+    facts: RunFacts
+    not_reached: list[str] = field(default_factory=list)
+    error: str = ""
+
+
+def overrides(plan: RunPlan, *, step_delay_s: float, name: str, faults: bool = True) -> list[str]:
+    args = ["+exp=tiny", f"train.steps={plan.steps}", f"train.ckpt_interval_steps={plan.interval}",
+            f"+job.env.SLURMKIT_STEP_DELAY_S={step_delay_s:g}", "supervisor.heartbeat_timeout_s=8",
+            f"supervisor.spare_nodes={plan.spare_nodes if faults else 0}", f"job.name={name}", *plan.extra]
+    spec = armed_spec(plan) if faults else ""
+    if spec:
+        args.append(f"+job.env.SLURMKIT_FAULT='{spec}'")
+    return args
+
+
+def submit(cluster: Cluster, args: list[str], run_root: str) -> tuple[str, str]:
+    os.makedirs(run_root, exist_ok=True)
+    res = subprocess.run([cluster.python, "-m", "slurmkit.submit", *args, f"submit.run_root={run_root}"],
+                         env=cluster.env, cwd=run_root, capture_output=True, text=True, timeout=180)
+    job = re.search(r"job (\S+) \((slurm|local)\)", res.stdout)
+    run_dir = re.search(r"run directory : (\S+)", res.stdout)
+    if res.returncode != 0 or not job or not run_dir:
+        raise RuntimeError(f"submit failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
+    return job.group(1), run_dir.group(1)
+
+
+def reference_digest(cluster: Cluster, plan: RunPlan, run_root: str, *, step_delay_s: float,
+                     timeout_s: float = 900) -> str:
+    """param_sha256 of the plan's run without any fault."""
+    job, run_dir = submit(cluster, overrides(plan, step_delay_s=step_delay_s, name="chaos-reference",
+                                             faults=False), run_root)
+    state = wait_terminal(cluster, job, timeout_s)
+    with open(os.path.join(run_dir, "final.json")) as f:
+        out = json.load(f)
+    if state != "COMPLETED" or out.get("step") != plan.steps:
+        raise RuntimeError(f"the reference run {run_dir} ended {state} at step {out.get('step')}")
+    return str(out["param_sha256"])
+
+
+def wait_terminal(cluster: Cluster, job_id: str, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    state = "UNKNOWN"
+    while time.monotonic() < deadline:
+        state = cluster.job_state(job_id)
+        if state.split()[0] in TERMINAL:
+            return state
+        time.sleep(1)
+    return state
+
+
+class Driver:
+    """Runs one plan; ``run()`` never leaves a node it killed down."""
+
+    def __init__(self, cluster: Cluster, plan: RunPlan, run_root: str, reference_sha: str, *,
+                 step_delay_s: float = 0.25, timeout_s: float = 900) -> None:
+        self.cluster, self.plan, self.run_root = cluster, plan, run_root
+        self.reference_sha = reference_sha
+        self.step_delay_s = step_delay_s
+        self.deadline = time.monotonic() + timeout_s
+        self.job_id = self.run_dir = ""
+        self.injected: list[Injected] = []
+        self.killed: set[str] = set()
+        self.down: set[str] = set()
+        self._state_checked = 0.0
+
+    # ------------------------------------------------------------------ observing
+    def events(self) -> list[dict[str, Any]]:
+        return list(read_ledger(os.path.join(self.run_dir, "ledger.jsonl")))
+
+    def over(self) -> bool:
+        if time.monotonic() > self.deadline:
+            return True
+        if time.monotonic() - self._state_checked < 3:
+            return False
+        self._state_checked = time.monotonic()
+        return self.cluster.job_state(self.job_id).split()[0] in TERMINAL
+
+    def wait(self, what: str, cond: Callable[[], Any], poll_s: float = 0.2) -> Any:
+        while True:
+            got = cond()
+            if got:
+                return got
+            if self.over():
+                raise RunOver(f"the job ended (or the run timed out) while waiting for {what}")
+            time.sleep(poll_s)
+
+    def ranks(self) -> dict[int, procs.Proc]:
+        return procs.ranks(procs.scan(self.run_dir, self.job_id))
+
+    def step_of(self, rank: int, pid: int) -> int:
+        """The rank's step from its node-local heartbeat, -1 unless written by ``pid``."""
+        from slurmkit.train.heartbeat import local_heartbeat_path
+
+        try:
+            with open(local_heartbeat_path(self.run_dir, rank)) as f:
+                hb = json.load(f)
+        except (OSError, ValueError):
+            return -1
+        return int(hb.get("step", -1)) if hb.get("pid") == pid else -1
+
+    def max_step(self) -> int | None:
+        steps = [self.step_of(r, p.pid) for r, p in self.ranks().items()]
+        steps = [s for s in steps if s >= 0]
+        return max(steps) if steps else None
+
+    def _after(self, name: str, t: float, **match: Any) -> dict[str, Any] | None:
+        return next((e for e in self.events() if e.get("event") == name and float(e["t"]) > t
+                     and all(e.get(k) == v for k, v in match.items())), None)
+
+    # ------------------------------------------------------------------ placing
+    def resumed_after(self, t: float) -> dict[str, Any]:
+        return self.wait("training to resume", lambda: self._after("train_started", t))
+
+    def wait_after_save(self, f: PlannedFault, since: float) -> int:
+        """Block until ``f.saves`` new checkpoints since training resumed after ``since``, plus
+        ``f.offset`` steps; returns the step the save trigger aims at."""
+        start = self.resumed_after(since)
+        base_t, base_step = float(start["t"]), int(start["step"])
+
+        def saved() -> int | None:
+            steps = sorted({int(e["step"]) for e in self.events() if e.get("event") == "ckpt_saved"
+                            and float(e["t"]) >= base_t and int(e["step"]) > base_step})
+            return steps[f.saves - 1] if len(steps) >= f.saves else None
+
+        return int(self.wait(f"{f.saves} checkpoint(s) after step {base_step}", saved)) + f.offset
+
+    def wait_step(self, rank: int, step: int) -> tuple[procs.Proc, int]:
+        def reached() -> tuple[procs.Proc, int] | None:
+            p = self.ranks().get(rank)
+            if p is None:
+                return None
+            s = self.step_of(rank, p.pid)
+            return (p, s) if s >= step else None
+
+        return self.wait(f"rank {rank} at step {step}", reached, poll_s=0.05)
+
+    def wait_restarting(self, since: float) -> float:
+        """The previous fault's recovery: a decision (or a requeue) after ``since``, then the
+        ranks of the next generation started. Returns when they did."""
+        def decided() -> dict[str, Any] | None:
+            return self._after("decision", since) or self._after("requeue", since)
+
+        d = self.wait("the decision about the previous fault", decided)
+        started = self.wait("the next generation's ranks", lambda: self._after("ranks_started", float(d["t"])))
+        return float(started["t"])
+
+    def phase(self, since: float) -> str:
+        return "training" if self._after("train_started", since) else "restarting"
+
+    # ------------------------------------------------------------------ injecting
+    def mark(self, f: PlannedFault, t: float, step: int | None, nodes: tuple[str, ...] = (),
+             ranks: tuple[int, ...] = (), phase: str = "training") -> None:
+        self.injected.append(Injected(f.kind, f.moment, t, step, nodes, ranks, phase))
+        fields: dict[str, Any] = {"time": t, "moment": f.moment, "phase": phase, "seed": self.plan.seed}
+        if step is not None:
+            fields["step"] = step
+        if nodes:
+            fields["node"] = nodes[0]
+        if ranks:
+            fields["rank"] = ranks[0]
+        Ledger(os.path.join(self.run_dir, "ledger.jsonl"), source="chaos").append("fault_injected", kind=f.kind,
+                                                                                   **fields)
+        self.cluster.say(f"  seed {self.plan.seed}: injected {f.describe()} at step {step} ({phase})")
+
+    def node_of_slot(self, slot: int) -> str:
+        rank = slot * self.plan.ranks_per_node
+        p = self.wait(f"the process of rank {rank}", lambda: self.ranks().get(rank))
+        return p.node
+
+    def inject(self, f: PlannedFault, since: float) -> float:
+        """Place and inject ``f``; returns the time it hit."""
+        restart_t = since
+        if f.moment == AFTER_SAVE:
+            aim = self.wait_after_save(f, since)
+        else:
+            restart_t = self.wait_restarting(since)
+            aim = -1
+        kind = f.kind
+        if kind == "nccl_abort":
+            return self.arm_nccl(f, aim)
+        if kind in ("rank_sigkill", "rank_sigstop", "two_at_once"):
+            if aim >= 0:
+                p, step = self.wait_step(f.target, aim)
+            else:
+                p = self.wait(f"rank {f.target} of the next generation", lambda: self.ranks().get(f.target))
+                step = None
+            phase = self.phase(restart_t) if aim < 0 else "training"
+            t = time.time()
+            os.kill(p.pid, signal.SIGSTOP if kind == "rank_sigstop" else signal.SIGKILL)
+            hit = [f.target]
+            nodes = [p.node]
+            if kind == "two_at_once":
+                time.sleep(0.3)  # the fault itself: a second kill 0.3 s after the first
+                q = self.ranks().get(f.second)
+                if q is not None:
+                    os.kill(q.pid, signal.SIGKILL)
+                    hit.append(f.second)
+                    nodes.append(q.node)
+            self.mark(f, t, step, tuple(nodes), tuple(hit), phase)
+            return t
+        if aim >= 0:
+            self.wait_step(0, aim)
+        step = self.max_step() if aim >= 0 else None
+        phase = self.phase(restart_t) if aim < 0 else "training"
+        if kind == "node_loss":
+            node = self.node_of_slot(f.target)
+            t = time.time()
+            self.killed.add(node)
+            self.down.add(node)
+            self.cluster.local_cluster("kill-node", node)
+            self.mark(f, t, step, (node,), (), phase)
+            self.bring_back_after_decision(node, t)
+            return t
+        if kind == "agent_sigkill":
+            node = self.node_of_slot(f.target)
+            agent = self.wait(f"the agent on {node}", lambda: procs.newest(
+                [p for p in procs.scan(self.run_dir, self.job_id) if procs.is_agent(p) and p.node == node]))
+            t = time.time()
+            os.kill(agent.pid, signal.SIGKILL)
+            self.mark(f, t, step, (node,), (), phase)
+            return t
+        if kind == "time_limit_warning":
+            shell = self.wait("the batch shell", lambda: procs.newest(
+                [p for p in procs.scan(self.run_dir, self.job_id) if procs.is_batch_shell(p)]))
+            t = time.time()
+            os.kill(shell.pid, signal.SIGUSR1)
+            self.mark(f, t, step, (shell.node,), (), phase)
+            return t
+        raise ValueError(f"the driver cannot inject {kind!r}")
+
+    def arm_nccl(self, f: PlannedFault, aim: int) -> float:
+        """Remove the once-marker of a step ahead of the rank: it prints the NCCL line and aborts
+        before that step; the trainer writes the marker again as it fires."""
+        p = self.wait(f"rank {f.target}", lambda: self.ranks().get(f.target))
+        now = self.step_of(f.target, p.pid)
+        step = min(max(aim, now + 2), self.plan.steps)  # before_step(step) runs after step-1 is done
+        marker = os.path.join(self.run_dir, "faults", marker_name(f.target, step))
+        os.unlink(marker)
+        self.wait(f"the NCCL abort of rank {f.target} before step {step}", lambda: os.path.exists(marker))
+        t = os.stat(marker).st_mtime
+        self.mark(f, t, step - 1, (p.node,), (f.target,), "training")
+        return t
+
+    def write_markers(self) -> None:
+        spec = armed_spec(self.plan)
+        if not spec:
+            return
+        d = os.path.join(self.run_dir, "faults")
+        os.makedirs(d, exist_ok=True)
+        for item in spec.split(";"):
+            _, rank, step, _ = item.split(":")
+            fd = os.open(os.path.join(d, marker_name(int(rank), int(step))), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            os.close(fd)
+
+    def bring_back_after_decision(self, node: str, t: float) -> None:
+        try:
+            self.wait(f"the decision about {node}", lambda: self._after("decision", t))
+        finally:
+            self.bring_back(node)
+
+    def bring_back(self, node: str) -> None:
+        if node in self.down:
+            self.cluster.restore_node(node)
+            self.down.discard(node)
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> Run:
+        name = f"chaos-{self.plan.seed}"
+        self.job_id, self.run_dir = submit(self.cluster, overrides(self.plan, step_delay_s=self.step_delay_s,
+                                                                   name=name), self.run_root)
+        not_reached: list[str] = []
+        error = ""
+        try:
+            self.write_markers()
+            since = 0.0
+            for i, f in enumerate(self.plan.faults):
+                try:
+                    since = self.inject(f, since)
+                except RunOver as exc:
+                    not_reached = [g.describe() for g in self.plan.faults[i:]]
+                    error = str(exc)
+                    break
+            state = wait_terminal(self.cluster, self.job_id, max(60.0, self.deadline - time.monotonic()))
+            if state.split()[0] not in TERMINAL:
+                self.cluster.slurm("scancel", self.job_id)
+                error = (error + "; " if error else "") + f"run timed out ({state}); cancelled"
+                state = wait_terminal(self.cluster, self.job_id, 120)
+        finally:
+            for node in sorted(self.down):
+                try:
+                    self.bring_back(node)
+                except Exception as exc:  # noqa: BLE001 - say it, try the others
+                    self.cluster.say(f"  could not bring {node} back: {exc}")
+        leftover = self.leftover()
+        final = None
+        try:
+            with open(os.path.join(self.run_dir, "final.json")) as fh:
+                final = json.load(fh)
+        except (OSError, ValueError):
+            pass
+        facts = RunFacts(self.events(), self.plan.interval, self.plan.steps, self.reference_sha,
+                         state.split()[0], final, list(self.injected), frozenset(self.killed), leftover)
+        return Run(self.plan, self.job_id, self.run_dir, facts, not_reached, error)
+
+    def leftover(self, grace_s: float = 60) -> list[str]:
+        """Processes of the job still alive once Slurm says it ended (slurmd cleans up
+        asynchronously: waited for, up to ``grace_s``)."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            left = procs.scan(self.run_dir, self.job_id)
+            if not left or time.monotonic() > deadline:
+                return [f"pid {p.pid} on {p.node or '?'} state {p.state}: {' '.join(p.cmdline)[:120]}"
+                        for p in left]
+            time.sleep(0.5)
+
+
+def diagnose(run: Run) -> str:
+    """The ledger without heartbeats, one short line per event: what a failing seed prints."""
+    lines = []
+    for e in sorted(run.facts.events, key=lambda e: float(e["t"])):
+        if e.get("event") == "heartbeat":
+            continue
+        short = {k: v for k, v in e.items() if k in (
+            "t", "event", "source", "generation", "step", "cls", "rank", "node", "action", "reason",
+            "status", "exit_code", "exclude", "nodes", "kind", "phase", "tier")}
+        lines.append(json.dumps(short)[:300])
+    return "\n".join(lines)

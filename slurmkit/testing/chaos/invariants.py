@@ -1,0 +1,265 @@
+"""The invariants a campaign run must keep, as pure functions over what was observed.
+
+Input is a :class:`RunFacts`: the ledger's events, Slurm's final state, ``final.json``, the
+reference digest of the same run without faults, and what the driver did (the faults it
+injected, the nodes it killed, the processes it found left). Each check returns a
+:class:`Check` with a detail a person can act on; nothing here touches the cluster, so every
+check is unit-tested on hand-made ledgers, including ones that must fail.
+
+- ``completes``: Slurm says COMPLETED, the ledger ends ``completed`` and ``final.json`` holds
+  the last step (no implemented menu item asks for a stop with 93, so a 93 is a failure);
+- ``bit_exact``: the final parameters' sha256 equals the uninterrupted run's;
+- ``lost_steps``: per fault, the step reached when it hit (for a fault in a restart: the newest
+  checkpoint written before it) minus the step training resumed from afterwards is at most one
+  checkpoint interval; a fault after which training never resumed fails;
+- ``healthy_excluded``: every node excluded (spare replacement or requeue) was killed by the
+  campaign, or failed twice with a node-suspect class (the policy's documented repeat rule);
+- ``no_leftover_processes``: no process of the job is alive on any node once it ended;
+- ``ledger_consistent``: every failure has a decision, every decision its outcome (restart and
+  replacement: the next generation's ranks start; requeue: a requeue and a new allocation;
+  stop: an ``end``), every time-limit checkpoint a requeue; every injected fault was noticed
+  and every failure is explained by an injected fault;
+- ``goodput``: reported, never failed (productive time / wall time, slurmkit.supervise.report).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurmkit.supervise.classes import CLASS_INFO, FailureClass
+
+Event = Mapping[str, Any]
+NOTICE_KINDS = {"time_limit_warning": ("checkpointed_on_signal", "failure")}
+
+
+@dataclass(frozen=True)
+class Injected:
+    """One fault the driver injected: when (epoch s), at which step (None: while restarting)."""
+
+    kind: str
+    moment: str
+    t: float
+    step: int | None
+    nodes: tuple[str, ...] = ()
+    ranks: tuple[int, ...] = ()
+    phase: str = ""  # what the run was doing when it hit: "training" or "restarting"
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    events: Sequence[Event]
+    interval: int
+    steps: int
+    reference_sha: str
+    job_state: str
+    final: Mapping[str, Any] | None
+    injected: Sequence[Injected]
+    killed_nodes: frozenset[str] = frozenset()
+    leftover: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    value: Any = None  # the figure behind it (lost steps, excluded nodes, goodput)
+
+
+@dataclass
+class Verdict:
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def get(self, name: str) -> Check:
+        return next(c for c in self.checks if c.name == name)
+
+
+def _t(e: Event) -> float:
+    return float(e["t"])
+
+
+def _of(events: Sequence[Event], *names: str) -> list[Event]:
+    return [e for e in events if e.get("event") in names]
+
+
+def ordered(events: Sequence[Event]) -> list[Event]:
+    """Time-ordered, heartbeats left out (the writers share this machine's clock)."""
+    return sorted((e for e in events if e.get("event") != "heartbeat"), key=_t)
+
+
+# ------------------------------------------------------------------ the checks
+
+def completes(f: RunFacts) -> Check:
+    ends = _of(f.events, "end")
+    last = ends[-1] if ends else {}
+    step = (f.final or {}).get("step")
+    ok = f.job_state == "COMPLETED" and last.get("status") == "completed" and step == f.steps
+    return Check("completes", ok, f"slurm {f.job_state}, ledger end {last.get('status', 'none')} "
+                 f"(exit {last.get('exit_code', '-')}{', ' + str(last.get('reason')) if last.get('reason') else ''}), "
+                 f"final step {step} of {f.steps}")
+
+
+def bit_exact(f: RunFacts) -> Check:
+    got = (f.final or {}).get("param_sha256")
+    ok = got is not None and got == f.reference_sha
+    return Check("bit_exact", ok, f"param_sha256 {str(got)[:16]} vs reference {f.reference_sha[:16]}")
+
+
+def _saved_before(events: Sequence[Event], t: float) -> int | None:
+    steps = [int(e["step"]) for e in _of(events, "ckpt_saved", "ckpt_durable", "checkpointed_on_signal")
+             if _t(e) <= t and e.get("step") is not None]
+    return max(steps, default=None)
+
+
+def lost_per_fault(f: RunFacts) -> list[tuple[Injected, int | None, int | None]]:
+    """(fault, step at risk, step resumed from) per injected fault."""
+    starts = _of(ordered(f.events), "train_started")
+    out = []
+    for fault in f.injected:
+        at_risk = fault.step if fault.step is not None else _saved_before(f.events, fault.t)
+        after = next((e for e in starts if _t(e) > fault.t), None)
+        out.append((fault, at_risk, None if after is None else int(after["step"])))
+    return out
+
+
+def lost_steps(f: RunFacts) -> Check:
+    worst, bad = 0, []
+    for fault, at_risk, resumed in lost_per_fault(f):
+        if resumed is None:
+            bad.append(f"{fault.kind} at t={fault.t:.1f}: training never resumed")
+            continue
+        lost = max(0, (at_risk or 0) - resumed)
+        worst = max(worst, lost)
+        if lost > f.interval:
+            bad.append(f"{fault.kind} at step {at_risk}: resumed from {resumed}, {lost} steps lost "
+                       f"> interval {f.interval}")
+    return Check("lost_steps", not bad, "; ".join(bad) or f"max {worst} step(s) lost per fault "
+                 f"(interval {f.interval})", worst)
+
+
+def _excluded(events: Sequence[Event]) -> set[str]:
+    out = {str(n) for e in _of(events, "exclusion") for n in e.get("nodes") or []}
+    return out | {str(n) for e in _of(events, "requeue") for n in e.get("exclude") or []}
+
+
+def _repeat_rule(events: Sequence[Event]) -> set[str]:
+    """Nodes with two node-suspect failures: the policy excludes them by design."""
+    counts: Counter[str] = Counter()
+    for e in _of(events, "failure"):
+        try:
+            suspect = CLASS_INFO[FailureClass(str(e.get("cls")))].suspect_node
+        except ValueError:
+            suspect = False
+        if suspect and e.get("node"):
+            counts[str(e["node"])] += 1
+    return {n for n, k in counts.items() if k >= 2}
+
+
+def healthy_excluded(f: RunFacts) -> Check:
+    excluded = _excluded(f.events)
+    rule = _repeat_rule(f.events) - f.killed_nodes
+    healthy = sorted(excluded - f.killed_nodes - rule)
+    detail = (f"excluded {sorted(excluded) or 'none'}; killed {sorted(f.killed_nodes) or 'none'}"
+              + (f"; by the repeat rule {sorted(rule & excluded)}" if rule & excluded else ""))
+    if healthy:
+        detail = f"healthy node(s) {healthy} excluded; " + detail
+    return Check("healthy_excluded", not healthy, detail, len(healthy))
+
+
+def no_leftover_processes(f: RunFacts) -> Check:
+    return Check("no_leftover_processes", not f.leftover,
+                 "none" if not f.leftover else "left: " + "; ".join(f.leftover), len(f.leftover))
+
+
+def _outcome_problem(d: Event, later: Sequence[Event]) -> str | None:
+    action, gen = d.get("action"), d.get("generation")
+    if action in ("restart", "replace_node"):
+        if not any(e.get("event") == "ranks_started" and gen is not None and e.get("generation") == gen + 1
+                   for e in later):
+            return f"decision {action} (generation {gen}) but no ranks of generation {gen + 1 if gen is not None else '?'} started"
+        return None
+    if action == "requeue":
+        rq = next((i for i, e in enumerate(later) if e.get("event") == "requeue"), None)
+        if rq is None:
+            return f"decision requeue (generation {gen}) but no requeue event"
+        if not any(e.get("event") == "allocation_start" for e in later[rq:]):
+            return f"decision requeue (generation {gen}) requeued, but no new allocation started"
+        return None
+    if action == "stop":
+        if not any(e.get("event") == "end" and e.get("status") == "stopped" for e in later):
+            return f"decision stop (generation {gen}) but no end 'stopped'"
+        return None
+    return f"decision with unknown action {action!r}"
+
+
+def ledger_consistent(f: RunFacts) -> Check:
+    ev = ordered(f.events)
+    problems: list[str] = []
+    for i, e in enumerate(ev):
+        kind = e.get("event")
+        if kind == "failure":
+            nxt = next((x for x in ev[i + 1:] if x.get("event") in ("decision", "failure")), None)
+            if nxt is None or nxt.get("event") != "decision":
+                problems.append(f"failure {e.get('cls')} (generation {e.get('generation')}) has no decision")
+        elif kind == "decision":
+            p = _outcome_problem(e, ev[i + 1:])
+            if p:
+                problems.append(p)
+        elif kind == "checkpointed_on_signal" and e.get("signal") == "time_limit":
+            rq = next((j for j, x in enumerate(ev[i + 1:]) if x.get("event") == "requeue"), None)
+            if rq is None or not any(x.get("event") == "allocation_start" for x in ev[i + 1 + rq:]):
+                problems.append(f"time-limit checkpoint at step {e.get('step')} without a requeue "
+                                "and a new allocation")
+    problems += _noticed(f, ev) + _explained(f, ev)
+    return Check("ledger_consistent", not problems, "; ".join(problems) or
+                 f"{len(_of(ev, 'failure'))} failure(s), {len(_of(ev, 'decision'))} decision(s), "
+                 "each with its outcome")
+
+
+def _noticed(f: RunFacts, ev: Sequence[Event]) -> list[str]:
+    out = []
+    for fault in f.injected:
+        names = NOTICE_KINDS.get(fault.kind, ("failure",))
+        if not any(e.get("event") in names and _t(e) >= fault.t for e in ev):
+            out.append(f"{fault.kind} injected at t={fault.t:.1f} was never noticed (no {' or '.join(names)})")
+    return out
+
+
+def _explained(f: RunFacts, ev: Sequence[Event]) -> list[str]:
+    """Each failure consumes one injected fault before it (two_at_once may cause two)."""
+    credits = sorted((fault.t, 2 if fault.kind == "two_at_once" else 1) for fault in f.injected)
+    pending: list[list[float]] = []
+    out = []
+    for e in _of(ev, "failure"):
+        while credits and credits[0][0] <= _t(e):
+            t, n = credits.pop(0)
+            pending.append([t, n])
+        live = [p for p in pending if p[1] > 0]
+        if not live:
+            out.append(f"failure {e.get('cls')} on {e.get('node')} (rank {e.get('rank')}) at "
+                       f"t={_t(e):.1f} follows no injected fault")
+            continue
+        live[0][1] -= 1
+    return out
+
+
+def goodput(f: RunFacts) -> Check:
+    from slurmkit.supervise.report import summarize
+
+    g = summarize(list(f.events)).goodput
+    return Check("goodput", True, f"{g:.3f}", g)
+
+
+CHECKS = (completes, bit_exact, lost_steps, healthy_excluded, no_leftover_processes,
+          ledger_consistent, goodput)
+
+
+def verdict(f: RunFacts) -> Verdict:
+    return Verdict([check(f) for check in CHECKS])

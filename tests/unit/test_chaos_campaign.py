@@ -1,0 +1,55 @@
+"""The campaign's command line and summary, without a cluster."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+import pytest
+
+from slurmkit.testing.chaos.campaign import RunSummary, main, parse_seeds, result_line
+from slurmkit.testing.chaos.invariants import Check, Verdict
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def summary(seed: int, *, ok: bool = True, lost: int = 2, healthy: int = 0, goodput: float = 0.5,
+            injected: int = 4) -> RunSummary:
+    checks = [Check("completes", ok, ""), Check("bit_exact", ok, ""), Check("lost_steps", True, "", lost),
+              Check("healthy_excluded", healthy == 0, "", healthy), Check("no_leftover_processes", True, "", 0),
+              Check("ledger_consistent", True, ""), Check("goodput", True, "", goodput)]
+    return RunSummary(seed, injected, injected, Verdict(checks), f"tools/chaos --seed {seed}")
+
+
+def test_seed_lists() -> None:
+    assert parse_seeds("1-3,9") == [1, 2, 3, 9]
+    assert parse_seeds("7") == [7]
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_seeds("a-3")
+
+
+def test_result_line_sums_the_runs() -> None:
+    line = result_line([summary(1, goodput=0.4), summary(2, ok=False, lost=3, goodput=0.6, injected=5),
+                        summary(3, healthy=1, goodput=0.5)])
+    assert line.startswith("RESULT ")
+    fields = dict(kv.split("=") for kv in line.split()[1:])
+    assert fields["runs"] == "3" and fields["faults"] == "13"
+    assert fields["survived"] == "2" and fields["bit_exact"] == "2"
+    assert fields["max_lost_steps"] == "3" and fields["healthy_excluded"] == "1"
+    assert fields["goodput_median"] == "0.500"
+    assert fields["failed_seeds"] == "2,3"
+
+
+def test_plan_only_prints_the_plans_and_touches_no_cluster() -> None:
+    out: list[str] = []
+    assert main(["--seeds", "1-3", "--plan-only"], say=out.append) == 0
+    assert [line.split(":")[0] for line in out] == ["seed 1", "seed 2", "seed 3"]
+
+
+def test_the_tool_runs_from_a_checkout() -> None:
+    res = subprocess.run([sys.executable, os.path.join(REPO, "tools", "chaos"), "--menu"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "NOT YET" in res.stdout and "node_loss" in res.stdout

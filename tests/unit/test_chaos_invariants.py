@@ -1,0 +1,181 @@
+"""The campaign's invariants on hand-made ledgers: a healthy run passes every check, and each
+broken run fails exactly the check that names what broke."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from slurmkit.testing.chaos.invariants import Injected, RunFacts, lost_per_fault, verdict
+
+REF = "a" * 64
+T0 = 1_000_000.0
+
+
+def ev(dt: float, event: str, **fields) -> dict:
+    return {"t": T0 + dt, "event": event, **fields}
+
+
+def good_ledger() -> list[dict]:
+    """A rank SIGKILLed at step 10 (interval 4), restarted from step 8, then a node lost at
+    step 22 and the job requeued without it, resumed from 20, completed at 32."""
+    return [
+        ev(0, "submitted", job_id="5"),
+        ev(1, "allocation_start", job_id="5", nodes=["node1", "node2"], train_nodes=["node1", "node2"]),
+        ev(2, "ranks_started", generation=0, node="node1"),
+        ev(2.1, "ranks_started", generation=0, node="node2"),
+        ev(5, "train_started", step=0, generation=0),
+        ev(7, "heartbeat", generation=0, node="node1", steps={"0": 3, "1": 3}),
+        ev(8, "ckpt_saved", step=4, tier="nvme"),
+        ev(12, "ckpt_saved", step=8, tier="nvme"),
+        ev(14, "fault_injected", kind="rank_sigkill", step=10),
+        ev(15, "failure", generation=0, cls="rank_crash", rank=3, node="node2"),
+        ev(15.1, "decision", generation=0, action="restart"),
+        ev(16, "ranks_started", generation=1, node="node1"),
+        ev(16.1, "ranks_started", generation=1, node="node2"),
+        ev(20, "train_started", step=8, generation=1),
+        ev(24, "ckpt_saved", step=12, tier="nvme"),
+        ev(32, "ckpt_saved", step=20, tier="nvme"),
+        ev(34, "fault_injected", kind="node_loss", node="node2", step=22),
+        ev(40, "failure", generation=1, cls="node_loss", rank=-1, node="node2"),
+        ev(40.1, "decision", generation=1, action="requeue", exclude=["node2"]),
+        ev(40.2, "exclusion", nodes=["node2"], how="requeue"),
+        ev(40.3, "requeue", job_id="5", reason="node loss", exclude=["node2"]),
+        ev(50, "allocation_start", job_id="5", nodes=["node1", "node3"], train_nodes=["node1", "node3"]),
+        ev(51, "ranks_started", generation=0, node="node1"),
+        ev(55, "train_started", step=20, generation=0),
+        ev(60, "ckpt_saved", step=24, tier="nvme"),
+        ev(70, "train_finished", step=32, generation=0),
+        ev(71, "end", status="completed", exit_code=0, generation=0),
+    ]
+
+
+def good_facts(**changes) -> RunFacts:
+    facts = RunFacts(
+        events=good_ledger(), interval=4, steps=32, reference_sha=REF, job_state="COMPLETED",
+        final={"step": 32, "param_sha256": REF},
+        injected=[Injected("rank_sigkill", "after_save", T0 + 14, 10, ("node2",), (3,)),
+                  Injected("node_loss", "after_save", T0 + 34, 22, ("node2",))],
+        killed_nodes=frozenset({"node2"}))
+    return replace(facts, **changes)
+
+
+def failing(facts: RunFacts) -> set[str]:
+    return {c.name for c in verdict(facts).checks if not c.ok}
+
+
+def drop(events: list[dict], name: str, **match) -> list[dict]:
+    return [e for e in events if not (e["event"] == name and all(e.get(k) == v for k, v in match.items()))]
+
+
+def test_a_healthy_run_passes_every_check() -> None:
+    v = verdict(good_facts())
+    assert v.ok, [(c.name, c.detail) for c in v.checks if not c.ok]
+    assert v.get("lost_steps").value == 2
+    assert v.get("healthy_excluded").value == 0
+    assert 0.0 < v.get("goodput").value <= 1.0
+
+
+def test_a_stop_with_93_does_not_complete() -> None:
+    events = good_ledger()[:-3] + [ev(70, "end", status="stopped", exit_code=93, reason="crash loop")]
+    assert "completes" in failing(good_facts(events=events, job_state="FAILED", final=None))
+    assert "bit_exact" in failing(good_facts(events=events, job_state="FAILED", final=None))
+
+
+def test_completed_but_short_of_the_last_step_does_not_complete() -> None:
+    assert failing(good_facts(final={"step": 28, "param_sha256": REF})) == {"completes"}
+
+
+def test_different_parameters_are_not_bit_exact() -> None:
+    assert failing(good_facts(final={"step": 32, "param_sha256": "b" * 64})) == {"bit_exact"}
+
+
+def test_resuming_from_an_older_checkpoint_loses_too_many_steps() -> None:
+    events = [dict(e, step=0) if e["event"] == "train_started" and e["t"] == T0 + 20 else e
+              for e in good_ledger()]
+    assert failing(good_facts(events=events)) == {"lost_steps"}
+    (first, at_risk, resumed), _ = lost_per_fault(good_facts(events=events))
+    assert (at_risk, resumed) == (10, 0)
+
+
+def test_a_fault_in_a_restart_risks_the_checkpoint_being_restored() -> None:
+    """No step at the fault: the newest checkpoint before it is what must not be lost."""
+    restarting = Injected("rank_sigkill", "during_restart", T0 + 16.5, None, ("node1",), (0,), "restarting")
+    events = good_ledger()
+    facts = good_facts(events=events, injected=[*good_facts().injected[:1], restarting,
+                                                  good_facts().injected[1]])
+    events.insert(12, ev(16.6, "failure", generation=1, cls="rank_crash", rank=0, node="node1"))
+    events.insert(13, ev(16.7, "decision", generation=1, action="restart"))
+    events.insert(14, ev(17, "ranks_started", generation=2, node="node1"))
+    assert [r for _, r, _ in lost_per_fault(facts)][1] == 8
+    assert verdict(facts).ok
+    worse = [dict(e, step=4) if e["event"] == "train_started" and e["t"] == T0 + 20 else e for e in events]
+    assert "lost_steps" in failing(replace(facts, events=worse))
+
+
+def test_training_that_never_resumes_after_a_fault_fails_lost_steps() -> None:
+    late = Injected("rank_sigkill", "after_save", T0 + 65, 26, ("node1",), (1,))
+    assert "lost_steps" in failing(good_facts(injected=[*good_facts().injected, late]))
+
+
+def test_excluding_a_node_the_campaign_did_not_kill_is_a_healthy_exclusion() -> None:
+    facts = good_facts(killed_nodes=frozenset())
+    assert failing(facts) == {"healthy_excluded"}
+    assert verdict(facts).get("healthy_excluded").value == 1
+
+
+def test_two_suspect_failures_on_a_node_justify_its_exclusion() -> None:
+    events = good_ledger()
+    for e in events:
+        if e["event"] == "failure":
+            e["cls"], e["node"] = "hang", "node2"
+    assert "healthy_excluded" not in failing(good_facts(events=events, killed_nodes=frozenset()))
+
+
+def test_processes_left_after_the_end_fail() -> None:
+    facts = good_facts(leftover=["pid 77 on node2 state T: python -m slurmkit.train"])
+    assert failing(facts) == {"no_leftover_processes"}
+
+
+def test_a_failure_without_a_decision_is_inconsistent() -> None:
+    events = drop(good_ledger(), "decision", action="restart")
+    assert "ledger_consistent" in failing(good_facts(events=events))
+
+
+def test_a_restart_decision_without_the_next_generation_is_inconsistent() -> None:
+    events = drop(good_ledger(), "ranks_started", generation=1)
+    assert "ledger_consistent" in failing(good_facts(events=events))
+
+
+def test_a_requeue_decision_without_a_new_allocation_is_inconsistent() -> None:
+    events = [e for e in good_ledger() if not (e["event"] == "allocation_start" and e["t"] > T0 + 40)]
+    assert "ledger_consistent" in failing(good_facts(events=events))
+    assert "ledger_consistent" in failing(good_facts(events=drop(good_ledger(), "requeue")))
+
+
+def test_a_time_limit_checkpoint_without_a_requeue_is_inconsistent() -> None:
+    events = good_ledger()
+    events.insert(-1, ev(70.5, "checkpointed_on_signal", generation=0, signal="time_limit", step=32))
+    assert "ledger_consistent" in failing(good_facts(events=events))
+
+
+def test_a_fault_nobody_noticed_is_inconsistent() -> None:
+    quiet = Injected("rank_sigstop", "after_save", T0 + 66, 26, ("node1",), (1,))
+    facts = good_facts(injected=[*good_facts().injected, quiet])
+    assert "ledger_consistent" in failing(facts)
+    assert "never noticed" in verdict(facts).get("ledger_consistent").detail
+
+
+def test_a_failure_no_fault_explains_is_inconsistent() -> None:
+    facts = good_facts(injected=good_facts().injected[:1])
+    assert "follows no injected fault" in verdict(facts).get("ledger_consistent").detail
+
+
+def test_two_faults_at_once_may_explain_two_failures() -> None:
+    both = Injected("two_at_once", "after_save", T0 + 14, 10, ("node1", "node2"), (0, 3))
+    events = good_ledger()
+    events.insert(10, ev(15.05, "failure", generation=0, cls="rank_crash", rank=0, node="node1"))
+    events.insert(11, ev(15.07, "decision", generation=0, action="restart"))
+    facts = good_facts(events=events, injected=[both, good_facts().injected[1]])
+    assert "follows no injected fault" not in verdict(facts).get("ledger_consistent").detail
+    one = replace(facts, injected=[replace(both, kind="rank_sigkill"), good_facts().injected[1]])
+    assert "follows no injected fault" in verdict(one).get("ledger_consistent").detail

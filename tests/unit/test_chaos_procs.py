@@ -1,0 +1,61 @@
+"""Finding a run's processes: a directory laid out like /proc, and this machine's real /proc."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from slurmkit.testing.chaos import procs
+
+
+def fake_proc(root, pid: int, env: dict[str, str], argv: list[str], state: str = "S", start: int = 100) -> None:
+    d = root / str(pid)
+    d.mkdir()
+    (d / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
+    (d / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in argv))
+    rest = [state] + ["0"] * 18 + [str(start)] + ["0"] * 10
+    (d / "stat").write_text(f"{pid} (python) " + " ".join(rest))
+
+
+def test_scan_finds_the_runs_processes_newest_rank_wins_zombies_and_others_are_left_out(tmp_path) -> None:
+    root = tmp_path / "proc"
+    root.mkdir()
+    run = str(tmp_path / "run")
+    os.makedirs(run)
+    train = ["python", "-m", "slurmkit.train"]
+    fake_proc(root, 10, {"SLURMKIT_RUN_DIR": run, "RANK": "1", "SLURMD_NODENAME": "node1"}, train, start=100)
+    fake_proc(root, 11, {"SLURMKIT_RUN_DIR": run, "RANK": "1", "SLURMD_NODENAME": "node3"}, train, start=200)
+    fake_proc(root, 12, {"SLURMKIT_RUN_DIR": run, "RANK": "0", "SLURMD_NODENAME": "node1"}, train, "Z")
+    fake_proc(root, 13, {"SLURMKIT_RUN_DIR": run, "SLURMKIT_NODE_RANK": "1", "SLURMD_NODENAME": "node3"},
+              ["python", "-u", "-m", "submitit.core._submit", run + "/submitit"])
+    fake_proc(root, 14, {"SLURM_JOB_ID": "42", "SLURMD_NODENAME": "node1"},
+              ["/bin/bash", "/spool/node1/job00042/slurm_script"])
+    fake_proc(root, 15, {"SLURMKIT_RUN_DIR": str(tmp_path / "other"), "RANK": "0"}, train)
+    fake_proc(root, 16, {"SLURM_JOB_ID": "43"}, ["/bin/bash", "slurm_script"])
+    (root / "self").mkdir()
+
+    found = procs.scan(run, "42", proc_root=str(root))
+    assert sorted(p.pid for p in found) == [10, 11, 13, 14]
+    ranks = procs.ranks(found)
+    assert list(ranks) == [1] and ranks[1].pid == 11 and ranks[1].node == "node3"
+    assert [p.pid for p in found if procs.is_agent(p)] == [13]
+    assert [p.pid for p in found if procs.is_batch_shell(p)] == [14]
+    assert procs.scan(run, None, proc_root=str(root)) and 14 not in {p.pid for p in procs.scan(run, None, str(root))}
+
+
+def test_scan_sees_a_real_stopped_process_of_the_run(tmp_path) -> None:
+    run = str(tmp_path)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             env={**os.environ, "SLURMKIT_RUN_DIR": run})
+    try:
+        os.kill(child.pid, signal.SIGSTOP)  # what a hang fault leaves if nobody cleans up
+        _, status = os.waitpid(child.pid, os.WUNTRACED)  # returns once the child is stopped
+        assert os.WIFSTOPPED(status)
+        seen = {p.pid: p for p in procs.scan(run)}
+        assert seen[child.pid].state == "T"
+    finally:
+        child.kill()
+        child.wait()
+    assert child.pid not in {p.pid for p in procs.scan(run)}
