@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from omegaconf import MISSING
 
 from slurmkit.errors import ConfigError
+from slurmkit.health.config import HealthConfig
 from slurmkit.store.config import StoreConfig
 from slurmkit.topology.config import TopologyConfig
 from slurmkit.train.config import ModelConfig, ParallelConfig, TrainConfig
@@ -165,3 +166,4 @@ class SlurmkitConfig:
     store: StoreConfig = MISSING  # its default instance is invalid (no tier): conf/store/ fills it
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)  # pre-flight checks (slurmkit.health)

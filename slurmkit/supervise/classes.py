@@ -21,6 +21,7 @@ class FailureClass(str, Enum):
     PREEMPTION = "preemption"
     NODE_LOSS = "node_loss"
     PEER_FAILURE = "peer_failure"  # a rank saw a peer disappear: a symptom, never the cause
+    PREFLIGHT = "preflight"  # the node failed its pre-flight checks (slurmkit.health) before its ranks
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class ClassInfo:
     restartable: bool  # restarting the same code on the same nodes can help
     suspect_node: bool  # the failing rank's node is suspect (exclude it when it repeats)
     secondary: bool = False  # a symptom of another rank's failure
+    bad_node: bool = False  # the node is bad at once: exclude it without waiting for a repeat
 
 
 CLASS_INFO: dict[FailureClass, ClassInfo] = {
@@ -45,4 +47,5 @@ CLASS_INFO: dict[FailureClass, ClassInfo] = {
     FailureClass.PREEMPTION: ClassInfo(False, False),
     FailureClass.NODE_LOSS: ClassInfo(True, True),
     FailureClass.PEER_FAILURE: ClassInfo(True, False, secondary=True),
+    FailureClass.PREFLIGHT: ClassInfo(True, True, bad_node=True),
 }

@@ -113,7 +113,7 @@ class Failure:
 # When one rank shows several kinds of evidence, the most telling wins (lower = stronger).
 # A traceback outranks a signal exit: the exception is why the rank went down, the abort that
 # may follow at interpreter exit is how.
-_STRENGTH = {F.NODE_LOSS: 0, F.GPU_OOM: 1, F.HOST_OOM: 1, F.CONFIG_ERROR: 1, F.NCCL_TIMEOUT: 2,
+_STRENGTH = {F.NODE_LOSS: 0, F.PREFLIGHT: 0, F.GPU_OOM: 1, F.HOST_OOM: 1, F.CONFIG_ERROR: 1, F.NCCL_TIMEOUT: 2,
              F.WATCHDOG_STUCK: 2, F.NCCL_SYNC: 3, F.NCCL_ERROR: 3, F.HANG: 4, F.TIME_LIMIT: 4,
              F.PREEMPTION: 4, F.USER_ERROR: 5, F.RANK_CRASH: 6, F.PEER_FAILURE: 9}
 
@@ -142,7 +142,9 @@ def root_cause(evidence: Iterable[Evidence]) -> Failure | None:
         cls, decisive = _rank_class(items)
         first = min(e.time for e in items if not CLASS_INFO[e.cls].secondary) \
             if any(not CLASS_INFO[e.cls].secondary for e in items) else min(e.time for e in items)
-        summaries.append((CLASS_INFO[cls].secondary, cls != F.NODE_LOSS, first, rank, node, cls, decisive))
+        # A lost node, or one its own pre-flight found bad, explains whatever its peers saw.
+        summaries.append((CLASS_INFO[cls].secondary, cls not in (F.NODE_LOSS, F.PREFLIGHT), first, rank, node,
+                          cls, decisive))
     summaries.sort(key=lambda s: (s[0], s[1], s[2], s[3]))
     secondary, _, first, rank, node, cls, decisive = summaries[0]
     return Failure(cls=cls, rank=rank, node=node, time=first, evidence=decisive.detail,

@@ -76,6 +76,7 @@ EVENTS: dict[str, EventSpec] = {
                                "job_state:str"),
     "channel_refused": _spec("detail:str", "generation:int node:str"),
     "spare_lost": _spec("node:str", "why:str silent_s:num"),
+    "preflight": _spec("node:str verdict:str", "generation:int duration_s:num waited_s:num checks:list"),
     "ledger_write_failed": _spec("failures:int error:str", "errno:str? first_failure_t:num "
                                                             "held:int dropped:int node:str"),
     # --- rank 0 of the trainer

@@ -78,6 +78,10 @@ class RankMonitor:
             if trigger and self.triggered is None:
                 self.triggered = ev
 
+    def report(self, ev: Evidence) -> None:
+        """Evidence the agent found itself (a failed pre-flight): it ends the generation."""
+        self._record(ev, True)
+
     # ------------------------------------------------------------ callbacks from threads
     def on_line(self, rank: int, line: str) -> None:
         cls = classify_line(line)

@@ -119,7 +119,8 @@ def decide(failure: Failure, history: History, ckpt_step: int | None, limits: Li
         return Decision(Action.STOP, f"{where}; {h.restarts_without_progress} failures in a row "
                         f"without checkpoint progress (last checkpoint step {ckpt_step}): a crash loop"), h
     repeated = {n for n, k in per_node.items() if k >= 2}
-    bad = sorted((set(lost_nodes) | repeated) - h.retired)
+    at_once = {failure.node} if info.bad_node and failure.node else set()  # e.g. a failed pre-flight
+    bad = sorted((set(lost_nodes) | repeated | at_once) - h.retired)
     if bad:
         if len(spare_nodes) >= len(bad):
             return (Decision(Action.REPLACE_NODE, f"{where}; replacing {','.join(bad)} with a spare",

@@ -21,7 +21,8 @@ def captured(name: str) -> list[str]:
         return [ln.rstrip("\n") for ln in f if ln.strip() and not ln.startswith("# ")]
 
 
-LINE_CLASSES = [c for c in FailureClass if c not in (F.HANG, F.RANK_CRASH)]  # these print nothing
+# These print nothing: a hang and a crash are seen from outside, a pre-flight by the agent itself.
+LINE_CLASSES = [c for c in FailureClass if c not in (F.HANG, F.RANK_CRASH, F.PREFLIGHT)]
 TABLE = [(cls, line) for cls in LINE_CLASSES for line in captured(cls.value)]
 
 

@@ -1,0 +1,65 @@
+"""Schema of the pre-flight checks (conf/health/). Owned by the health package."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from slurmkit.errors import ConfigError
+
+# Xid codes that mean the GPU or its links need a person (NVIDIA's Xid catalogue): double-bit
+# ECC (48), internal micro-controller faults (61, 62), row-remapping events and failures (63, 64),
+# NVLink errors (74), fallen off the bus (79), high single-bit ECC rate (92), contained and
+# uncontained ECC errors (94, 95), GSP errors (119, 120), unrecovered ECC (140). Xids from an
+# application's own bugs (13, 31, 43, ...) are counted in the figures but fail nothing.
+DEFAULT_BAD_XIDS = [48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140]
+
+
+@dataclass
+class HealthConfig:
+    """Pre-flight checks run on every node before each generation's ranks start.
+
+    All checks run at the same time, so a pre-flight takes about the longest check: a few
+    seconds. A check that passes its deadline gets its own timeout verdict (a hung GPU query is
+    a bad node, a hung shared file system is ``wait``)."""
+
+    enabled: bool = True
+    timeout_s: float = 5.0  # deadline of each node check (GPUs, kernel log, NVMe, site commands)
+    gpus: bool = True  # count the GPUs (and their uncorrected ECC errors) with nvidia-smi
+    nvidia_smi: str = "nvidia-smi"  # the executable (a name on PATH or a path)
+    # Kernel log read for Xid and hardware errors since the last check: /dev/kmsg, or a text
+    # file (kern.log style, one message per line). "" = off. $VARS expand ($SLURMKIT_NODE too).
+    kernel_log: str = "/dev/kmsg"
+    kernel_log_lookback_s: float = 3600.0  # the first check of an agent looks back this far
+    bad_xids: list[int] = field(default_factory=lambda: list(DEFAULT_BAD_XIDS))
+    nvme_min_free_gb: float = 1.0  # free space the NVMe tier needs at least (also: newest save)
+    nvme_probe_mb: float = 16.0  # bytes written (and fsynced) to measure the write speed
+    nvme_min_write_mb_s: float = 50.0  # below this the NVMe is failing (0 = no speed floor)
+    shared_timeout_s: float = 5.0  # the shared tiers (lustre, object) answer within this, or: wait
+    wait_max_s: float = 120.0  # re-check "wait" verdicts this long, then start the ranks anyway
+    wait_retry_s: float = 5.0  # between those re-checks
+    # Site health commands, each an argv list run without a shell (exit 0 = healthy node), e.g.
+    # [[/opt/site/nodecheck, --quick]]. Their output is captured (the last output_max_bytes).
+    extra_commands: list[list[str]] = field(default_factory=list)
+    output_max_bytes: int = 4096
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "shared_timeout_s", "wait_retry_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"health.{name}={getattr(self, name)}", "a positive number of seconds",
+                                  f"set health.{name}=5")
+        for name in ("kernel_log_lookback_s", "nvme_min_free_gb", "nvme_probe_mb",
+                     "nvme_min_write_mb_s", "wait_max_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"health.{name}={getattr(self, name)}", "a value >= 0",
+                                  f"set health.{name}=0 or more")
+        if self.output_max_bytes < 1:
+            raise ConfigError(f"health.output_max_bytes={self.output_max_bytes}", "at least 1 byte",
+                              "set health.output_max_bytes=4096")
+        for cmd in self.extra_commands:
+            if not cmd or not all(isinstance(a, str) and a for a in cmd):
+                raise ConfigError(f"health.extra_commands entry {cmd!r}",
+                                  "a non-empty argv list of non-empty strings (run without a shell)",
+                                  "write each command as a list, e.g. health.extra_commands=[[/opt/site/check,--quick]]")
+            if any(any(ord(c) < 32 or ord(c) == 127 for c in a) for a in cmd):
+                raise ConfigError(f"health.extra_commands entry {cmd!r} holds a control character",
+                                  "plain arguments", "remove the control characters from the command")

@@ -1,0 +1,157 @@
+"""The pre-flight of one node of a run: which checks, the verdict, the ledger record, and the
+evidence the supervisor acts on.
+
+The node agent (slurmkit.launch.agent) runs it before each generation's ranks start. Every
+attempt is one ``preflight`` ledger event with each check's verdict, figures and message. A
+``bad_node`` verdict becomes one agent Evidence of class ``preflight`` (rank -1): the agent
+starts no ranks, the generation fails through the usual path, and node 0's policy marks the
+node bad at once (slurmkit.supervise.classes: ``bad_node``), so a spare takes its place or the
+job is requeued without it before any training step. A ``wait`` verdict (the shared tiers do not
+answer) is re-checked for ``health.wait_max_s``; then the ranks start anyway, the verdict in the
+ledger: the store copes with a shared tier that is down, a run that never starts does not.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from slurmkit.errors import ConfigError
+from slurmkit.health.config import HealthConfig
+from slurmkit.health.extra import check_name, run_site_command
+from slurmkit.health.gpus import check_gpus
+from slurmkit.health.kernel_log import KernelLogCheck, open_source
+from slurmkit.health.result import CheckResult, Verdict, overall, skipped
+from slurmkit.health.runner import Check, Timeout, run_checks
+from slurmkit.health.storage import MIB, GIB, check_nvme, check_remote, check_shared_path
+
+log = logging.getLogger(__name__)
+
+_NODE_FIX = "drain the node (scontrol update nodename=<node> state=drain reason=preflight) and check it"
+_BAD_TIMEOUT = Timeout(Verdict.BAD_NODE, "every node check answers within health.timeout_s", _NODE_FIX)
+_WAIT_TIMEOUT = Timeout(Verdict.WAIT, "the shared tiers answer within health.shared_timeout_s",
+                        "wait for the shared file system or object store (this node is not the cause)")
+_SKIP_TIMEOUT = Timeout(Verdict.SKIPPED, "the kernel log reads within health.timeout_s",
+                        "check the kernel log source (health.kernel_log)")
+
+
+class Ledger(Protocol):
+    def append(self, event: str, **fields: Any) -> Any: ...
+
+
+def _fixed(result: CheckResult) -> Callable[[], CheckResult]:
+    return lambda: result
+
+
+def build_checks(health: HealthConfig, store: Any, *, gpus_planned: int, node: str,
+                 env: Mapping[str, str]) -> list[Check]:
+    """The checks of ``node`` for a run with store config ``store`` (a StoreConfig) and
+    ``gpus_planned`` GPUs per node. ``env`` expands the tier URIs and the kernel log path
+    ($SLURMKIT_RUN_DIR, $SLURMKIT_NODE, ...)."""
+    from slurmkit.store.config import store_env
+    from slurmkit.store.tier import expand_env, make_tier
+
+    env = {**env, "SLURMKIT_NODE": node}
+    t = health.timeout_s
+    checks = []
+    if health.gpus:
+        checks.append(Check("gpus", lambda: check_gpus(gpus_planned, health.nvidia_smi, env, t), t, _BAD_TIMEOUT))
+    if health.kernel_log:
+        try:
+            klog: Callable[[], CheckResult] = KernelLogCheck(open_source(expand_env(health.kernel_log, env)),
+                                                             health.bad_xids, health.kernel_log_lookback_s)
+        except ConfigError as exc:
+            klog = _fixed(skipped("kernel_log", exc.detected))
+        checks.append(Check("kernel_log", klog, t, _SKIP_TIMEOUT))
+    try:
+        senv = store_env(store, env)
+        nvme = make_tier("nvme", f"{store.nvme_uri.rstrip('/')}/{node}", senv) if store.nvme_uri else None
+        shared = [make_tier(n, u, senv, store.s3_profile if n == "object" else "")
+                  for n, u in (("lustre", store.lustre_uri), ("object", store.object_uri)) if u]
+    except ConfigError as exc:
+        checks.append(Check("tiers", _fixed(skipped("tiers", f"checkpoint tiers not checked: {exc.detected}")),
+                            t, _SKIP_TIMEOUT))
+        nvme, shared = None, []
+    nvme_path = nvme.local_path("") if nvme is not None else None
+    if nvme_path is not None:
+        checks.append(Check("nvme", lambda: check_nvme(
+            nvme_path, min_free_bytes=int(health.nvme_min_free_gb * GIB),
+            probe_bytes=int(health.nvme_probe_mb * MIB), min_write_mb_s=health.nvme_min_write_mb_s), t, _BAD_TIMEOUT))
+    for tier in shared:
+        path = tier.local_path("")
+        name = f"shared:{tier.name}"
+        run: Callable[[], CheckResult]
+        if path is not None:
+            run = functools.partial(check_shared_path, name, path)
+        else:
+            run = functools.partial(check_remote, name, tier)
+        checks.append(Check(name, run, health.shared_timeout_s, _WAIT_TIMEOUT))
+    for argv in health.extra_commands:
+        site = functools.partial(run_site_command, argv, env, t, health.output_max_bytes)
+        checks.append(Check(check_name(argv), site, t + 1.0, _BAD_TIMEOUT))  # its own timeout kills it first: this is the backstop
+    return checks
+
+
+class Preflight:
+    """One node's pre-flight, kept by its agent across generations (the kernel log's cursor
+    lives in its check)."""
+
+    def __init__(self, checks: list[Check], node: str, ledger: Ledger, *, wait_max_s: float,
+                 wait_retry_s: float, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.checks, self.node, self.ledger = checks, node, ledger
+        self.wait_max_s, self.wait_retry_s = wait_max_s, wait_retry_s
+        self.clock, self.sleep = clock, sleep
+        self.last: list[CheckResult] = []
+
+    def _record(self, gen: int, results: list[CheckResult], verdict: Verdict, took_s: float, waited_s: float) -> None:
+        self.ledger.append("preflight", generation=gen, node=self.node, verdict=verdict.value,
+                           duration_s=round(took_s, 4), waited_s=round(waited_s, 3),
+                           checks=[r.to_json() for r in results])
+        for r in results:
+            if r.verdict in (Verdict.BAD_NODE, Verdict.WAIT):
+                log.warning("pre-flight %s on %s: %s: %s", r.name, self.node, r.verdict.value, r.message)
+
+    def run(self, gen: int) -> Any:
+        """Run the checks (re-checking ``wait`` ones); the Evidence of a bad node, or None when
+        the ranks may start."""
+        from slurmkit.supervise.classes import FailureClass
+        from slurmkit.supervise.classify import Evidence
+
+        t0 = self.clock()
+        checks = self.checks
+        results: dict[str, CheckResult] = {}
+        while True:
+            t = self.clock()
+            for r in run_checks(checks, clock=self.clock):
+                results[r.name] = r
+            got = [results[c.name] for c in self.checks]
+            verdict = overall(got)
+            self.last = got
+            self._record(gen, got, verdict, self.clock() - t, t - t0)
+            if verdict == Verdict.BAD_NODE:
+                worst = [r for r in got if r.verdict == Verdict.BAD_NODE]
+                detail = "; ".join(f"pre-flight {r.name}: {r.message}" for r in worst)
+                return Evidence(time.time(), self.node, -1, "agent", FailureClass.PREFLIGHT, detail)
+            if verdict != Verdict.WAIT:
+                return None
+            if self.clock() - t0 >= self.wait_max_s:
+                log.warning("pre-flight on %s: still waiting after %.0f s; starting the ranks anyway",
+                            self.node, self.clock() - t0)
+                return None
+            self.sleep(self.wait_retry_s)
+            checks = [c for c in self.checks if results[c.name].verdict == Verdict.WAIT]
+
+
+def node_preflight(cfg: Any, layout: Any, run_dir: str, node: str, env: Mapping[str, str],
+                   ledger: Ledger) -> Preflight | None:
+    """The agent's pre-flight for ``node`` of the run in ``run_dir`` (None: health.enabled=false)."""
+    health: HealthConfig = cfg.health
+    if not health.enabled:
+        return None
+    checks = build_checks(health, cfg.store, gpus_planned=layout.gpus_per_node, node=node,
+                          env={**env, "SLURMKIT_RUN_DIR": run_dir})
+    return Preflight(checks, node, ledger, wait_max_s=health.wait_max_s, wait_retry_s=health.wait_retry_s)

@@ -1,0 +1,168 @@
+"""The pre-flight of one node: deadlines, the wait loop, the ledger record, the evidence and what
+the supervisor's policy does with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+
+import pytest
+
+from slurmkit.config import compose
+from slurmkit.errors import ConfigError
+from slurmkit.health.cli import main as health_cli
+from slurmkit.health.config import HealthConfig
+from slurmkit.health.preflight import Preflight, build_checks
+from slurmkit.health.result import Verdict, bad, ok, wait
+from slurmkit.health.runner import Check, Timeout, run_checks
+from slurmkit.supervise.classes import CLASS_INFO, FailureClass
+from slurmkit.supervise.classify import Evidence, root_cause
+from slurmkit.supervise.ledger import Ledger, read_ledger
+from slurmkit.supervise.policy import Action, History, Limits, decide
+
+# No "[seconds since boot]" stamp: the emulated line counts whatever this machine's uptime.
+XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=2811, GPU has fallen off the bus.\n"
+BAD_T = Timeout(Verdict.BAD_NODE, "answers", "drain it")
+WAIT_T = Timeout(Verdict.WAIT, "answers", "wait")
+
+
+# ------------------------------------------------------------------ the runner
+def test_a_hung_check_gets_its_timeout_verdict_and_is_not_started_twice() -> None:
+    release = threading.Event()
+    calls = []
+
+    def hung():
+        calls.append(1)
+        release.wait(60)
+        return ok("fs", "late")
+
+    fs = Check("fs", hung, 0.2, WAIT_T)
+    quick = Check("gpus", lambda: ok("gpus", "fine"), 5.0, BAD_T)
+    first = run_checks([fs, quick])
+    assert [r.verdict for r in first] == [Verdict.WAIT, Verdict.OK] and first[0].figures["timed_out"] is True
+    again = run_checks([fs])  # the first probe is still stuck: no second thread piles up on it
+    assert again[0].verdict == Verdict.WAIT and "still blocked" in again[0].detected and len(calls) == 1
+    release.set()
+    fs._thread.join(5)  # type: ignore[union-attr]
+    assert run_checks([fs])[0].verdict == Verdict.OK and len(calls) == 2
+
+
+def test_a_check_that_raises_is_skipped_not_a_bad_node() -> None:
+    def broken():
+        raise KeyError("unexpected")
+
+    (r,) = run_checks([Check("x", broken, 5.0, BAD_T)])
+    assert r.verdict == Verdict.SKIPPED and "KeyError" in r.detected
+
+
+# ------------------------------------------------------------------ Preflight
+def ledger_events(path: str) -> list[dict]:
+    return list(read_ledger(path))
+
+
+def test_bad_node_is_recorded_and_becomes_preflight_evidence(tmp_path) -> None:
+    path = str(tmp_path / "ledger.jsonl")
+    led = Ledger(path, source="agent:node2")  # validates every event against the schema
+    checks = [Check("gpus", lambda: ok("gpus", "8 GPUs", gpus_found=8), 5, BAD_T),
+              Check("nvme", lambda: bad("nvme", "0.00 GiB free", "1 GiB free", "free space", free_gb=0.0), 5, BAD_T)]
+    ev = Preflight(checks, "node2", led, wait_max_s=60, wait_retry_s=1).run(gen=3)
+    led.close()
+    assert isinstance(ev, Evidence) and ev.cls == FailureClass.PREFLIGHT and ev.node == "node2" and ev.rank == -1
+    assert "pre-flight nvme: Detected: 0.00 GiB free" in ev.detail and "gpus" not in ev.detail
+    (rec,) = [e for e in ledger_events(path) if e["event"] == "preflight"]
+    assert rec["verdict"] == "bad_node" and rec["generation"] == 3 and rec["node"] == "node2"
+    assert [(c["name"], c["verdict"]) for c in rec["checks"]] == [("gpus", "ok"), ("nvme", "bad_node")]
+    assert rec["checks"][1]["figures"] == {"free_gb": 0.0}
+
+
+def test_wait_is_rechecked_then_the_ranks_start() -> None:
+    now = [0.0]
+    answers = iter([wait("shared:lustre", "hung", "answers", "wait")] * 2 + [ok("shared:lustre", "back")])
+    calls = {"gpus": 0}
+
+    def gpus():
+        calls["gpus"] += 1
+        return ok("gpus", "fine")
+
+    events: list[tuple[str, dict]] = []
+
+    class L:
+        def append(self, event, **fields):
+            events.append((event, fields))
+
+    pf = Preflight([Check("gpus", gpus, 5, BAD_T), Check("shared:lustre", lambda: next(answers), 5, WAIT_T)],
+                   "node1", L(), wait_max_s=100, wait_retry_s=10, clock=lambda: now[0],
+                   sleep=lambda s: now.__setitem__(0, now[0] + s))
+    assert pf.run(0) is None
+    assert [f["verdict"] for _, f in events] == ["wait", "wait", "ok"] and calls["gpus"] == 1  # only waits rerun
+    assert [f["waited_s"] for _, f in events] == [0.0, 10.0, 20.0]
+
+    events.clear()
+    stuck = Preflight([Check("shared:lustre", lambda: wait("shared:lustre", "hung", "a", "b"), 5, WAIT_T)],
+                      "node1", L(), wait_max_s=30, wait_retry_s=10, clock=lambda: now[0],
+                      sleep=lambda s: now.__setitem__(0, now[0] + s))
+    assert stuck.run(1) is None  # a shared tier that stays down is no reason to drop this node
+    assert [f["verdict"] for _, f in events] == ["wait"] * 4
+
+
+def test_build_checks_from_a_config_and_an_emulated_kernel_log(tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    (tmp_path / "klog").mkdir()
+    (tmp_path / "klog" / "node2.log").write_text(XID_79)
+    (tmp_path / "klog" / "node1.log").write_text("")
+    cfg = compose(["+exp=tiny", "cluster=local", f"health.kernel_log={tmp_path}/klog/$SLURMKIT_NODE.log",
+                   f"health.extra_commands=[[{sys.executable},-c,pass]]"])
+    env = {"SLURMKIT_RUN_DIR": str(run_dir), "PATH": os.environ["PATH"]}
+    names = [c.name for c in build_checks(cfg.health, cfg.store, gpus_planned=0, node="node1", env=env)]
+    assert names == ["gpus", "kernel_log", "nvme", "shared:lustre", "site:" + os.path.basename(sys.executable)]
+    by_node = {}
+    for node in ("node1", "node2"):
+        results = run_checks(build_checks(cfg.health, cfg.store, gpus_planned=0, node=node, env=env))
+        by_node[node] = {r.name: r for r in results}
+    assert by_node["node1"]["kernel_log"].verdict == Verdict.OK
+    assert by_node["node2"]["kernel_log"].verdict == Verdict.BAD_NODE
+    assert by_node["node1"]["nvme"].verdict == Verdict.OK and (run_dir / "ckpt" / "nvme" / "node1").is_dir()
+    assert by_node["node1"]["gpus"].verdict == Verdict.SKIPPED
+
+
+def test_health_config_is_validated() -> None:
+    with pytest.raises(ConfigError, match="health.timeout_s"):
+        HealthConfig(timeout_s=0)
+    with pytest.raises(ConfigError, match="argv list"):
+        HealthConfig(extra_commands=[[]])
+    with pytest.raises(ConfigError, match="control character"):
+        HealthConfig(extra_commands=[["/bin/check", "a\nb"]])
+    with pytest.raises(ConfigError):
+        compose(["+exp=tiny", "cluster=local", "health.no_such_key=1"])
+    assert compose(["+exp=tiny", "cluster=local", "health=off"]).health.enabled is False
+
+
+# ------------------------------------------------------------------ the supervisor's side
+def test_a_failed_preflight_is_the_root_cause_and_the_node_is_replaced_at_once() -> None:
+    pre = Evidence(100.0, "node2", -1, "agent", FailureClass.PREFLIGHT, "pre-flight nvme: Detected: full")
+    # The other node's ranks were started and then killed by the stop: later, and only symptoms.
+    crash = Evidence(101.0, "node1", 0, "exit", FailureClass.RANK_CRASH, "returncode -9")
+    failure = root_cause([crash, pre])
+    assert failure is not None and failure.cls == FailureClass.PREFLIGHT and failure.node == "node2"
+    assert CLASS_INFO[FailureClass.PREFLIGHT].bad_node
+    limits = Limits(5, 3)
+    d, h = decide(failure, History(), None, limits, spare_nodes=["node3"], lost_nodes=[])
+    assert d.action == Action.REPLACE_NODE and d.exclude == ("node2",)  # the first time, no repeat needed
+    d, _ = decide(failure, History(), None, limits, spare_nodes=[], lost_nodes=[])
+    assert d.action == Action.REQUEUE and d.exclude == ("node2",)
+
+
+def test_cli_prints_the_checks_and_exits_with_the_verdict(tmp_path, capsys) -> None:
+    (tmp_path / "k.log").write_text(XID_79)
+    env = {"SLURMKIT_RUN_DIR": str(tmp_path / "run"), "PATH": os.environ["PATH"]}
+    args = ["--json", "--node", "nodeX", "+exp=tiny", "cluster=local", "health.nvme_probe_mb=1"]
+    assert health_cli(args, env=dict(env)) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["node"] == "nodeX" and out["verdict"] == "ok"
+    assert {c["name"] for c in out["checks"]} >= {"gpus", "kernel_log", "nvme", "shared:lustre"}
+    assert health_cli([*args, f"health.kernel_log={tmp_path}/k.log"], env=dict(env)) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] == "bad_node"
+    assert health_cli(["+exp=tiny", "cluster=local", "health.timeout_s=-1"], env=dict(env)) == 3
