@@ -183,6 +183,22 @@ class Channel:
     def _count(self, key: str) -> int:
         return int(self.store.add(key, 0))
 
+    def _set_once(self, key: str, value: object) -> None:
+        """Set ``key`` unless an agent of this run set it first. A squatter's value (not sealed
+        with the token, planted before the agent wrote) is deleted and the write tried once
+        more, so a stranger cannot block a failure, evidence or decision by writing first."""
+        sealed = self._seal(key, value)
+        for _ in range(2):
+            current = self.store.compare_set(key, "", sealed)
+            if current in (sealed, sealed.encode()):
+                return
+            try:
+                self._open(key, current)
+                return  # another agent of this run was first: its message stands
+            except ChannelError as exc:
+                log.error("%s", exc)
+                self.store.delete_key(key)
+
     def _node(self, value: object, key: str) -> str:
         if not isinstance(value, str) or value not in self.nodes:
             raise ChannelError(f"store key {key} names node {value!r}",
@@ -219,7 +235,13 @@ class Channel:
     def post_failure(self, gen: int, node: str, rank: int, cls: FailureClass) -> None:
         """The first failure wins; later ones only add evidence."""
         key = self._gen(gen, "fail")
-        self.store.compare_set(key, "", self._seal(key, {"node": node, "rank": int(rank), "cls": cls.value}))
+        self._set_once(key, {"node": node, "rank": int(rank), "cls": cls.value})
+        self.store.add(self._gen(gen, "events"), 1)
+
+    def changes(self, gen: int) -> int:
+        """How many failures and finishes were posted in ``gen``: one counter (one round trip)
+        that every agent polls, reading the failure and the finish counts only when it moved."""
+        return self._count(self._gen(gen, "events"))
 
     def failure(self, gen: int) -> FailureNotice | None:
         key = self._gen(gen, "fail")
@@ -234,14 +256,40 @@ class Channel:
 
     def post_evidence(self, gen: int, node_rank: int, evidence: list[Evidence]) -> None:
         """This node's evidence (set once: the first report of a generation stands)."""
-        key = self._gen(gen, f"evidence/{int(node_rank)}")
-        self.store.compare_set(key, "", self._seal(key, [e.to_json() for e in evidence[:_MAX_EVIDENCE]]))
+        key = self._evidence_key(gen, node_rank)
+        self._set_once(key, [e.to_json() for e in evidence[:_MAX_EVIDENCE]])
+
+    def _evidence_key(self, gen: int, node_rank: int) -> str:
+        return self._gen(gen, f"evidence/{int(node_rank)}")
 
     def evidence(self, gen: int, node_rank: int) -> list[Evidence] | None:
-        key = self._gen(gen, f"evidence/{int(node_rank)}")
+        key = self._evidence_key(gen, node_rank)
         raw = self._get(key)
         if raw is None:
             return None
+        return self._evidence_list(key, raw)
+
+    def all_evidence(self, gen: int, node_ranks: Sequence[int]) -> dict[int, list[Evidence] | ChannelError]:
+        """Every listed node's evidence in one round trip (each key must exist: see
+        has_all_evidence). A value that is not this run's is deleted and comes back as its
+        ChannelError, so the caller counts that node as silent."""
+        if not node_ranks:
+            return {}
+        keys = [self._evidence_key(gen, nr) for nr in node_ranks]
+        out: dict[int, list[Evidence] | ChannelError] = {}
+        for nr, key, raw in zip(node_ranks, keys, self.store.multi_get(keys)):
+            try:
+                out[nr] = self._evidence_list(key, self._open(key, raw))
+            except ChannelError as exc:
+                self.store.delete_key(key)
+                out[nr] = exc
+        return out
+
+    def has_all_evidence(self, gen: int, node_ranks: Sequence[int]) -> bool:
+        """Whether every listed node has posted its evidence: one round trip."""
+        return not node_ranks or bool(self.store.check([self._evidence_key(gen, nr) for nr in node_ranks]))
+
+    def _evidence_list(self, key: str, raw: Any) -> list[Evidence]:
         if not isinstance(raw, list) or len(raw) > _MAX_EVIDENCE:
             raise ChannelError(f"store key {key} holds no evidence list", "a list of evidence records",
                                "report a bug in slurmkit")
@@ -255,7 +303,7 @@ class Channel:
         return out
 
     def has_evidence(self, gen: int, node_rank: int) -> bool:
-        return bool(self.store.check([self._gen(gen, f"evidence/{int(node_rank)}")]))
+        return bool(self.store.check([self._evidence_key(gen, node_rank)]))
 
     def post_stopped(self, gen: int) -> None:
         self.store.add(self._gen(gen, "stopped"), 1)
@@ -268,6 +316,7 @@ class Channel:
         if kind not in (COMPLETED, SIGNALLED):
             raise ValueError(kind)
         self.store.add(self._gen(gen, kind), 1)
+        self.store.add(self._gen(gen, "events"), 1)
 
     def finished(self, gen: int) -> tuple[int, int]:
         """(slots that completed, slots that left on a signal) in ``gen``."""
@@ -277,14 +326,32 @@ class Channel:
     def post_decision(self, gen: int, d: Decision) -> None:
         """Set once: a second decider (a successor of node 0) never overwrites the first."""
         key = self._gen(gen, "decision")
-        self.store.compare_set(key, "", self._seal(key, {"action": d.action.value, "reason": d.reason,
-                                                         "exclude": list(d.exclude)}))
+        self._set_once(key, {"action": d.action.value, "reason": d.reason, "exclude": list(d.exclude)})
+
+    def wait_decision(self, gen: int, timeout_s: float) -> Decision | None:
+        """Block until node 0's decision is posted (one store wait, woken by the post: no
+        polling), at most ``timeout_s``; None when it has not come by then. A wait that
+        raises is told from a timeout by one check: a store that answers it merely timed out,
+        one that does not raises (the caller's store-trouble path)."""
+        key = self._gen(gen, "decision")
+        try:
+            self.store.wait([key], timedelta(seconds=timeout_s))
+        except RuntimeError:  # DistStoreError on a timeout, DistNetworkError on a broken store
+            if not self.store.check([key]):
+                return None
+        try:  # it is there: one get, no second check
+            raw = self._open(key, self.store.get(key))
+        except ChannelError:
+            self.store.delete_key(key)
+            raise
+        return self._decision(key, raw)
 
     def decision(self, gen: int) -> Decision | None:
         key = self._gen(gen, "decision")
         raw = self._get(key)
-        if raw is None:
-            return None
+        return None if raw is None else self._decision(key, raw)
+
+    def _decision(self, key: str, raw: Any) -> Decision:
         try:
             exclude = tuple(self._node(n, key) for n in raw["exclude"])
             reason = raw["reason"]

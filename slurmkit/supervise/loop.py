@@ -179,17 +179,21 @@ class Supervisor:
 
     def wait_decision(self, gen: int) -> Decision:
         """Wait for node 0's decision as long as node 0 beats (a decision may take a while:
-        slow agents are waited for); polled, never a store wait that could time out mid-reply."""
+        slow agents are waited for). Each wait is one blocking store wait on the decision key,
+        woken by node 0's post (so every follower holds it one round trip after it is posted,
+        with no polling load on the store), bounded by one beat interval so that node 0's
+        beat is looked at between waits."""
         node0 = Liveness({0: self.where.nodes[0]}, beat_interval_s=self.beat_interval_s,
                          floor_s=self.cfg.supervisor.node_timeout_s, first_beat_s=self.cfg.supervisor.node_timeout_s,
                          clock=self.clock)
         while True:
             try:
                 try:
-                    d = self.channel.decision(gen)
+                    d = self.channel.wait_decision(gen, self.beat_interval_s)
                 except ChannelError as exc:  # forged: deleted by the channel; node 0's still comes
                     log.error("%s", exc)
                     d = None
+                    self.sleep(min(self.beat_interval_s, 0.05))  # a squatter rewriting it is not a hot loop
                 if d is not None:
                     return d
                 if not self.is_node0:
@@ -203,11 +207,16 @@ class Supervisor:
                 raise
             except RuntimeError as exc:  # torch's DistStoreError/DistNetworkError: maybe transient
                 self._store_failed(exc)
-            self.sleep(self.beat_interval_s)
+                self.sleep(self.beat_interval_s)
 
     def watch(self, gen: int, has_ranks: bool) -> Outcome:
+        """Poll this node's ranks and the generation's shared state until it ends. One store
+        round trip per poll in the steady state: the generation's change counter; the failure
+        and the finish counts are read only after it moved (node 0 adds its liveness scan)."""
         n_slots = len(self.node_map)
         reported = False
+        seen = 0  # the change counter when the failure and finish counts were last read
+        done = sig = 0
         while True:
             trigger = self.node.poll(gen) if has_ranks else None
             codes = self.node.exit_codes() if has_ranks else []
@@ -216,20 +225,23 @@ class Supervisor:
                     self.channel.post_failure(gen, trigger.node, trigger.rank, trigger.cls)
                 if self.is_node0:
                     self.check_peers(gen)
-                try:
-                    failed = self.channel.failure(gen) is not None
-                except ChannelError as exc:  # a forged value at the failure key: refused, deleted
-                    log.error("%s", exc)
-                    failed = False
-                if failed:
-                    return Outcome(FAILED, gen)
                 if not reported and codes and all(c is not None for c in codes):
                     kind = COMPLETED if all(c == 0 for c in codes) else (
                         SIGNALLED if all(c in (0, EXIT_CHECKPOINTED_ON_SIGNAL) for c in codes) else None)
                     if kind is not None:
                         self.channel.post_finished(gen, kind)
                         reported = True
-                done, sig = self.channel.finished(gen)
+                changes = self.channel.changes(gen)
+                if changes != seen:
+                    try:
+                        failed = self.channel.failure(gen) is not None
+                    except ChannelError as exc:  # a forged value at the failure key: refused, deleted
+                        log.error("%s", exc)
+                        failed = False
+                    if failed:
+                        return Outcome(FAILED, gen)
+                    done, sig = self.channel.finished(gen)
+                    seen = changes
                 self._store_ok()
             except ChannelError:
                 raise
@@ -288,34 +300,41 @@ class Supervisor:
             self.channel.post_failure(gen, name, -1, FailureClass.NODE_LOSS)
 
     # ------------------------------------------------------------------ deciding (node 0)
-    def _evidence_of(self, gen: int, nr: int) -> list[Evidence] | None:
-        try:
-            return self.channel.evidence(gen, nr)
-        except ChannelError as exc:  # refused, not believed: the node counts as silent
-            log.error("%s", exc)
-            self.ledger.append("channel_refused", generation=gen, node=self.where.nodes[nr], detail=str(exc))
-            return None
-
     def gather_evidence(self, gen: int, participants: list[int]) -> tuple[list[Evidence], list[str]]:
-        """Wait for every participating agent's evidence. A slow agent that still beats is
-        waited for (up to a bound); one that stops beating is lost, confirmed as in watch."""
+        """Wait for every participating agent's evidence, then read it all in one round trip.
+        Each poll costs node 0 a fixed number of round trips whatever N: its liveness scan (one
+        multi_get), the stopped counter, and once that counter says every live agent has
+        stopped, one check of all evidence keys. A slow agent that still beats is waited for (up
+        to a bound); one that stops beating is lost, confirmed as in watch (node 0 posts its
+        evidence). Only past the bound are the missing keys looked up one by one."""
         bound = self.clock() + max(60.0, 4 * liveness_deadline_s(self.beat_interval_s,
                                                                  self.cfg.supervisor.node_timeout_s))
-        pending = [nr for nr in participants if nr != self.where.node_rank]
-        while self.clock() < bound:
-            pending = [nr for nr in pending if nr not in self._lost and not self.channel.has_evidence(gen, nr)]
-            if not pending:
+        me = self.where.node_rank
+        others = [nr for nr in participants if nr != me]
+        present = list(participants)
+        while True:
+            lost_here = sum(1 for nr in others if nr in self._lost)
+            if (self.channel.stopped(gen) + lost_here >= len(participants)
+                    and self.channel.has_all_evidence(gen, participants)):
+                break
+            if self.clock() >= bound:
+                present = [nr for nr in participants if self.channel.has_evidence(gen, nr)]
                 break
             self.check_peers(gen)
             self.sleep(min(self.cfg.supervisor.poll_interval_s, 0.05))
+        got = self.channel.all_evidence(gen, present)
         evidence: list[Evidence] = []
         lost: list[str] = []
         for nr in participants:
-            got = self._evidence_of(gen, nr)
             name = self.where.nodes[nr]
-            if got is not None:
-                evidence += got
-                if any(e.cls == FailureClass.NODE_LOSS for e in got):
+            ev = got.get(nr)
+            if isinstance(ev, ChannelError):  # refused, not believed: the node counts as silent
+                log.error("%s", ev)
+                self.ledger.append("channel_refused", generation=gen, node=name, detail=str(ev))
+                ev = None
+            if ev is not None:
+                evidence += ev
+                if any(e.cls == FailureClass.NODE_LOSS for e in ev):
                     lost.append(name)
             else:
                 lost.append(name)

@@ -26,13 +26,28 @@ Per N it measures:
   per step, each beating through slurmkit.train.heartbeat as the trainer does, to the file
   the real node agent names in their environment (NodeAgent.rank_env);
   agent_fs_ops_s: the same for the agents, per second of the window;
-* ledger_bytes_per_h: the ledger's growth in that window, per hour;
+* ledger_bytes_per_h: the ledger's growth in that window, per hour. Each simulated node writes
+  the heartbeat samples the real agent writes (slurmkit.launch.agent.NodeAgent: its sample
+  interval, which grows with N; ``--ranks-per-node`` ranks' steps per sample) through the real
+  batched Ledger; ledger_bytes_per_h_est: the same from the rates and the size of one real
+  record (the window is short next to a 2,048-node job's 205 s sample interval);
 * detect_s: one train node's agent dies (its threads freeze, its beats stop, Slurm calls the
-  node DOWN): seconds until node 0's loop calls it lost;
-* decide_s: from then until the last live agent has applied node 0's decision (continue on the
-  spare); node0_decide_s: the part node 0 spends deciding;
+  node DOWN): seconds until node 0's loop calls it lost (and posts the failure);
+* decide_s: from then until the last live agent holds node 0's decision (continue on the
+  spare): this end-to-end figure is the one held to the 2 s target. Its parts:
+  stop_s (until node 0 holds every agent's evidence: they saw the failure, stopped and
+  reported; notice_s, until the last live agent saw it, is the poll-bound part of it),
+  node0_decide_s (node 0's own work after that: read the evidence, classify, decide, post) and
+  fanout_s (from the post until the last agent holds it). node0_rpcs: node 0's store round
+  trips from the failure to its post (bounded: they must not grow with N);
 * node 0's liveness scan: the channel's one multi_get of N counters against what the agent did
-  before the channel (a check and a get per agent, serially), timed on the same store.
+  before the channel (a check and a get per agent, serially), timed on the same store; and its
+  evidence read: one check + one multi_get of N sealed evidence values against a check and a
+  get per agent (what the loop did before), each value's HMAC verified in both.
+
+``--soak-s S`` is the fault-free soak: per N, no fault, a window of S seconds (600: the
+10-minute check) reporting false_lost (counted, not fatal), the RPC rate and the ledger's
+growth, with a line per minute.
 
 The growth exponent of each figure is the least-squares slope of log(figure) on log(N). For
 context, torchrun's elastic agent calls a node dead after 3 missed 5 s keep-alives (15 s, its
@@ -74,6 +89,7 @@ from slurmkit.config import compose  # noqa: E402
 from slurmkit.slurm.client import SlurmClient  # noqa: E402
 from slurmkit.slurm.retry import RetryPolicy  # noqa: E402
 from slurmkit.supervise.channel import Channel, load_token  # noqa: E402
+from slurmkit.launch.agent import LEDGER_FLUSH_INTERVAL_S  # noqa: E402
 from slurmkit.supervise.ledger import LEDGER_NAME, Ledger  # noqa: E402
 from slurmkit.supervise.loop import Supervisor, Where  # noqa: E402
 from slurmkit.testing.fakeslurm import FakeSlurm  # noqa: E402
@@ -157,7 +173,9 @@ class Probe:
     started: dict[int, set[int]] = field(default_factory=dict)  # gen -> node ranks with ranks up
     applied: dict[int, dict[int, float]] = field(default_factory=dict)  # gen -> node rank -> time
     lost: list[tuple[float, int]] = field(default_factory=list)
-    decide: dict[int, tuple[float, float]] = field(default_factory=dict)  # gen -> node 0 (start, end)
+    decide: dict[int, tuple[float, float, float, int]] = field(default_factory=dict)
+    # gen -> node 0 (start, evidence complete, decision posted, its store round trips in between)
+    saw: dict[int, dict[int, float]] = field(default_factory=dict)  # gen -> node rank -> saw the failure
     errors: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -171,23 +189,39 @@ class Probe:
             elif kind == "lost":
                 self.lost.append((msg[1], msg[2]))
             elif kind == "decide":
-                self.decide[msg[1]] = (msg[2], msg[3])
+                self.decide[msg[1]] = (msg[2], msg[3], msg[4], msg[5])
+            elif kind == "saw":
+                self.saw.setdefault(msg[1], {})[msg[2]] = msg[3]
             elif kind == "error":
                 self.errors.append(msg[1])
 
 
 class SimNode:
-    """A node with no torch ranks: they 'run' until the bench says they finished."""
+    """A node with no torch ranks: they 'run' until the bench says they finished. Like the real
+    agent's poll it writes a heartbeat sample of its ranks' steps to the ledger every
+    ``sample_s`` (NodeAgent.sample_interval_s for this node)."""
 
     signal_kind: str | None = None
 
-    def __init__(self, node_rank: int, sink: Sink, finished: Any) -> None:
+    def __init__(self, node_rank: int, sink: Sink, finished: Any, *, name: str = "", ledger: Any = None,
+                 sample_s: float = math.inf, ranks_per_node: int = 0) -> None:
         self.node_rank, self.sink, self.finished = node_rank, sink, finished
+        self.name, self.ledger, self.sample_s, self.ranks_per_node = name, ledger, sample_s, ranks_per_node
+        self.slot = 0
+        self._t0 = self._last = time.monotonic()
 
     def start(self, gen: int, slot: int, port: int, master_addr: str) -> None:
+        self.slot, self._last = slot, time.monotonic()
         self.sink.put(("started", gen, self.node_rank))
 
     def poll(self, gen: int) -> None:
+        now = time.monotonic()
+        if self.ledger is not None and now - self._last >= self.sample_s:
+            self._last = now
+            step = 100_000 + int((now - self._t0) / 0.5)  # a step every 0.5 s, six digits as in a long run
+            first = self.slot * self.ranks_per_node
+            self.ledger.append("heartbeat", generation=gen, node=self.name,
+                               steps={str(r): step for r in range(first, first + self.ranks_per_node)})
         return None
 
     def exit_codes(self) -> list[int | None]:
@@ -211,15 +245,28 @@ class TimedSupervisor(Supervisor):
             self.sink.put(("lost", time.monotonic(), getattr(x, "node_rank", x)))
         return lost
 
+    def watch(self, gen: int, has_ranks: bool) -> Any:
+        out = super().watch(gen, has_ranks)
+        if out.kind == "failed":
+            self.sink.put(("saw", gen, self.where.node_rank, time.monotonic()))
+        return out
+
+    def gather_evidence(self, gen: int, participants: list[int]) -> Any:
+        out = super().gather_evidence(gen, participants)
+        self._gathered = time.monotonic()
+        return out
+
     def node0_decide(self, gen: int, participants: list[int]) -> Any:
-        t0 = time.monotonic()
+        t0, calls0 = time.monotonic(), self.channel.store.calls
         d = super().node0_decide(gen, participants)
-        self.sink.put(("decide", gen, t0, time.monotonic()))
+        self.channel.post_decision(gen, d)  # what run_generation does next (set once: not twice)
+        self.sink.put(("decide", gen, t0, self._gathered, time.monotonic(), self.channel.store.calls - calls0))
         return d
 
-    def apply_decision(self, d: Any, gen: int) -> int | None:
-        self.sink.put(("applied", gen, self.where.node_rank, time.monotonic()))
-        return super().apply_decision(d, gen)
+    def wait_decision(self, gen: int) -> Any:
+        d = super().wait_decision(gen)
+        self.sink.put(("applied", gen, self.where.node_rank, time.monotonic()))  # holds it
+        return d
 
 
 # ------------------------------------------------------------------ agents (node 0 here, the rest in workers)
@@ -229,6 +276,8 @@ class Spec:
     port: int
     run_dir: str
     token: bytes
+    sample_s: tuple[float, float] = (math.inf, math.inf)  # heartbeat samples: node 0, the others
+    ranks_per_node: int = 8
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -282,9 +331,12 @@ class Agents:
 
     def _run(self, nr: int) -> None:
         spec = self.spec
-        ledger = Ledger(os.path.join(spec.run_dir, LEDGER_NAME), source=f"agent:{spec.names[nr]}")
+        ledger = Ledger(os.path.join(spec.run_dir, LEDGER_NAME), source=f"agent:{spec.names[nr]}",
+                        flush_interval_s=LEDGER_FLUSH_INTERVAL_S)  # as the agent makes it
+        node = SimNode(nr, self.sink, self.finished, name=spec.names[nr], ledger=ledger,
+                       sample_s=spec.sample_s[0 if nr == 0 else 1], ranks_per_node=spec.ranks_per_node)
         s = TimedSupervisor(self.cfg, Where(nr, spec.names, ATTEMPT, JOB_ID, "slurm", HOST),
-                            self.channels[nr], SimNode(nr, self.sink, self.finished), ledger,
+                            self.channels[nr], node, ledger,
                             train_nodes=spec.n, run_dir=spec.run_dir, env={}, slurm=self._slurm,
                             ckpt_step=lambda: 100, free_port=lambda: 29500)
         s.sink = self.sink
@@ -292,6 +344,8 @@ class Agents:
             s.run()
         except Exception as exc:  # noqa: BLE001 - reported to the bench, which stops
             self.sink.put(("error", f"{spec.names[nr]}: {type(exc).__name__}: {exc}"))
+        finally:
+            ledger.close()
 
     def kill(self, nr: int) -> None:
         self.beats[nr].gone.set()
@@ -330,6 +384,19 @@ def _worker(spec: Spec, nrs: list[int], events: Any, conn: Any, finished: Any) -
 
 
 # ------------------------------------------------------------------ one size
+@dataclass(frozen=True)
+class Fault:
+    """One lost agent: detection, and the decision end to end with its parts (seconds)."""
+
+    detect_s: float
+    decide_s: float  # the failure posted -> every live agent holds the decision (the target's figure)
+    notice_s: float
+    stop_s: float
+    node0_decide_s: float
+    fanout_s: float
+    node0_rpcs: int
+
+
 @dataclass
 class Figures:
     n: int
@@ -339,12 +406,20 @@ class Figures:
     fs_ops_per_step: float
     agent_fs_ops_s: float
     ledger_bytes_per_h: float
-    detect_s: float
-    decide_s: float
-    node0_decide_s: float
+    ledger_bytes_per_h_est: float
+    window_s: float
     scan_channel_ms: float
     scan_serial_ms: float
+    evid_channel_ms: float
+    evid_serial_ms: float
     setup_s: float
+    load: float  # load average (1 min) when the size ended
+    fault: Fault | None  # None in the soak
+
+    def get(self, name: str) -> float | None:
+        if name in Fault.__dataclass_fields__:
+            return None if self.fault is None else getattr(self.fault, name)
+        return getattr(self, name)
 
 
 def _wait(pred: Callable[[], bool], timeout_s: float, what: str, probe: Probe, *,
@@ -365,12 +440,14 @@ def _wait(pred: Callable[[], bool], timeout_s: float, what: str, probe: Probe, *
 class Size:
     """One N: the store, node 0 here, the other agents in worker processes."""
 
-    def __init__(self, n: int, procs: int, workdir: str, fs: FsCounter) -> None:
+    def __init__(self, n: int, procs: int, workdir: str, fs: FsCounter, ranks_per_node: int) -> None:
         self.n, self.fs = n, fs
         run_dir = tempfile.mkdtemp(prefix=f"cp{n}-", dir=workdir)
         self.server = dist.TCPStore(HOST, 0, is_master=True, timeout=timedelta(seconds=120),
                                     wait_for_workers=False, use_libuv=True)
-        self.spec = Spec(n, self.server.port, run_dir, load_token(run_dir, create=True))
+        names = Spec(n, 0, run_dir, b"").names
+        self.spec = Spec(n, self.server.port, run_dir, load_token(run_dir, create=True),
+                         sample_intervals(run_dir, names), ranks_per_node)
         self.fake = FakeSlurm({"bench": f"b[0000-{n:04d}]"})
         script = os.path.join(run_dir, "job.sh")
         with open(script, "w") as f:
@@ -443,10 +520,12 @@ class Size:
         shutil.rmtree(self.spec.run_dir, ignore_errors=True)
 
 
-def run_size(n: int, steady_s: float, sample_ranks: int, procs: int, fs: FsCounter, workdir: str) -> Figures:
+def run_size(n: int, steady_s: float, sample_ranks: int, procs: int, fs: FsCounter, workdir: str, *,
+             ranks_per_node: int = 8, soak: bool = False) -> Figures:
+    """One N: the fault-free window of ``steady_s``, then (unless ``soak``) one agent lost."""
     t_setup = time.monotonic()
     fs.root = None
-    size = Size(n, procs, workdir, fs)
+    size = Size(n, procs, workdir, fs, ranks_per_node)
     probe, run_dir = size.probe, size.spec.run_dir
     try:
         _wait(lambda: len(probe.started.get(0, ())) == n, 300 + n / 5, f"{n} nodes to start generation 0",
@@ -477,7 +556,10 @@ def run_size(n: int, steady_s: float, sample_ranks: int, procs: int, fs: FsCount
         t0 = time.monotonic()
         for t in ranks:
             t.start()
-        time.sleep(steady_s)
+        if soak:
+            _soak(steady_s, probe, lost0)
+        else:
+            time.sleep(steady_s)
         window_over.set()
         for t in ranks:
             t.join()
@@ -486,33 +568,88 @@ def run_size(n: int, steady_s: float, sample_ranks: int, procs: int, fs: FsCount
         fs.root = None
         false_lost = len(probe.lost) - lost0
         size1 = os.path.getsize(ledger_path) if os.path.exists(ledger_path) else 0
-        if false_lost:
+        if false_lost and not soak:
             raise RuntimeError(f"node 0 called {false_lost} agent(s) lost in the fault-free window")
         scan_channel, scan_serial = _time_scans(size.spec, n)
-
-        # ---- one train node's agent dies
-        victim = n - 1 if n > 1 else 1
-        t_kill = time.monotonic()
-        size.kill(victim)
-        _wait(lambda: any(nr == victim for _, nr in probe.lost), 300, "node 0 to call the node lost", probe)
-        t_lost = min(t for t, nr in probe.lost if nr == victim)
-        _wait(lambda: len(probe.applied.get(0, {})) == n, 300, "every live agent to apply the decision",
-              probe)
-        t_applied = max(probe.applied[0].values())
-        d0, d1 = probe.decide[0]
-        _wait(lambda: len(probe.started.get(1, ())) == n, 300, "generation 1 on the spare", probe)
+        evid_channel, evid_serial = _time_evidence_reads(size.spec, n)
+        fault = None if soak else _one_fault(size, n)
     finally:
         size.end()
     if probe.errors:
         raise RuntimeError(f"agents failed: {probe.errors[:3]}")
     agent_ops = sum(v for k, v in ops.items() if k != "rank")
     rpcs = rpc1 - rpc0
+    record = heartbeat_record_bytes(size.spec)
+    per_h = 3600 / size.spec.sample_s[0] + n * 3600 / size.spec.sample_s[1]
     return Figures(
         n=n, store_rps=rpcs / window, rps_per_agent=rpcs / window / (n + 1), false_lost=false_lost,
         fs_ops_per_step=ops.get("rank", 0) / max(sum(steps), 1), agent_fs_ops_s=agent_ops / window,
-        ledger_bytes_per_h=(size1 - size0) / window * 3600, detect_s=t_lost - t_kill,
-        decide_s=t_applied - t_lost, node0_decide_s=d1 - d0,
-        scan_channel_ms=scan_channel * 1e3, scan_serial_ms=scan_serial * 1e3, setup_s=setup_s)
+        ledger_bytes_per_h=(size1 - size0) / window * 3600, ledger_bytes_per_h_est=per_h * record,
+        window_s=window, scan_channel_ms=scan_channel * 1e3, scan_serial_ms=scan_serial * 1e3,
+        evid_channel_ms=evid_channel * 1e3, evid_serial_ms=evid_serial * 1e3, setup_s=setup_s,
+        load=os.getloadavg()[0], fault=fault)
+
+
+def _soak(seconds: float, probe: Probe, lost0: int) -> None:
+    """The fault-free soak: wait out the window, a line a minute (nothing is fatal in it)."""
+    t0 = time.monotonic()
+    while (left := t0 + seconds - time.monotonic()) > 0:
+        time.sleep(min(60.0, left))
+        if probe.errors:
+            raise RuntimeError(f"an agent failed in the soak: {probe.errors[0]}")
+        lost = sorted({nr for _, nr in probe.lost[lost0:]})
+        print(f"  soak {time.monotonic() - t0:5.0f} s: false lost {len(lost)} {lost[:8]}, "
+              f"load {os.getloadavg()[0]:.1f}", flush=True)
+
+
+def _one_fault(size: Size, n: int) -> Fault:
+    """One train node's agent dies; the phases from its death until every live agent holds the
+    decision (all times on this machine's one monotonic clock)."""
+    probe = size.probe
+    victim = n - 1 if n > 1 else 1
+    t_kill = time.monotonic()
+    size.kill(victim)
+    _wait(lambda: any(nr == victim for _, nr in probe.lost), 300, "node 0 to call the node lost", probe)
+    t_lost = min(t for t, nr in probe.lost if nr == victim)
+    _wait(lambda: len(probe.applied.get(0, {})) == n, 300, "every live agent to hold the decision", probe)
+    t_held = max(probe.applied[0].values())
+    d0, gathered, posted, node0_rpcs = probe.decide[0]
+    t_saw = max(t for nr, t in probe.saw.get(0, {}).items() if nr != victim)
+    _wait(lambda: len(probe.started.get(1, ())) == n, 300, "generation 1 on the spare", probe)
+    return Fault(detect_s=t_lost - t_kill, decide_s=t_held - t_lost, notice_s=t_saw - t_lost,
+                 stop_s=gathered - t_lost, node0_decide_s=posted - gathered, fanout_s=t_held - posted,
+                 node0_rpcs=node0_rpcs)
+
+
+def sample_intervals(run_dir: str, names: tuple[str, ...]) -> tuple[float, float]:
+    """How often the real node agent writes a heartbeat sample to the ledger: node 0's interval
+    and the others' (NodeAgent.sample_interval_s, which grows with N), on this run directory."""
+    from slurmkit.launch.agent import NodeAgent
+    from slurmkit.launch.context import NodeContext
+    from slurmkit.submit import freeze
+
+    cfg = _config(len(names) - 1)
+    freeze(cfg, run_dir)
+    out = []
+    for nr in (0, 1):
+        ctx = NodeContext(nr, len(names), names[nr], names, JOB_ID, 0, HOST, "slurm")
+        agent = NodeAgent(run_dir, cfg, ctx, {}, Ledger(os.path.join(run_dir, LEDGER_NAME)))
+        out.append(agent.sample_interval_s)
+        agent.remove_local_files()
+    return out[0], out[1]
+
+
+def heartbeat_record_bytes(spec: Spec) -> int:
+    """The bytes one heartbeat sample of a node (``spec.ranks_per_node`` ranks, the last node's
+    rank numbers, six-digit steps) takes in a ledger, written by the real Ledger to a scratch file."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, LEDGER_NAME)
+        first = (spec.n - 1) * spec.ranks_per_node
+        led = Ledger(path, source=f"agent:{spec.names[-1]}")
+        led.append("heartbeat", generation=3, node=spec.names[-1],
+                   steps={str(r): 123456 for r in range(first, first + spec.ranks_per_node)})
+        led.close()
+        return os.path.getsize(path)
 
 
 def rank_envs(run_dir: str, names: tuple[str, ...], k: int) -> list[dict[str, str]]:
@@ -524,7 +661,7 @@ def rank_envs(run_dir: str, names: tuple[str, ...], k: int) -> list[dict[str, st
     from slurmkit.submit import freeze
 
     cfg = _config(len(names) - 1)
-    freeze(cfg, run_dir)
+    freeze(cfg, run_dir)  # again: the same files
     envs = []
     for nr in range(k):
         ctx = NodeContext(nr, len(names), names[nr], names, JOB_ID, 0, HOST, "slurm")
@@ -554,6 +691,31 @@ def _time_scans(spec: Spec, n: int, repeats: int = 3) -> tuple[float, float]:
     return best_c, best_s
 
 
+def _time_evidence_reads(spec: Spec, n: int, repeats: int = 3) -> tuple[float, float]:
+    """Node 0 reading n agents' evidence of a generation (sealed values, HMAC checked): the
+    loop's one check + one multi_get, and the check + get per agent it made before."""
+    from slurmkit.supervise.classes import FailureClass
+    from slurmkit.supervise.classify import Evidence
+
+    store = _client(spec.port)
+    chan = Channel(store, ATTEMPT, spec.token, spec.names)
+    gen, nrs = 999, list(range(1, n + 1))
+    for nr in nrs:
+        chan.post_evidence(gen, nr, [Evidence(time.time(), spec.names[nr], 8 * nr, "exit",
+                                              FailureClass.PEER_FAILURE, "returncode -9")])
+    best_c = best_s = math.inf
+    for _ in range(repeats):
+        t = time.monotonic()
+        assert chan.has_all_evidence(gen, nrs)
+        got = chan.all_evidence(gen, nrs)
+        best_c = min(best_c, time.monotonic() - t)
+        t = time.monotonic()
+        serial = {nr: chan.evidence(gen, nr) for nr in nrs}
+        best_s = min(best_s, time.monotonic() - t)
+        assert got == serial, "the two reads disagree"
+    return best_c, best_s
+
+
 # ------------------------------------------------------------------ report
 def slope(ns: list[int], ys: list[float]) -> float | None:
     pts = [(math.log(x), math.log(y)) for x, y in zip(ns, ys) if y > 0]
@@ -569,51 +731,67 @@ def _fmt(v: float | None, nd: int = 2) -> str:
     return "na" if v is None else f"{v:.{nd}f}"
 
 
+COLUMNS = ("n", "setup_s", "load", "store_rps", "rps_per_agent", "false_lost", "fs_ops_per_step",
+           "agent_fs_ops_s", "ledger_bytes_per_h", "ledger_bytes_per_h_est", "detect_s", "decide_s",
+           "notice_s", "stop_s", "node0_decide_s", "fanout_s", "node0_rpcs", "scan_channel_ms",
+           "scan_serial_ms", "evid_channel_ms", "evid_serial_ms")
+
+
 def print_table(rows: list[Figures]) -> dict[str, float | None]:
     sup = _config(rows[-1].n).supervisor
     print(f"\nsettings: poll_interval_s={sup.poll_interval_s:g} node_timeout_s={sup.node_timeout_s:g} "
           f"(packaged defaults); beat interval at N={rows[-1].n}: "
           f"{beat_interval_s(rows[-1].n + 1, sup.poll_interval_s):g} s")
-    head = ("N", "setup_s", "store_rps", "rps/agent", "false_lost", "fs_ops/step", "agent_fs/s",
-            "ledger_B/h", "detect_s", "decide_s", "node0_s", "scan_ms", "serial_ms", "ratio")
-    print(" ".join(f"{h:>11}" for h in head))
+    print(" ".join(f"{h[:11]:>11}" for h in COLUMNS))
     for r in rows:
-        ratio = r.scan_serial_ms / r.scan_channel_ms if r.scan_channel_ms else float("nan")
-        vals = (r.n, r.setup_s, r.store_rps, r.rps_per_agent, r.false_lost, r.fs_ops_per_step,
-                r.agent_fs_ops_s, r.ledger_bytes_per_h, r.detect_s, r.decide_s, r.node0_decide_s,
-                r.scan_channel_ms, r.scan_serial_ms, ratio)
-        print(" ".join(f"{v:>11}" if isinstance(v, int) else f"{v:>11.2f}" for v in vals))
+        vals = [r.get(c) for c in COLUMNS]
+        print(" ".join(f"{'na':>11}" if v is None else f"{v:>11}" if isinstance(v, int) else f"{v:>11.2f}"
+                       for v in vals))
     ns = [r.n for r in rows]
-    exps = {name: slope(ns, [getattr(r, name) for r in rows])
-            for name in ("store_rps", "rps_per_agent", "detect_s", "decide_s", "node0_decide_s",
-                         "scan_channel_ms", "scan_serial_ms", "ledger_bytes_per_h")}
+    exps: dict[str, float | None] = {}
+    for name in ("store_rps", "rps_per_agent", "detect_s", "decide_s", "node0_decide_s", "fanout_s",
+                 "node0_rpcs", "scan_channel_ms", "scan_serial_ms", "evid_channel_ms", "ledger_bytes_per_h_est"):
+        ys = [r.get(name) for r in rows]
+        exps[name] = None if any(y is None for y in ys) else slope(ns, [float(y) for y in ys])  # type: ignore[arg-type]
     print("growth exponent in N (slope of log figure on log N; 0: flat, 1: linear): "
           + " ".join(f"{k}={_fmt(v)}" for k, v in exps.items()))
     last = rows[-1]
-    print(f"vs torchrun's keep-alive (dead after {TORCHRUN_DEAD_S:g} s, documented): detect "
-          f"{last.detect_s:.2f} s = {last.detect_s / TORCHRUN_DEAD_S:.2f}x at N={last.n}; node 0's scan "
-          f"with the channel {last.scan_serial_ms / max(last.scan_channel_ms, 1e-9):.1f}x faster than "
-          "serial check+get")
+    ratio_scan = last.scan_serial_ms / max(last.scan_channel_ms, 1e-9)
+    ratio_evid = last.evid_serial_ms / max(last.evid_channel_ms, 1e-9)
+    detect = (f"detect {last.fault.detect_s:.2f} s = {last.fault.detect_s / TORCHRUN_DEAD_S:.2f}x"
+              if last.fault else "no fault (soak)")
+    print(f"vs torchrun's keep-alive (dead after {TORCHRUN_DEAD_S:g} s, documented): {detect} at N={last.n}; "
+          f"node 0's scan with the channel {ratio_scan:.1f}x faster than serial check+get; its evidence "
+          f"read {ratio_evid:.1f}x faster than a check+get per agent")
     return exps
 
 
-def result_line(rows: list[Figures], exps: dict[str, float | None]) -> str:
+def result_line(rows: list[Figures], exps: dict[str, float | None], soak_s: float | None = None) -> str:
     r = rows[-1]
     fs_ops = f"{r.fs_ops_per_step:.2f}" if r.fs_ops_per_step else "0"
-    return (f"RESULT n={r.n} detect_s={r.detect_s:.2f} decide_s={r.decide_s:.2f} "
-            f"store_rps={r.store_rps:.0f} fs_ops_per_step={fs_ops} "
-            f"ledger_bytes_per_h={r.ledger_bytes_per_h:.0f} false_lost={r.false_lost} "
-            f"rps_per_agent={r.rps_per_agent:.2f} node0_decide_s={r.node0_decide_s:.2f} "
+    common = (f"store_rps={r.store_rps:.0f} fs_ops_per_step={fs_ops} "
+              f"ledger_bytes_per_h={r.ledger_bytes_per_h:.0f} ledger_bytes_per_h_est={r.ledger_bytes_per_h_est:.0f} "
+              f"false_lost={r.false_lost} rps_per_agent={r.rps_per_agent:.2f}")
+    if r.fault is None:
+        return (f"RESULT mode=soak n={r.n} soak_s={soak_s:.0f} {common} load={r.load:.1f} "
+                f"sizes={','.join(str(x.n) for x in rows)}")
+    f = r.fault
+    return (f"RESULT n={r.n} detect_s={f.detect_s:.2f} decide_s={f.decide_s:.2f} {common} "
+            f"notice_s={f.notice_s:.2f} stop_s={f.stop_s:.2f} node0_decide_s={f.node0_decide_s:.2f} "
+            f"fanout_s={f.fanout_s:.2f} node0_rpcs={f.node0_rpcs} "
             f"detect_exp={_fmt(exps['detect_s'])} decide_exp={_fmt(exps['decide_s'])} "
-            f"store_rps_exp={_fmt(exps['store_rps'])} sizes={','.join(str(x.n) for x in rows)}")
+            f"store_rps_exp={_fmt(exps['store_rps'])} load={r.load:.1f} sizes={','.join(str(x.n) for x in rows)}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="16,128,512,2048", help="comma-separated N (train nodes)")
-    p.add_argument("--steady-s", type=float, default=10.0,
-                   help="length of the fault-free window per N (600 for the 10-minute check)")
+    p.add_argument("--steady-s", type=float, default=10.0, help="length of the fault-free window per N")
+    p.add_argument("--soak-s", type=float, default=None,
+                   help="fault-free soak instead: a window of this many seconds per N, no fault (600: the "
+                        "10-minute check)")
     p.add_argument("--sample-ranks", type=int, default=4, help="training ranks that beat per step")
+    p.add_argument("--ranks-per-node", type=int, default=8, help="ranks per node in the ledger's heartbeat samples")
     p.add_argument("--procs", type=int, default=4, help="worker processes for the agents")
     p.add_argument("--dir", default=None, help="where run directories go (default: a temp dir)")
     return p.parse_args(argv)
@@ -626,21 +804,27 @@ def main(argv: list[str] | None = None) -> int:
     threading.stack_size(512 * 1024)  # thousands of agent threads
     workdir = tempfile.mkdtemp(prefix="cpbench-", dir=args.dir)
     fs = FsCounter()
+    soak = args.soak_s is not None
+    window = args.soak_s if soak else args.steady_s
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start (shared machine); "
-          f"agents in {args.procs} worker processes", flush=True)
+          f"agents in {args.procs} worker processes" + (f"; fault-free soak of {window:g} s per N" if soak else ""),
+          flush=True)
     rows: list[Figures] = []
     try:
         for n in sizes:
             print(f"N={n}: {n + 1} agents, {2 * (n + 1)} store connections ...", flush=True)
             try:
-                rows.append(run_size(n, args.steady_s, args.sample_ranks, args.procs, fs, workdir))
+                rows.append(run_size(n, window, args.sample_ranks, args.procs, fs, workdir,
+                                     ranks_per_node=args.ranks_per_node, soak=soak))
             except (TimeoutError, RuntimeError, OSError) as exc:
                 print(f"N={n} did not fit this machine: {exc}; stopping at the sizes above", flush=True)
                 break
             r = rows[-1]
-            print(f"N={n}: detect {r.detect_s:.2f} s, decide {r.decide_s:.2f} s, "
-                  f"{r.store_rps:.0f} store RPC/s, false lost {r.false_lost}, setup {r.setup_s:.1f} s",
-                  flush=True)
+            what = (f"detect {r.fault.detect_s:.2f} s, decide {r.fault.decide_s:.2f} s (notice {r.fault.notice_s:.2f}, "
+                    f"stop {r.fault.stop_s:.2f}, node 0 {r.fault.node0_decide_s:.2f}, fan-out {r.fault.fanout_s:.2f}; "
+                    f"node 0 {r.fault.node0_rpcs} RPCs)" if r.fault else f"soak {r.window_s:.0f} s")
+            print(f"N={n}: {what}, {r.store_rps:.0f} store RPC/s, false lost {r.false_lost}, "
+                  f"setup {r.setup_s:.1f} s, load {r.load:.1f}", flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if not rows:
@@ -649,7 +833,7 @@ def main(argv: list[str] | None = None) -> int:
     exps = print_table(rows)
     print(f"ran N = {','.join(str(r.n) for r in rows)} of {','.join(map(str, sizes))}; "
           f"load average {os.getloadavg()[0]:.1f} at end")
-    print(result_line(rows, exps))
+    print(result_line(rows, exps, window if soak else None))
     return 0
 
 
