@@ -1,4 +1,4 @@
-"""GPU Xid and hardware errors in the kernel log since the last check.
+"""GPU Xid and uncorrected memory errors in the kernel log since the last check.
 
 The source is pluggable: ``/dev/kmsg`` (the kernel's ring buffer, one record per read, a
 sequence number as the cursor) or a text file with one message per line (a site's kern.log, or
@@ -23,7 +23,9 @@ from slurmkit.health.result import CheckResult, bad, ok, printable, skipped
 NAME = "kernel_log"
 _FIRST_READ_BYTES = 1 << 20  # a text log's first check reads at most its last MiB
 _XID_RE = re.compile(r"NVRM: Xid \((?P<pci>[^)]*)\): (?P<xid>\d+)")
-_HW_RE = re.compile(r"\[Hardware Error\]|EDAC \S+: \d+ UE |Machine Check Exception")
+# Uncorrected host memory errors only: corrected machine checks are logged on healthy machines
+# (a VM's boot log often has some) and would fail every node.
+_HW_RE = re.compile(r"EDAC \S+: \d+ UE |Uncorrected hardware memory error|\[Hardware Error\]:.*\bUncorrected\b")
 _STAMP_RE = re.compile(r"\[\s*(\d+\.\d+)\]")
 
 
@@ -164,12 +166,12 @@ class KernelLogCheck:
         figures = {"messages": len(messages), "bad": len(found), "xid_other": other}
         if found:
             first = found[0]
-            what = f"Xid {first.xid}" if first.kind == "xid" else "a hardware error"
+            what = f"Xid {first.xid}" if first.kind == "xid" else "an uncorrected memory error"
             more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
             return bad(NAME, f"{what} in {self.source.path} since the last check: "
                              f"{printable(first.text, 300).strip()!r}{more}",
-                       f"no GPU Xid of health.bad_xids and no hardware error since the last check",
+                       f"no GPU Xid of health.bad_xids and no uncorrected memory error since the last check",
                        "drain the node (scontrol update nodename=<node> state=drain reason=xid) and have "
                        "it checked; a new job excludes it", **figures)
-        return ok(NAME, f"no Xid of health.bad_xids and no hardware error in {len(messages)} new message(s)",
+        return ok(NAME, f"no Xid of health.bad_xids and no uncorrected memory error in {len(messages)} new message(s)",
                   **figures)

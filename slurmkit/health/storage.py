@@ -96,6 +96,12 @@ def check_nvme(path: str, *, min_free_bytes: int, probe_bytes: int, min_write_mb
             return bad(name, f"writing {probe_bytes / MIB:.0f} MiB to {path} failed: {exc.strerror or exc}",
                        "the NVMe tier takes a save's writes", fix_space, **figures)
         mb_s = probe_bytes / MIB / max(seconds, 1e-6)
+        if min_write_mb_s and mb_s < min_write_mb_s:
+            # A neighbour's burst can slow one write: only a second slow probe fails the node.
+            try:
+                mb_s = max(mb_s, probe_bytes / MIB / max(_write_probe(path, probe_bytes, clock), 1e-6))
+            except OSError:
+                pass
         figures["write_mb_s"] = round(mb_s, 1)
         if min_write_mb_s and mb_s < min_write_mb_s:
             return bad(name, f"the NVMe tier {path} wrote {probe_bytes / MIB:.0f} MiB at {mb_s:.1f} MiB/s",

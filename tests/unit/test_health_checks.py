@@ -90,10 +90,12 @@ def test_cpu_layout_and_no_nvidia_smi_are_skipped_with_a_reason(tmp_path) -> Non
 # ------------------------------------------------------------------ kernel log
 def test_scan_fails_on_bad_xids_and_hardware_errors_only() -> None:
     msgs = [Message(5123.4, XID_79), Message(5100.0, XID_13), Message(None, "usb 1-1: new device"),
-            Message(10.0, "mce: [Hardware Error]: Machine check events logged")]
+            Message(10.0, "EDAC MC0: 1 UE memory read error on CPU_SrcID#0_Ha#0_Chan#1_DIMM#0"),
+            Message(11.0, "mce: [Hardware Error]: Machine check events logged"),  # corrected: not a fault
+            Message(12.0, "EDAC MC0: 3 CE memory read error on CPU_SrcID#0_Ha#0_Chan#1_DIMM#0")]
     found, other = scan(msgs, [79], since_uptime_s=None)
     assert [(f.kind, f.xid) for f in found] == [("xid", 79), ("hardware", None)] and other == 1
-    found, _ = scan(msgs, [79], since_uptime_s=5000.0)  # the old hardware error is past the lookback
+    found, _ = scan(msgs, [79], since_uptime_s=5000.0)  # the old memory error is past the lookback
     assert [f.xid for f in found] == [79]
 
 
@@ -175,10 +177,14 @@ def test_nvme_that_cannot_be_written_fails_the_node(tmp_path) -> None:
 
 
 def test_nvme_below_the_write_speed_floor_fails_the_node(tmp_path) -> None:
-    ticks = iter([0.0, 10.0])  # 4 MiB in 10 s: 0.4 MiB/s
+    ticks = iter([0.0, 10.0, 20.0, 30.0])  # 4 MiB in 10 s, twice: 0.4 MiB/s
     r = check_nvme(str(tmp_path), min_free_bytes=0, probe_bytes=4 * MIB, min_write_mb_s=50,
                    clock=lambda: next(ticks))
     assert r.verdict == Verdict.BAD_NODE and r.figures["write_mb_s"] == 0.4 and "0.4 MiB/s" in r.detected
+    ticks = iter([0.0, 10.0, 20.0, 20.01])  # one slow write, then a fast one: a burst, not a bad disk
+    r = check_nvme(str(tmp_path), min_free_bytes=0, probe_bytes=4 * MIB, min_write_mb_s=50,
+                   clock=lambda: next(ticks))
+    assert r.verdict == Verdict.OK and r.figures["write_mb_s"] == 400.0
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
