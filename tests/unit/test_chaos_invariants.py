@@ -179,3 +179,17 @@ def test_two_faults_at_once_may_explain_two_failures() -> None:
     assert "follows no injected fault" not in verdict(facts).get("ledger_consistent").detail
     one = replace(facts, injected=[replace(both, kind="rank_sigkill"), good_facts().injected[1]])
     assert "follows no injected fault" in verdict(one).get("ledger_consistent").detail
+
+
+def test_a_requeue_that_lands_on_the_excluded_node_breaks_the_exclusion() -> None:
+    """Seen on the local cluster: the release helper could not set ExcNodeList (the job was
+    no longer pending) and the requeued job started on the node it had excluded."""
+    events = [dict(e, nodes=["node1", "node2"]) if e["event"] == "allocation_start" and e["t"] > T0 + 40 else e
+              for e in good_ledger()]
+    assert failing(good_facts(events=events)) == {"exclusions_honoured"}
+
+
+def test_a_replaced_node_that_starts_ranks_again_breaks_the_exclusion() -> None:
+    events = good_ledger()
+    events.insert(12, ev(15.2, "exclusion", nodes=["node2"], how="spare"))
+    assert "exclusions_honoured" in failing(good_facts(events=events))

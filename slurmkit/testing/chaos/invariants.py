@@ -14,6 +14,8 @@ check is unit-tested on hand-made ledgers, including ones that must fail.
   checkpoint interval; a fault after which training never resumed fails;
 - ``healthy_excluded``: every node excluded (spare replacement or requeue) was killed by the
   campaign, or failed twice with a node-suspect class (the policy's documented repeat rule);
+- ``exclusions_honoured``: an excluded node runs nothing of the job afterwards (a requeue's
+  next allocation leaves it out; a node a spare replaced starts no more ranks);
 - ``no_leftover_processes``: no process of the job is alive on any node once it ended;
 - ``ledger_consistent``: every failure has a decision, every decision its outcome (restart and
   replacement: the next generation's ranks start; requeue: a requeue and a new allocation;
@@ -173,6 +175,32 @@ def healthy_excluded(f: RunFacts) -> Check:
     return Check("healthy_excluded", not healthy, detail, len(healthy))
 
 
+def exclusions_honoured(f: RunFacts) -> Check:
+    """A node the supervisor excluded runs none of the job's ranks afterwards: a requeue's
+    next allocation leaves it out, a replaced node starts no more ranks in its allocation."""
+    ev = ordered(f.events)
+    problems = []
+    for i, e in enumerate(ev):
+        if e.get("event") == "requeue" and e.get("exclude"):
+            bad = set(map(str, e["exclude"]))
+            nxt = next((x for x in ev[i + 1:] if x.get("event") == "allocation_start"), None)
+            used = bad & set(map(str, (nxt or {}).get("nodes") or []))
+            if used:
+                problems.append(f"requeued without {sorted(bad)} at t={_t(e):.1f}, but the next allocation "
+                                f"has {sorted(used)}")
+        elif e.get("event") == "exclusion" and e.get("how") == "spare":
+            bad = set(map(str, e.get("nodes") or []))
+            for x in ev[i + 1:]:
+                if x.get("event") == "allocation_start":
+                    break
+                if x.get("event") == "ranks_started" and str(x.get("node")) in bad:
+                    problems.append(f"{x.get('node')} was replaced by a spare but started ranks of "
+                                    f"generation {x.get('generation')}")
+                    break
+    return Check("exclusions_honoured", not problems, "; ".join(problems) or "every excluded node stayed out",
+                 len(problems))
+
+
 def no_leftover_processes(f: RunFacts) -> Check:
     return Check("no_leftover_processes", not f.leftover,
                  "none" if not f.leftover else "left: " + "; ".join(f.leftover), len(f.leftover))
@@ -257,7 +285,7 @@ def goodput(f: RunFacts) -> Check:
     return Check("goodput", True, f"{g:.3f}", g)
 
 
-CHECKS = (completes, bit_exact, lost_steps, healthy_excluded, no_leftover_processes,
+CHECKS = (completes, bit_exact, lost_steps, healthy_excluded, exclusions_honoured, no_leftover_processes,
           ledger_consistent, goodput)
 
 
