@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from datetime import timedelta
 from pathlib import Path
 
@@ -172,3 +173,112 @@ def test_the_store_listens_on_the_given_address_only() -> None:
     with socket.socket() as s, pytest.raises(ConnectionRefusedError):
         s.connect(("127.0.0.2", port))
     sock.close()
+
+
+# ------------------------------------------------------------------ O(1) per agent: waits, counters, one read
+class Recorder:
+    """A store that logs each round trip (method, keys); ``fail`` makes every call raise."""
+
+    def __init__(self, store: object) -> None:
+        self.store, self.calls, self.fail = store, [], False
+        self.in_wait = threading.Event()
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        attr = getattr(self.store, name)
+
+        def call(*args: object, **kw: object) -> object:
+            keys = args[0] if args and isinstance(args[0], list) else [args[0]] if args else []
+            self.calls.append((name, tuple(keys)))
+            if self.fail:
+                raise RuntimeError("Connection reset by peer")  # as torch's DistNetworkError says it
+            if name == "wait":
+                self.in_wait.set()
+            return attr(*args, **kw)
+
+        return call
+
+
+def test_a_follower_blocks_on_the_decision_and_reads_it_once_when_posted() -> None:
+    store = dist.HashStore()
+    rec = Recorder(store)
+    follower, node0 = channel(rec), channel(store)
+    got: list[Decision | None] = []
+    t = threading.Thread(target=lambda: got.append(follower.wait_decision(0, 3600)))
+    t.start()
+    rec.in_wait.wait()  # blocked in the store's wait, not polling
+    node0.post_decision(0, Decision(Action.REPLACE_NODE, "spare", ("node2",)))
+    t.join()
+    assert got == [Decision(Action.REPLACE_NODE, "spare", ("node2",))]
+    key = follower._gen(0, "decision")  # noqa: SLF001
+    assert rec.calls == [("wait", (key,)), ("get", (key,))]  # two round trips in all, whatever N
+
+
+def test_a_decision_wait_that_times_out_is_none_and_a_broken_store_raises() -> None:
+    rec = Recorder(dist.HashStore())
+    ch = channel(rec)
+    assert ch.wait_decision(0, 0.01) is None
+    key = ch._gen(0, "decision")  # noqa: SLF001
+    assert rec.calls == [("wait", (key,)), ("check", (key,))]  # the timeout told from a broken store
+    rec.fail = True
+    with pytest.raises(RuntimeError, match="reset by peer"):
+        ch.wait_decision(0, 0.01)
+
+
+def test_a_forged_decision_under_the_wait_is_refused_deleted_and_the_real_one_still_lands() -> None:
+    store = dist.HashStore()
+    ours, theirs = channel(store), channel(store, token=b"x" * 32)
+    key = ours._gen(0, "decision")  # noqa: SLF001
+    store.set(key, theirs._seal(key, {"action": "stop", "reason": "forged", "exclude": []}))  # noqa: SLF001
+    with pytest.raises(ChannelError, match="wrong HMAC"):
+        ours.wait_decision(0, 1)
+    assert not store.check([key])  # removed
+    ours.post_decision(0, Decision(Action.RESTART, "real"))
+    assert ours.wait_decision(0, 1) == Decision(Action.RESTART, "real")
+
+
+@pytest.mark.parametrize("name", ["fail", "evidence/1", "decision"])
+def test_a_squatter_who_wrote_a_set_once_key_first_does_not_block_the_agents_message(name: str) -> None:
+    store = dist.HashStore()
+    ours, theirs = channel(store), channel(store, token=b"x" * 32)
+    key = ours._gen(0, name)  # noqa: SLF001
+    store.set(key, theirs._seal(key, {"node": "node1", "rank": 0, "cls": "gpu_oom"}))  # noqa: SLF001
+    ours.post_failure(0, "node2", 3, FailureClass.RANK_CRASH)
+    ours.post_evidence(0, 1, [Evidence(1.0, "node1", 0, "exit", FailureClass.RANK_CRASH, "rc 1")])
+    ours.post_decision(0, Decision(Action.RESTART, "real"))
+    assert ours.failure(0).node == "node2"  # type: ignore[union-attr]
+    assert ours.evidence(0, 1)[0].detail == "rc 1"  # type: ignore[index]
+    assert ours.decision(0) == Decision(Action.RESTART, "real")
+
+
+def test_a_legitimate_first_message_stands_against_a_second_agent() -> None:
+    store = dist.HashStore()
+    a, b = channel(store), channel(store)
+    a.post_decision(0, Decision(Action.RESTART, "first"))
+    b.post_decision(0, Decision(Action.STOP, "second"))
+    assert b.decision(0) == Decision(Action.RESTART, "first")
+
+
+def test_failures_and_finishes_move_one_change_counter() -> None:
+    ch = channel()
+    assert ch.changes(0) == 0
+    ch.post_finished(0, "completed")
+    ch.post_failure(0, "node2", 5, FailureClass.NCCL_TIMEOUT)
+    assert ch.changes(0) == 2 and ch.changes(1) == 0
+
+
+def test_all_evidence_is_one_read_and_a_forged_value_comes_back_refused_and_removed() -> None:
+    store = dist.HashStore()
+    rec = Recorder(store)
+    ch, theirs = channel(rec), channel(store, token=b"x" * 32)
+    for nr in (0, 1):
+        ch.post_evidence(0, nr, [Evidence(1.0, NODES[nr], nr, "exit", FailureClass.RANK_CRASH, f"rc {nr}")])
+    assert not ch.has_all_evidence(0, [0, 1, 2])
+    key = ch._gen(0, "evidence/2")  # noqa: SLF001
+    store.set(key, theirs._seal(key, []))  # noqa: SLF001
+    assert ch.has_all_evidence(0, [0, 1, 2]) and ch.has_all_evidence(0, [])
+    rec.calls.clear()
+    got = ch.all_evidence(0, [0, 1, 2])
+    assert [e.detail for e in got[0]] == ["rc 0"] and [e.detail for e in got[1]] == ["rc 1"]  # type: ignore[union-attr]
+    assert isinstance(got[2], ChannelError) and "wrong HMAC" in str(got[2])
+    assert [c[0] for c in rec.calls] == ["multi_get", "delete_key"]  # one read for every node
+    assert not store.check([key])

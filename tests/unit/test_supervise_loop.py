@@ -363,3 +363,67 @@ def test_a_rank_that_dies_after_the_time_limit_warning_requeues_instead_of_resta
     assert action == Action.REQUEUE and exclude == () and requeued == [()]
     (failure,) = c.ledger.of("failure")
     assert failure["cls"] == "time_limit" and "was rank_crash" in failure["evidence"]
+
+
+# ------------------------------------------------------------------ bounded work per decision
+class Recorder:
+    """An agent's store that logs its round trips (method, keys) while ``on`` is set."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.calls, self.on = store, [], True
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.store, name)
+
+        def call(*args: Any, **kw: Any) -> Any:
+            if self.on:
+                keys = args[0] if args and isinstance(args[0], list) else [args[0]] if args else []
+                self.calls.append((name, tuple(keys)))
+            return attr(*args, **kw)
+
+        return call
+
+
+@pytest.mark.parametrize("n", [3, 12])
+def test_node0_reads_every_agents_evidence_in_one_round_trip_and_followers_wait_on_the_decision(
+        tmp_path: Path, n: int) -> None:
+    scripts = [Script() for _ in range(n)]
+    scripts[1] = Script(fail={0: F.USER_ERROR})
+    c = Cluster(tmp_path, scripts)
+    node0, follower = Recorder(c.store), Recorder(c.store)
+    node0.on = False
+    c.sups[0].channel.store, c.sups[2].channel.store = node0, follower
+    decide = c.sups[0].node0_decide
+
+    def recorded(gen: int, participants: list[int]) -> Any:
+        node0.on = True
+        try:
+            return decide(gen, participants)
+        finally:
+            node0.on = False
+
+    c.sups[0].node0_decide = recorded  # type: ignore[method-assign]
+    c.run()
+    assert c.decisions()[0] == (0, Action.RESTART, ())
+    # Node 0 never asks agent by agent: one check of all n evidence keys (once the stopped
+    # counter says every agent is done), then one multi_get of them all.
+    ev = [(m, len(k)) for m, k in node0.calls if any("/evidence/" in x for x in k)]
+    assert ev == [("check", n), ("multi_get", n)], ev
+    # A follower blocks on the decision key (woken by node 0's post) and reads it once.
+    key = c.sups[2].channel._gen(0, "decision")  # noqa: SLF001
+    on_key = [m for m, k in follower.calls if k == (key,)]
+    assert on_key[0] == "wait" and on_key.count("get") == 1 and set(on_key) <= {"wait", "check", "get"}, on_key
+    # In the steady state a follower polls one change counter, not the failure and finish keys.
+    watch = [k[0].rsplit("/", 1)[-1] for m, k in follower.calls if k and "/g1/" in k[0] and m != "wait"]
+    assert 0 < watch.count("fail") <= min(n, watch.count("events")), watch  # only after the counter moved
+
+
+def test_a_forged_decision_planted_before_node0_posts_is_replaced_by_the_real_one(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, [Script(), Script(fail={0: F.USER_ERROR}), Script()])
+    ch = c.sups[0].channel
+    forged = Channel(c.store, "7-0", b"\x01" * 32, c.names)
+    key = ch._gen(0, "decision")  # noqa: SLF001 - a stranger who learned the key writes first
+    c.store.set(key, forged._seal(key, {"action": "stop", "reason": "forged", "exclude": []}))  # noqa: SLF001
+    assert c.run() == {0: 0, 1: 0, 2: 0}  # nobody stopped with 93, nobody waited forever
+    for s in c.sups:
+        assert [(g, d.action) for g, d in s.decisions] == [(0, Action.RESTART)]
