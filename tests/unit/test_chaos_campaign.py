@@ -6,10 +6,12 @@ import argparse
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from slurmkit.testing.chaos.campaign import RunSummary, main, parse_seeds, result_line
+from slurmkit.testing.chaos.driver import down_since
 from slurmkit.testing.chaos.invariants import Check, Verdict
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -19,7 +21,8 @@ def summary(seed: int, *, ok: bool = True, lost: int = 2, healthy: int = 0, good
             injected: int = 4) -> RunSummary:
     checks = [Check("completes", ok, ""), Check("bit_exact", ok, ""), Check("lost_steps", True, "", lost),
               Check("healthy_excluded", healthy == 0, "", healthy), Check("no_leftover_processes", True, "", 0),
-              Check("ledger_consistent", True, ""), Check("goodput", True, "", goodput)]
+              Check("ledger_consistent", True, ""), Check("external", True, "", 0),
+              Check("goodput", True, "", goodput)]
     return RunSummary(seed, injected, injected, Verdict(checks), f"tools/chaos --seed {seed}")
 
 
@@ -40,6 +43,15 @@ def test_result_line_sums_the_runs() -> None:
     assert fields["max_lost_steps"] == "3" and fields["healthy_excluded"] == "1"
     assert fields["goodput_median"] == "0.500"
     assert fields["failed_seeds"] == "2,3"
+
+
+def test_node_down_events_since_the_run_started() -> None:
+    out = ("|2026-12-01T15:33:38|Unknown\n"
+           "node1|2026-12-01T15:43:46|DOWN*\n"
+           "node3|2026-12-01T15:36:18|DOWN*\n"
+           "node4|2026-12-01T15:50:00|DRAIN\n")
+    since = time.mktime(time.strptime("2026-12-01T15:40:00", "%Y-%m-%dT%H:%M:%S"))
+    assert down_since(out, since) == {"node1"}
 
 
 def test_plan_only_prints_the_plans_and_touches_no_cluster() -> None:

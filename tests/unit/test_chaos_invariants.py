@@ -193,3 +193,13 @@ def test_a_replaced_node_that_starts_ranks_again_breaks_the_exclusion() -> None:
     events = good_ledger()
     events.insert(12, ev(15.2, "exclusion", nodes=["node2"], how="spare"))
     assert "exclusions_honoured" in failing(good_facts(events=events))
+
+
+def test_a_node_another_job_killed_is_interference_not_a_bug() -> None:
+    """The shared machine: another test's kill-node took node2; the campaign injected nothing
+    there. Its loss is reported as external, not as unexplained or as a healthy exclusion."""
+    facts = good_facts(injected=good_facts().injected[:1], killed_nodes=frozenset())
+    assert failing(facts) == {"healthy_excluded", "ledger_consistent"}
+    external = replace(facts, external_down=frozenset({"node2"}))
+    assert verdict(external).ok
+    assert verdict(external).get("external").value == 1

@@ -24,6 +24,7 @@ import statistics
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from slurmkit.testing.chaos.invariants import Verdict, lost_per_fault, verdict
 from slurmkit.testing.chaos.menu import MENU
@@ -64,7 +65,7 @@ def parse_seeds(text: str) -> list[int]:
 
 def result_line(runs: Sequence[RunSummary]) -> str:
     """The campaign's one-line summary (the key=value format of the project's benchmarks)."""
-    def value(r: RunSummary, name: str) -> object:
+    def value(r: RunSummary, name: str) -> Any:
         return r.verdict.get(name).value
 
     goodputs = [float(value(r, "goodput") or 0.0) for r in runs]
@@ -78,6 +79,7 @@ def result_line(runs: Sequence[RunSummary]) -> str:
         ("healthy_excluded", sum(int(value(r, "healthy_excluded") or 0) for r in runs)),
         ("leftover_procs", sum(int(value(r, "no_leftover_processes") or 0) for r in runs)),
         ("ledger_inconsistent", sum(not r.verdict.get("ledger_consistent").ok for r in runs)),
+        ("external", sum(int(value(r, "external") or 0) for r in runs)),
         ("goodput_median", f"{statistics.median(goodputs):.3f}" if goodputs else "0"),
         ("failed_seeds", ",".join(failed) or "none"),
     ]))
@@ -89,10 +91,12 @@ def describe_plan(plan: RunPlan) -> str:
 
 
 def run_one(plan: RunPlan, *, cluster, run_root: str, reference: str, step_delay_s: float,
-            timeout_s: float, replay: str, say: Callable[[str], None]) -> RunSummary:
+            heartbeat_timeout_s: float, timeout_s: float, replay: str,
+            say: Callable[[str], None]) -> RunSummary:
     from slurmkit.testing.chaos.driver import Driver, diagnose
 
-    run = Driver(cluster, plan, run_root, reference, step_delay_s=step_delay_s, timeout_s=timeout_s).run()
+    run = Driver(cluster, plan, run_root, reference, step_delay_s=step_delay_s,
+                 heartbeat_timeout_s=heartbeat_timeout_s, timeout_s=timeout_s).run()
     v = verdict(run.facts)
     for c in v.checks:
         say(f"    {c.name:<22} {'ok  ' if c.ok else 'FAIL'} {c.detail}")
@@ -132,6 +136,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-faults", type=int, default=6)
     p.add_argument("--override", action="append", default=[], help="extra config override for every run")
     p.add_argument("--step-delay-s", type=float, default=0.25)
+    p.add_argument("--heartbeat-timeout-s", type=float, default=20,
+                   help="supervisor.heartbeat_timeout_s: a SIGSTOP is found after it; on a starved "
+                        "machine a shorter one finds hangs nobody injected")
     p.add_argument("--run-root", default="/tmp/slurmkit-chaos")
     p.add_argument("--reference", help="param_sha256 of the uninterrupted run (skips the reference run)")
     p.add_argument("--run-timeout-s", type=float, default=900)
@@ -159,14 +166,20 @@ def main(argv: Sequence[str] | None = None, say: Callable[[str], None] | None = 
 
     cluster = Cluster(cluster_env(), REPO, say=say)
     reference = a.reference or reference_digest(cluster, plans[0], os.path.join(a.run_root, "reference"),
-                                                step_delay_s=a.step_delay_s, timeout_s=a.run_timeout_s)
+                                                step_delay_s=a.step_delay_s,
+                                                heartbeat_timeout_s=a.heartbeat_timeout_s,
+                                                timeout_s=a.run_timeout_s)
+    settings = "".join(f" --{k} {v:g}" for k, v, default in [
+        ("step-delay-s", a.step_delay_s, 0.25), ("heartbeat-timeout-s", a.heartbeat_timeout_s, 20)] if v != default)
     say(f"reference param_sha256 {reference}")
     runs = []
     for i, plan in enumerate(plans, 1):
         say(f"run {i}/{len(plans)} {describe_plan(plan)}")
-        replay = replay_command(plan, min_faults=a.min_faults, max_faults=a.max_faults) + f" --reference {reference}"
+        replay = (replay_command(plan, min_faults=a.min_faults, max_faults=a.max_faults) + settings
+                  + f" --reference {reference}")
         summary = run_one(plan, cluster=cluster, run_root=os.path.join(a.run_root, f"seed{plan.seed}"),
-                          reference=reference, step_delay_s=a.step_delay_s, timeout_s=a.run_timeout_s,
+                          reference=reference, step_delay_s=a.step_delay_s,
+                          heartbeat_timeout_s=a.heartbeat_timeout_s, timeout_s=a.run_timeout_s,
                           replay=replay, say=say)
         runs.append(summary)
         if a.out:

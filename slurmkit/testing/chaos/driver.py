@@ -59,6 +59,13 @@ class Cluster:
         rows = [r.split()[0] for r in res.stdout.splitlines() if r.strip()]
         return rows[-1] if rows else "UNKNOWN"
 
+    def down_nodes(self, since: float) -> set[str]:
+        """Nodes Slurm recorded going DOWN since ``since`` (epoch s): its node events."""
+        start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since))
+        res = self.slurm("sacctmgr", "-n", "-P", "show", "event", f"start={start}",
+                         "format=NodeName,TimeStart,State")
+        return down_since(res.stdout, since)
+
     def restore_node(self, node: str, timeout_s: float = 180) -> None:
         """Start the node's slurmd again and wait until Slurm takes jobs on it."""
         self.local_cluster("start-node", node)
@@ -73,6 +80,23 @@ class Cluster:
         raise RuntimeError(f"{node} did not come back within {timeout_s:.0f} s")
 
 
+def down_since(sacctmgr_out: str, since: float) -> set[str]:
+    """Node names from ``sacctmgr show event`` rows (NodeName|TimeStart|State) that went DOWN
+    at or after ``since``; the cluster-wide rows (no node name) are skipped."""
+    out = set()
+    for row in sacctmgr_out.splitlines():
+        parts = row.split("|")
+        if len(parts) < 3 or not parts[0] or "DOWN" not in parts[2]:
+            continue
+        try:
+            t = time.mktime(time.strptime(parts[1], "%Y-%m-%dT%H:%M:%S"))
+        except ValueError:
+            continue
+        if t >= since - 1:  # the event's time has whole seconds
+            out.add(parts[0])
+    return out
+
+
 @dataclass
 class Run:
     """What one run of a plan left: the facts for the invariants, and the run's handles."""
@@ -85,9 +109,11 @@ class Run:
     error: str = ""
 
 
-def overrides(plan: RunPlan, *, step_delay_s: float, name: str, faults: bool = True) -> list[str]:
+def overrides(plan: RunPlan, *, step_delay_s: float, name: str, faults: bool = True,
+              heartbeat_timeout_s: float = 20) -> list[str]:
     args = ["+exp=tiny", f"train.steps={plan.steps}", f"train.ckpt_interval_steps={plan.interval}",
-            f"+job.env.SLURMKIT_STEP_DELAY_S={step_delay_s:g}", "supervisor.heartbeat_timeout_s=8",
+            f"+job.env.SLURMKIT_STEP_DELAY_S={step_delay_s:g}",
+            f"supervisor.heartbeat_timeout_s={heartbeat_timeout_s:g}",
             f"supervisor.spare_nodes={plan.spare_nodes if faults else 0}", f"job.name={name}", *plan.extra]
     spec = armed_spec(plan) if faults else ""
     if spec:
@@ -107,15 +133,24 @@ def submit(cluster: Cluster, args: list[str], run_root: str) -> tuple[str, str]:
 
 
 def reference_digest(cluster: Cluster, plan: RunPlan, run_root: str, *, step_delay_s: float,
-                     timeout_s: float = 900) -> str:
-    """param_sha256 of the plan's run without any fault."""
+                     heartbeat_timeout_s: float = 20, timeout_s: float = 900) -> str:
+    """param_sha256 of the plan's run without any fault. A failure in it (a starved machine
+    misses a heartbeat) is said, not hidden: the digest stays right only if recovery is
+    bit-exact, which every campaign run then tests against it."""
     job, run_dir = submit(cluster, overrides(plan, step_delay_s=step_delay_s, name="chaos-reference",
-                                             faults=False), run_root)
+                                             faults=False, heartbeat_timeout_s=heartbeat_timeout_s), run_root)
     state = wait_terminal(cluster, job, timeout_s)
-    with open(os.path.join(run_dir, "final.json")) as f:
-        out = json.load(f)
+    try:
+        with open(os.path.join(run_dir, "final.json")) as f:
+            out = json.load(f)
+    except (OSError, ValueError):
+        out = {}
     if state != "COMPLETED" or out.get("step") != plan.steps:
         raise RuntimeError(f"the reference run {run_dir} ended {state} at step {out.get('step')}")
+    failures = [e for e in read_ledger(os.path.join(run_dir, "ledger.jsonl")) if e.get("event") == "failure"]
+    for e in failures:
+        cluster.say(f"  warning: the reference run (no fault injected) had a failure: {e.get('cls')} on "
+                    f"{e.get('node')}: {e.get('evidence')}")
     return str(out["param_sha256"])
 
 
@@ -134,10 +169,11 @@ class Driver:
     """Runs one plan; ``run()`` never leaves a node it killed down."""
 
     def __init__(self, cluster: Cluster, plan: RunPlan, run_root: str, reference_sha: str, *,
-                 step_delay_s: float = 0.25, timeout_s: float = 900) -> None:
+                 step_delay_s: float = 0.25, heartbeat_timeout_s: float = 20, timeout_s: float = 900) -> None:
         self.cluster, self.plan, self.run_root = cluster, plan, run_root
         self.reference_sha = reference_sha
         self.step_delay_s = step_delay_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
         self.deadline = time.monotonic() + timeout_s
         self.job_id = self.run_dir = ""
         self.injected: list[Injected] = []
@@ -348,8 +384,10 @@ class Driver:
     # ------------------------------------------------------------------ the run
     def run(self) -> Run:
         name = f"chaos-{self.plan.seed}"
-        self.job_id, self.run_dir = submit(self.cluster, overrides(self.plan, step_delay_s=self.step_delay_s,
-                                                                   name=name), self.run_root)
+        submitted = time.time()
+        args = overrides(self.plan, step_delay_s=self.step_delay_s, name=name,
+                         heartbeat_timeout_s=self.heartbeat_timeout_s)
+        self.job_id, self.run_dir = submit(self.cluster, args, self.run_root)
         not_reached: list[str] = []
         error = ""
         try:
@@ -380,8 +418,14 @@ class Driver:
                 final = json.load(fh)
         except (OSError, ValueError):
             pass
+        try:
+            external = frozenset(self.cluster.down_nodes(submitted) - self.killed)
+        except (OSError, subprocess.SubprocessError) as exc:
+            self.cluster.say(f"  could not read Slurm's node events: {exc}")
+            external = frozenset()
         facts = RunFacts(self.events(), self.plan.interval, self.plan.steps, self.reference_sha,
-                         state.split()[0], final, list(self.injected), frozenset(self.killed), leftover)
+                         state.split()[0], final, list(self.injected), frozenset(self.killed), leftover,
+                         external)
         return Run(self.plan, self.job_id, self.run_dir, facts, not_reached, error)
 
     def leftover(self, grace_s: float = 60) -> list[str]:

@@ -21,6 +21,9 @@ check is unit-tested on hand-made ledgers, including ones that must fail.
   replacement: the next generation's ranks start; requeue: a requeue and a new allocation;
   stop: an ``end``), every time-limit checkpoint a requeue; every injected fault was noticed
   and every failure is explained by an injected fault;
+- ``external``: reported, never failed: node losses another job caused on the shared machine
+  (Slurm saw the node DOWN, the campaign did not kill it); they are not counted as unexplained
+  failures or healthy exclusions;
 - ``goodput``: reported, never failed (productive time / wall time, slurmkit.supervise.report).
 """
 
@@ -61,6 +64,9 @@ class RunFacts:
     injected: Sequence[Injected]
     killed_nodes: frozenset[str] = frozenset()
     leftover: Sequence[str] = ()
+    # Nodes Slurm saw go DOWN during the run that the campaign did not kill: another job's test
+    # on the shared machine. Their losses are reported as interference, never as a product bug.
+    external_down: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -167,9 +173,10 @@ def _repeat_rule(events: Sequence[Event]) -> set[str]:
 def healthy_excluded(f: RunFacts) -> Check:
     excluded = _excluded(f.events)
     rule = _repeat_rule(f.events) - f.killed_nodes
-    healthy = sorted(excluded - f.killed_nodes - rule)
+    healthy = sorted(excluded - f.killed_nodes - rule - f.external_down)
     detail = (f"excluded {sorted(excluded) or 'none'}; killed {sorted(f.killed_nodes) or 'none'}"
-              + (f"; by the repeat rule {sorted(rule & excluded)}" if rule & excluded else ""))
+              + (f"; by the repeat rule {sorted(rule & excluded)}" if rule & excluded else "")
+              + (f"; lost outside the campaign {sorted(f.external_down)}" if f.external_down else ""))
     if healthy:
         detail = f"healthy node(s) {healthy} excluded; " + detail
     return Check("healthy_excluded", not healthy, detail, len(healthy))
@@ -266,6 +273,8 @@ def _explained(f: RunFacts, ev: Sequence[Event]) -> list[str]:
     pending: list[list[float]] = []
     out = []
     for e in _of(ev, "failure"):
+        if e.get("cls") == "node_loss" and str(e.get("node")) in f.external_down:
+            continue  # interference: see external()
         while credits and credits[0][0] <= _t(e):
             t, n = credits.pop(0)
             pending.append([t, n])
@@ -278,6 +287,15 @@ def _explained(f: RunFacts, ev: Sequence[Event]) -> list[str]:
     return out
 
 
+def external(f: RunFacts) -> Check:
+    """Reported, never failed: node losses the campaign did not cause (they still count in
+    every other check: a run must survive them like any other)."""
+    lost = [e for e in _of(f.events, "failure") if e.get("cls") == "node_loss"
+            and str(e.get("node")) in f.external_down]
+    return Check("external", True, f"{len(lost)} node loss(es) not caused by the campaign"
+                 + (f" ({sorted(f.external_down)} went DOWN)" if f.external_down else ""), len(lost))
+
+
 def goodput(f: RunFacts) -> Check:
     from slurmkit.supervise.report import summarize
 
@@ -286,7 +304,7 @@ def goodput(f: RunFacts) -> Check:
 
 
 CHECKS = (completes, bit_exact, lost_steps, healthy_excluded, exclusions_honoured, no_leftover_processes,
-          ledger_consistent, goodput)
+          ledger_consistent, external, goodput)
 
 
 def verdict(f: RunFacts) -> Verdict:
