@@ -106,6 +106,7 @@ class Supervisor:
         self.sm = StateMachine(self._on_transition)
         # Train slots -> node names. Spares are the allocation's nodes beyond the train nodes.
         self.node_map: list[str] = list(where.nodes[:train_nodes])
+        self._rank_of = {name: nr for nr, name in enumerate(where.nodes)}  # O(1) lookups at N=2,048
         self.spares: list[str] = list(where.nodes[train_nodes:])
         self.beat_interval_s = beat_interval_s(len(where.nodes), sup.poll_interval_s)
         self.liveness = Liveness({nr: n for nr, n in enumerate(where.nodes) if nr != where.node_rank},
@@ -147,12 +148,12 @@ class Supervisor:
         """One generation; returns the agent's exit code, or None to run the next generation."""
         me = self.where.node_name
         slot = self.node_map.index(me) if me in self.node_map else None
-        participants = [self.where.nodes.index(n) for n in self.node_map]
+        participants = [self._rank_of[n] for n in self.node_map]  # not nodes.index: O(N^2) at 2,048
         if self.sm.state != State.STARTING:
             self.sm.to(State.STARTING, f"generation {gen}")
         if slot is not None:
             # The ranks' rendezvous follows slot 0: after a replacement it may be a spare's.
-            slot0 = self.where.nodes.index(self.node_map[0])
+            slot0 = self._rank_of[self.node_map[0]]
             if slot == 0:
                 self.channel.post_port(gen, self._free_port() if self._free_port else 29500 + gen)
             port = self.channel.wait_port(gen, self.cfg.supervisor.startup_timeout_s)
@@ -278,9 +279,9 @@ class Supervisor:
     # ------------------------------------------------------------------ liveness (node 0)
     def lost_agents(self) -> list[Lost]:
         """Agents (train nodes and spares) confirmed lost since the last call."""
-        watched = [nr for nr in range(len(self.where.nodes))
-                   if nr != 0 and nr not in self._lost
-                   and (self.where.nodes[nr] in self.node_map or self.where.nodes[nr] in self.spares)]
+        members = {*self.node_map, *self.spares}  # a set: this runs every poll, over N agents
+        watched = [nr for nr, name in enumerate(self.where.nodes)
+                   if nr != 0 and nr not in self._lost and name in members]
         self.liveness.observe(self.channel.beats(watched))
         new = [x for x in self.liveness.lost() if x.node_rank in watched]
         for x in new:
