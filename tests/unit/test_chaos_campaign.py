@@ -65,3 +65,12 @@ def test_the_tool_runs_from_a_checkout() -> None:
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "NOT YET" in res.stdout and "node_loss" in res.stdout
+
+
+def test_a_failed_attempt_ends_the_job_only_once_it_stays_failed() -> None:
+    from slurmkit.testing.chaos.driver import SETTLE_S, settled
+
+    assert settled("COMPLETED", None, 0.0) and settled("CANCELLED by 0", None, 0.0)
+    assert not settled("RUNNING", None, 0.0) and not settled("PENDING", 5.0, 100.0)
+    assert not settled("NODE_FAIL", 100.0, 100.0 + SETTLE_S - 1)
+    assert settled("NODE_FAIL", 100.0, 100.0 + SETTLE_S)

@@ -154,12 +154,27 @@ def reference_digest(cluster: Cluster, plan: RunPlan, run_root: str, *, step_del
     return str(out["param_sha256"])
 
 
+SETTLE_S = 15.0  # a FAILED/NODE_FAIL must last this long: a requeued attempt passes through them
+
+
+def settled(state: str, terminal_since: float | None, now: float) -> bool:
+    """Whether ``state`` ends the job: COMPLETED and CANCELLED at once, the other terminal
+    states once they held for SETTLE_S (Slurm shows the attempt a node loss ended as NODE_FAIL
+    or FAILED before the requeue makes it PENDING again)."""
+    word = state.split()[0] if state else ""
+    if word not in TERMINAL:
+        return False
+    return word in ("COMPLETED", "CANCELLED") or (terminal_since is not None and now - terminal_since >= SETTLE_S)
+
+
 def wait_terminal(cluster: Cluster, job_id: str, timeout_s: float) -> str:
     deadline = time.monotonic() + timeout_s
-    state = "UNKNOWN"
+    state, since = "UNKNOWN", None
     while time.monotonic() < deadline:
         state = cluster.job_state(job_id)
-        if state.split()[0] in TERMINAL:
+        now = time.monotonic()
+        since = (since or now) if state.split()[0] in TERMINAL else None
+        if settled(state, since, now):
             return state
         time.sleep(1)
     return state
@@ -180,6 +195,7 @@ class Driver:
         self.killed: set[str] = set()
         self.down: set[str] = set()
         self._state_checked = 0.0
+        self._terminal_since: float | None = None
 
     # ------------------------------------------------------------------ observing
     def events(self) -> list[dict[str, Any]]:
@@ -190,8 +206,10 @@ class Driver:
             return True
         if time.monotonic() - self._state_checked < 3:
             return False
-        self._state_checked = time.monotonic()
-        return self.cluster.job_state(self.job_id).split()[0] in TERMINAL
+        now = self._state_checked = time.monotonic()
+        state = self.cluster.job_state(self.job_id)
+        self._terminal_since = (self._terminal_since or now) if state.split()[0] in TERMINAL else None
+        return settled(state, self._terminal_since, now)
 
     def wait(self, what: str, cond: Callable[[], Any], poll_s: float = 0.2) -> Any:
         while True:
