@@ -124,7 +124,7 @@ def overrides(plan: RunPlan, *, step_delay_s: float, name: str, faults: bool = T
 def submit(cluster: Cluster, args: list[str], run_root: str) -> tuple[str, str]:
     os.makedirs(run_root, exist_ok=True)
     res = subprocess.run([cluster.python, "-m", "slurmkit.submit", *args, f"submit.run_root={run_root}"],
-                         env=cluster.env, cwd=run_root, capture_output=True, text=True, timeout=180)
+                         env=cluster.env, cwd=run_root, capture_output=True, text=True, timeout=600)
     job = re.search(r"job (\S+) \((slurm|local)\)", res.stdout)
     run_dir = re.search(r"run directory : (\S+)", res.stdout)
     if res.returncode != 0 or not job or not run_dir:

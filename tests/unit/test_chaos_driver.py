@@ -1,0 +1,64 @@
+"""Where the driver places a fault, read from a real ledger file (no cluster: the job's Slurm
+state comes from a stand-in, the ledger is written by the real Ledger writer)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from slurmkit.supervise.ledger import Ledger
+from slurmkit.testing.chaos.driver import Cluster, Driver, RunOver
+from slurmkit.testing.chaos.plan import PlannedFault, draw_plan
+
+
+class StandIn(Cluster):
+    def __init__(self, state: str = "RUNNING") -> None:
+        super().__init__(env={}, repo="/nonexistent", say=lambda s: None)
+        self.state = state
+
+    def job_state(self, job_id: str) -> str:
+        return self.state
+
+
+def driver(tmp_path, events: list[tuple[float, str, dict]], state: str = "RUNNING") -> Driver:
+    clock = iter(t for t, _, _ in events)
+    ledger = Ledger(os.path.join(tmp_path, "ledger.jsonl"), source="agent:node1", clock=lambda: next(clock))
+    for _, name, fields in events:
+        ledger.append(name, **fields)
+    d = Driver(StandIn(state), draw_plan(1), str(tmp_path), "0" * 64)
+    d.job_id, d.run_dir = "7", str(tmp_path)
+    return d
+
+
+RUN = [(1.0, "train_started", {"step": 0, "generation": 0}),
+       (2.0, "ckpt_saved", {"step": 4, "tier": "nvme"}),
+       (2.1, "ckpt_durable", {"step": 4, "tier": "lustre"}),
+       (3.0, "ckpt_saved", {"step": 8, "tier": "nvme"}),
+       (4.0, "failure", {"cls": "rank_crash", "generation": 0}),
+       (4.1, "decision", {"action": "restart", "generation": 0}),
+       (5.0, "ranks_started", {"generation": 1, "node": "node1"}),
+       (6.0, "train_started", {"step": 8, "generation": 1}),
+       (7.0, "ckpt_saved", {"step": 12, "tier": "nvme"})]
+
+
+def test_after_save_counts_checkpoints_since_training_resumed_after_the_previous_fault(tmp_path) -> None:
+    d = driver(tmp_path, RUN)
+    assert d.wait_after_save(PlannedFault("rank_sigkill", "after_save", saves=2, offset=1), since=0.0) == 9
+    # After the fault at t=3.5 training resumed from 8 (t=6): the first new checkpoint is 12.
+    assert d.wait_after_save(PlannedFault("rank_sigkill", "after_save", saves=1, offset=3), since=3.5) == 15
+
+
+def test_during_restart_waits_for_the_decision_then_the_next_ranks(tmp_path) -> None:
+    d = driver(tmp_path, RUN)
+    assert d.wait_restarting(since=3.5) == pytest.approx(5.0)
+    assert d.phase(5.0) == "training"  # train_started at t=6 came after the ranks of t=5
+    assert d.phase(6.5) == "restarting"
+
+
+def test_a_trigger_that_never_comes_ends_when_the_job_ends(tmp_path) -> None:
+    d = driver(tmp_path, RUN, state="COMPLETED")
+    with pytest.raises(RunOver, match=r"2 checkpoint\(s\) after step 8"):
+        d.wait_after_save(PlannedFault("rank_sigkill", "after_save", saves=2, offset=1), since=3.5)
+    with pytest.raises(RunOver, match="training to resume"):
+        d.wait_after_save(PlannedFault("rank_sigkill", "after_save", saves=1, offset=1), since=6.5)
