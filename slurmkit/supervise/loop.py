@@ -33,6 +33,7 @@ from slurmkit.supervise.classify import Evidence, root_cause
 from slurmkit.supervise.monitor import EXIT_CHECKPOINTED_ON_SIGNAL
 from slurmkit.supervise.policy import Action, Decision, History, Limits, State, StateMachine, decide
 from slurmkit.supervise.requeue import requeue_now
+from slurmkit.supervise.succession import claim_path, elect, read_claim
 from slurmkit.supervise.liveness import Liveness, Lost, client_node_states
 from slurmkit.supervise.timeouts import beat_interval_s, liveness_deadline_s
 
@@ -437,18 +438,23 @@ class Supervisor:
 
     def after_node0_loss(self, gen: int, why: str) -> int:
         """Node 0 (store, decider, batch host) is gone. Every surviving agent stops its ranks; the
-        successor, node rank 1, records the failure and requeues the job without node 0, so the
-        job never sits RUNNING with nothing running (with --no-kill Slurm would keep it so).
-        Without Slurm it stops. Exit code: 0 after a requeue (the requeue ends the job), 1 else."""
+        successor (node rank 1, or the next surviving one: slurmkit.supervise.succession) records
+        the failure and requeues the job without node 0, so the job never sits RUNNING with
+        nothing running (with --no-kill Slurm would keep it so, even with a spare: the batch
+        script died with node 0). Without Slurm it stops. Exit code: 0 after a requeue (the
+        requeue ends the job), 1 else."""
         log.error("node 0 lost: %s", why)
         self.node.stop()
         node0 = self.where.nodes[0]
-        if self.where.node_rank != 1:
-            print(f"slurmkit supervisor: {why}; node rank 1 ({self.where.nodes[1]}) records it and requeues",
-                  file=sys.stderr, flush=True)
+        claim = claim_path(self.run_dir, self.where.attempt)
+        grace_s = liveness_deadline_s(self.beat_interval_s, self.cfg.supervisor.node_timeout_s)
+        if not elect(claim, self.where.node_rank, self.where.node_name, grace_s=grace_s,
+                     clock=self.clock, sleep=self.sleep):
+            print(f"slurmkit supervisor: {why}; {read_claim(claim) or 'another agent'} succeeds node 0: "
+                  "records it and requeues", file=sys.stderr, flush=True)
             return 1
         self.ledger.append("failure", generation=gen, cls=FailureClass.NODE_LOSS.value, rank=-1, node=node0,
-                           evidence=f"{why} (recorded by {self.where.node_name}, node rank 1)",
+                           evidence=f"{why} (recorded by {self.where.node_name}, node rank {self.where.node_rank})",
                            time_of_fault=time.time(), ranks_affected=[], slurm_view=[])
         if self.slurm is None:
             reason = f"node_loss of node 0 ({node0}): {why}; no Slurm to requeue with (local mode)"

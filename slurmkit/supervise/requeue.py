@@ -3,6 +3,12 @@
 Slurm holds a requeued job for about 120 s (EligibleTime = requeue time + 121 s). A small
 detached helper waits until the job is pending again and moves its start time to now. It is
 started before the requeue, in its own session, because the requeue ends this job's processes.
+
+A requeue that excludes nodes is a ``requeuehold``: Slurm takes ExcNodeList only while the job
+is pending, and a requeue that waited for a down node to finish (node 0 lost: the job stays
+COMPLETING until Slurm marks it DOWN) comes back pending without the 120 s delay and was
+allocated again within milliseconds, on the excluded node, before the helper could exclude it
+(seen on the local cluster). Held, it cannot start until the helper has excluded and released it.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ RELEASE_TIMEOUT_S = 180.0
 #: through within a second), doubling to at most 5 s so a controller busy with a large
 #: requeue is not hammered; each poll itself retries transient errors with the client's backoff.
 POLL_FIRST_S, POLL_MAX_S = 0.2, 5.0
+
+#: How scontrol names the hold of a job (``requeuehold`` gives the last one).
+HELD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin", "job_requeued_in_held_state"})
 
 #: Starts the detached release helper; returns True once it has left this job's process tree.
 StartHelper = Callable[[list[str], Mapping[str, str]], bool]
@@ -73,7 +82,36 @@ def requeue_now(client: SlurmClient, job_id: str, exclude: tuple[str, ...] | lis
     # Requeue only once the helper has left this job's process tree: the requeue kills the tree.
     if not start_helper(argv, env):
         log.warning("release helper did not detach; the job waits Slurm's requeue delay")
-    client.requeue(job_id)
+    if requeued_already(client, job_id, env):
+        return
+    try:
+        client.requeue(job_id, hold=bool(exclude))
+    except SlurmError:
+        if not requeued_already(client, job_id, env):
+            raise
+
+
+def requeued_already(client: SlurmClient, job_id: str, env: Mapping[str, str]) -> bool:
+    """True when Slurm has requeued this job past the attempt ``env`` belongs to.
+
+    A node 0 lost without --no-kill races Slurm's own NODE_FAIL requeue: when Slurm was first,
+    a second ``scontrol requeue`` fails (pending job) or, worse, lands after the next attempt
+    started and kills it. The helper started above still excludes the bad nodes and releases
+    the pending job. Unknown (no attempt number, controller unreachable): False, requeue.
+    """
+    ours = env.get("SLURM_RESTART_COUNT", "0") or "0"
+    if "SLURM_JOB_ID" not in env or not ours.isdigit():
+        return False
+    try:
+        info = client.job(job_id)
+    except SlurmError as exc:
+        log.warning("scontrol show job %s before the requeue: %s", job_id, exc)
+        return False
+    if info.restart_cnt > int(ours):
+        log.warning("job %s was requeued already (restart %d, this attempt %s): not requeued again",
+                    job_id, info.restart_cnt, ours)
+        return True
+    return False
 
 
 def release_when_pending(client: SlurmClient, job_id: str, exclude: list[str],
@@ -97,10 +135,14 @@ def release_when_pending(client: SlurmClient, job_id: str, exclude: list[str],
             # 0.25 s after the requeue onto the same node). Slurm's own requeue delay avoids
             # it; releasing at once must let the second turn over first (at most 2 s).
             sleep(max(math.floor(wall()) + 2 - wall(), 0.0))
-            if exclude:
-                now_excluded = client.update_exclude(job_id, exclude)
-                print(f"job {job_id}: ExcNodeList={','.join(now_excluded)}", flush=True)
-            client.release_now(job_id)
+            try:
+                if exclude:
+                    now_excluded = client.update_exclude(job_id, exclude)
+                    print(f"job {job_id}: ExcNodeList={','.join(now_excluded)}", flush=True)
+            finally:  # never leave the job held: without the exclusion it still runs
+                if info.reason in HELD_REASONS:
+                    client.release(job_id)
+                client.release_now(job_id)
             print(f"released job {job_id} (StartTime=now)", flush=True)
             return True
         sleep(min(wait, max(deadline - clock(), 0.0)))
