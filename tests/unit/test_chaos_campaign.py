@@ -74,3 +74,12 @@ def test_a_failed_attempt_ends_the_job_only_once_it_stays_failed() -> None:
     assert not settled("RUNNING", None, 0.0) and not settled("PENDING", 5.0, 100.0)
     assert not settled("NODE_FAIL", 100.0, 100.0 + SETTLE_S - 1)
     assert settled("NODE_FAIL", 100.0, 100.0 + SETTLE_S)
+
+
+def test_summarize_gives_the_result_line_of_saved_runs(tmp_path) -> None:
+    runs = [summary(1, goodput=0.4), summary(2, ok=False, lost=3, goodput=0.6, injected=5)]
+    out = tmp_path / "runs.jsonl"
+    out.write_text("".join(r.to_json() + "\n" for r in runs))
+    said: list[str] = []
+    assert main(["--summarize", str(out)], say=said.append) == 1
+    assert said == [result_line(runs)]

@@ -3,6 +3,7 @@
     tools/chaos --seeds 1-5                 # five runs, one plan per seed
     tools/chaos --seed 7                    # replay seed 7 (what a failing seed prints)
     tools/chaos --seeds 1-50 --plan-only    # the plans, without a cluster
+    tools/chaos --summarize runs.jsonl      # the RESULT line of the runs an --out file holds
 
 One uninterrupted reference run gives the digest every run's final parameters must equal
 (``--reference SHA`` reuses one). Runs go one at a time (the cluster is small and shared).
@@ -26,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from slurmkit.testing.chaos.invariants import Verdict, lost_per_fault, verdict
+from slurmkit.testing.chaos.invariants import Check, Verdict, lost_per_fault, verdict
 from slurmkit.testing.chaos.menu import MENU
 from slurmkit.testing.chaos.plan import RunPlan, draw_plan, replay_command
 
@@ -50,6 +51,15 @@ class RunSummary:
             "job_id": self.job_id, "run_dir": self.run_dir, "error": self.error, "replay": self.replay,
             "checks": {c.name: {"ok": c.ok, "detail": c.detail, "value": c.value} for c in self.verdict.checks},
         })
+
+
+def from_json(line: str) -> RunSummary:
+    """A run of an earlier campaign, from its ``--out`` line."""
+    raw = json.loads(line)
+    checks = [Check(name, bool(c["ok"]), str(c["detail"]), c.get("value")) for name, c in raw["checks"].items()]
+    return RunSummary(int(raw["seed"]), int(raw["planned"]), int(raw["injected"]), Verdict(checks),
+                      str(raw["replay"]), str(raw.get("job_id", "")), str(raw.get("run_dir", "")),
+                      str(raw.get("error", "")))
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -130,6 +140,7 @@ def parser() -> argparse.ArgumentParser:
     which.add_argument("--seeds", type=parse_seeds, help="seed list, e.g. 1-5,9")
     which.add_argument("--seed", type=int, help="one seed (replay)")
     which.add_argument("--menu", action="store_true", help="print the fault menu and exit")
+    which.add_argument("--summarize", metavar="FILE", help="the RESULT line of the runs an --out FILE holds")
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--interval", type=int, default=4, help="train.ckpt_interval_steps")
     p.add_argument("--min-faults", type=int, default=3)
@@ -155,6 +166,11 @@ def main(argv: Sequence[str] | None = None, say: Callable[[str], None] | None = 
             say(f"{m.name:<26} {'yes' if m.implemented else 'NOT YET':<8} {','.join(m.moments) or '-':<26} "
                 f"{m.what if m.implemented else m.why_not}")
         return 0
+    if a.summarize:
+        with open(a.summarize) as f:
+            done = [from_json(line) for line in f if line.strip()]
+        say(result_line(done))
+        return 0 if all(r.verdict.ok for r in done) else 1
     seeds = a.seeds if a.seeds is not None else [a.seed]
     plans = [draw_plan(s, steps=a.steps, interval=a.interval, min_faults=a.min_faults,
                        max_faults=a.max_faults, extra=tuple(a.override)) for s in seeds]
