@@ -29,8 +29,8 @@ Per N it measures:
 * ledger_bytes_per_h: the ledger's growth in that window, per hour. Each simulated node writes
   the heartbeat samples the real agent writes (slurmkit.launch.agent.NodeAgent: its sample
   interval, which grows with N; ``--ranks-per-node`` ranks' steps per sample) through the real
-  batched Ledger; ledger_bytes_per_h_est: the same from the rates and the size of one real
-  record (the window is short next to a 2,048-node job's 205 s sample interval);
+  batched Ledger (one per worker process); ledger_bytes_per_h_est: the same from the rates and
+  the size of one real record (the window is short next to a 2,048-node job's 205 s interval);
 * detect_s: one train node's agent dies (its threads freeze, its beats stop, Slurm calls the
   node DOWN): seconds until node 0's loop calls it lost (and posts the failure);
 * decide_s: from then until the last live agent holds node 0's decision (continue on the
@@ -308,6 +308,12 @@ class Agents:
         self.channels = {nr: Channel(self.loops[nr], ATTEMPT, spec.token, names) for nr in nrs}
         self.stop_beats = threading.Event()
         self.threads: list[threading.Thread] = []
+        # The heartbeat samples of this process's nodes go through one batched Ledger (a real
+        # agent has its own, on its own host; here one flusher thread per simulated agent, hundreds
+        # per interpreter waking every 2 s, starved the agents' beats on 2 cores). Same records,
+        # same bytes: the source names a node of the same length.
+        self.samples = Ledger(os.path.join(spec.run_dir, LEDGER_NAME), source=f"agent:{spec.names[-1]}",
+                              flush_interval_s=LEDGER_FLUSH_INTERVAL_S)
         self._slurm = slurm
 
     def start(self) -> None:
@@ -333,7 +339,7 @@ class Agents:
         spec = self.spec
         ledger = Ledger(os.path.join(spec.run_dir, LEDGER_NAME), source=f"agent:{spec.names[nr]}",
                         flush_interval_s=LEDGER_FLUSH_INTERVAL_S)  # as the agent makes it
-        node = SimNode(nr, self.sink, self.finished, name=spec.names[nr], ledger=ledger,
+        node = SimNode(nr, self.sink, self.finished, name=spec.names[nr], ledger=self.samples,
                        sample_s=spec.sample_s[0 if nr == 0 else 1], ranks_per_node=spec.ranks_per_node)
         s = TimedSupervisor(self.cfg, Where(nr, spec.names, ATTEMPT, JOB_ID, "slurm", HOST),
                             self.channels[nr], node, ledger,
@@ -360,6 +366,7 @@ class Agents:
             if not self.loops[nr].gone.is_set():
                 t.join(max(deadline - time.monotonic(), 0.1))
         self.stop_beats.set()
+        self.samples.close()
 
 
 def _worker(spec: Spec, nrs: list[int], events: Any, conn: Any, finished: Any) -> None:
