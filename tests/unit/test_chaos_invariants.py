@@ -44,6 +44,8 @@ def good_ledger() -> list[dict]:
         ev(51, "ranks_started", generation=0, node="node1"),
         ev(55, "train_started", step=20, generation=0),
         ev(60, "ckpt_saved", step=24, tier="nvme"),
+        ev(69, "ckpt_saved", step=32, tier="nvme", promote_to=["lustre"]),
+        ev(69.5, "ckpt_durable", step=32, tier="lustre"),
         ev(70, "train_finished", step=32, generation=0),
         ev(71, "end", status="completed", exit_code=0, generation=0),
     ]
@@ -55,7 +57,7 @@ def good_facts(**changes) -> RunFacts:
         final={"step": 32, "param_sha256": REF},
         injected=[Injected("rank_sigkill", "after_save", T0 + 14, 10, ("node2",), (3,)),
                   Injected("node_loss", "after_save", T0 + 34, 22, ("node2",))],
-        killed_nodes=frozenset({"node2"}))
+        killed_nodes=frozenset({"node2"}), shared_steps=(24, 28, 32))
     return replace(facts, **changes)
 
 
@@ -76,7 +78,7 @@ def test_a_healthy_run_passes_every_check() -> None:
 
 
 def test_a_stop_with_93_does_not_complete() -> None:
-    events = good_ledger()[:-3] + [ev(70, "end", status="stopped", exit_code=93, reason="crash loop")]
+    events = good_ledger()[:-5] + [ev(70, "end", status="stopped", exit_code=93, reason="crash loop")]
     assert "completes" in failing(good_facts(events=events, job_state="FAILED", final=None))
     assert "bit_exact" in failing(good_facts(events=events, job_state="FAILED", final=None))
 
@@ -203,3 +205,9 @@ def test_a_node_another_job_killed_is_interference_not_a_bug() -> None:
     external = replace(facts, external_down=frozenset({"node2"}))
     assert verdict(external).ok
     assert verdict(external).get("external").value == 1
+
+
+def test_a_final_step_never_made_durable_breaks_the_tier_promise() -> None:
+    assert failing(good_facts(events=drop(good_ledger(), "ckpt_durable"))) == {"tiers_hold_final"}
+    assert failing(good_facts(shared_steps=(24, 28))) == {"tiers_hold_final"}
+    assert verdict(good_facts()).get("tiers_hold_final").value == 32

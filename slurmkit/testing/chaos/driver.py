@@ -97,6 +97,15 @@ def down_since(sacctmgr_out: str, since: float) -> set[str]:
     return out
 
 
+def shared_steps(run_dir: str) -> tuple[int, ...]:
+    """The steps the shared tier's directory holds (``step_NNNNNNNNNN``), ascending."""
+    try:
+        names = os.listdir(os.path.join(run_dir, "ckpt", "shared"))
+    except OSError:
+        return ()
+    return tuple(sorted(int(n[5:]) for n in names if n.startswith("step_") and n[5:].isdigit()))
+
+
 @dataclass
 class Run:
     """What one run of a plan left: the facts for the invariants, and the run's handles."""
@@ -443,7 +452,7 @@ class Driver:
             external = frozenset()
         facts = RunFacts(self.events(), self.plan.interval, self.plan.steps, self.reference_sha,
                          state.split()[0], final, list(self.injected), frozenset(self.killed), leftover,
-                         external)
+                         external, shared_steps(self.run_dir))
         return Run(self.plan, self.job_id, self.run_dir, facts, not_reached, error)
 
     def leftover(self, grace_s: float = 60) -> list[str]:

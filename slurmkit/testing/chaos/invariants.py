@@ -12,6 +12,8 @@ check is unit-tested on hand-made ledgers, including ones that must fail.
 - ``lost_steps``: per fault, the step reached when it hit (for a fault in a restart: the newest
   checkpoint written before it) minus the step training resumed from afterwards is at most one
   checkpoint interval; a fault after which training never resumed fails;
+- ``tiers_hold_final``: the newest save is durable on every tier its ``promote_to`` named, and
+  the shared tier's directory holds it (the object tier, when configured, is named there too);
 - ``healthy_excluded``: every node excluded (spare replacement or requeue) was killed by the
   campaign, or failed twice with a node-suspect class (the policy's documented repeat rule);
 - ``exclusions_honoured``: an excluded node runs nothing of the job afterwards (a requeue's
@@ -67,6 +69,7 @@ class RunFacts:
     # Nodes Slurm saw go DOWN during the run that the campaign did not kill: another job's test
     # on the shared machine. Their losses are reported as interference, never as a product bug.
     external_down: frozenset[str] = frozenset()
+    shared_steps: tuple[int, ...] | None = None  # step directories in RUN_DIR/ckpt/shared (None: not read)
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,23 @@ def healthy_excluded(f: RunFacts) -> Check:
     if healthy:
         detail = f"healthy node(s) {healthy} excluded; " + detail
     return Check("healthy_excluded", not healthy, detail, len(healthy))
+
+
+def tiers_hold_final(f: RunFacts) -> Check:
+    """The newest save was made durable on every tier its ``promote_to`` promised, and the
+    shared tier's directory holds it."""
+    saves = [e for e in _of(f.events, "ckpt_saved") if e.get("step") is not None]
+    if not saves:
+        return Check("tiers_hold_final", False, "no checkpoint was saved")
+    last = max(saves, key=lambda e: (int(e["step"]), _t(e)))
+    step = int(last["step"])
+    promised = [str(t) for t in last.get("promote_to") or []]
+    durable = {str(e.get("tier")) for e in _of(f.events, "ckpt_durable") if e.get("step") == step}
+    problems = [f"step {step} never durable on {t}" for t in promised if t not in durable]
+    if f.shared_steps is not None and "lustre" in promised and step not in f.shared_steps:
+        problems.append(f"step {step} is not in the shared tier's directory (holds {list(f.shared_steps)[-3:]})")
+    return Check("tiers_hold_final", not problems, "; ".join(problems) or
+                 f"step {step} durable on {', '.join(promised) or 'its own tier only'}", step)
 
 
 def exclusions_honoured(f: RunFacts) -> Check:
@@ -303,7 +323,7 @@ def goodput(f: RunFacts) -> Check:
     return Check("goodput", True, f"{g:.3f}", g)
 
 
-CHECKS = (completes, bit_exact, lost_steps, healthy_excluded, exclusions_honoured, no_leftover_processes,
+CHECKS = (completes, bit_exact, lost_steps, tiers_hold_final, healthy_excluded, exclusions_honoured, no_leftover_processes,
           ledger_consistent, external, goodput)
 
 
