@@ -324,23 +324,20 @@ class Driver:
         if kind == "nccl_abort":
             return self.arm_nccl(f, aim)
         if kind in ("rank_sigkill", "rank_sigstop", "two_at_once"):
-            if aim >= 0:
-                p, step = self.wait_step(f.target, aim)
-            else:
-                p = self.wait(f"rank {f.target} of the next generation", lambda: self.ranks().get(f.target))
-                step = None
-            phase = self.phase(restart_t) if aim < 0 else "training"
-            t = time.time()
-            os.kill(p.pid, signal.SIGSTOP if kind == "rank_sigstop" else signal.SIGKILL)
+            sig = signal.SIGSTOP if kind == "rank_sigstop" else signal.SIGKILL
+            p, step, phase, t = self.signal_rank(f.target, aim, restart_t, sig)
             hit = [f.target]
             nodes = [p.node]
             if kind == "two_at_once":
                 time.sleep(0.3)  # the fault itself: a second kill 0.3 s after the first
                 q = self.ranks().get(f.second)
-                if q is not None:
-                    os.kill(q.pid, signal.SIGKILL)
-                    hit.append(f.second)
-                    nodes.append(q.node)
+                try:
+                    if q is not None:
+                        os.kill(q.pid, signal.SIGKILL)
+                        hit.append(f.second)
+                        nodes.append(q.node)
+                except ProcessLookupError:
+                    pass  # the agents already stopped it: the first kill was noticed within 0.3 s
             self.mark(f, t, step, tuple(nodes), tuple(hit), phase)
             return t
         if aim >= 0:
@@ -372,6 +369,25 @@ class Driver:
             self.mark(f, t, step, (shell.node,), (), phase)
             return t
         raise ValueError(f"the driver cannot inject {kind!r}")
+
+    def signal_rank(self, rank: int, aim: int, restart_t: float,
+                    sig: int) -> tuple[procs.Proc, int | None, str, float]:
+        """Signal ``rank`` at step ``aim`` (or, with aim < 0, as soon as its next generation
+        runs); returns (its process, step, phase, time). A rank that left between the scan and
+        the signal is looked up again: the signal goes to its successor."""
+        while True:
+            step: int | None = None
+            if aim >= 0:
+                p, step = self.wait_step(rank, aim)
+            else:
+                p = self.wait(f"rank {rank} of the next generation", lambda: self.ranks().get(rank))
+            phase = self.phase(restart_t) if aim < 0 else "training"
+            t = time.time()
+            try:
+                os.kill(p.pid, sig)
+                return p, step, phase, t
+            except ProcessLookupError:
+                continue
 
     def arm_nccl(self, f: PlannedFault, aim: int) -> float:
         """Remove the once-marker of a step ahead of the rank: it prints the NCCL line and aborts
