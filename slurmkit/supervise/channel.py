@@ -14,6 +14,11 @@ can connect to a TCPStore, so nothing here trusts a name or a value by itself:
 The token lives in a 0600 file of the run directory (``rdzv/token``), created by the first
 agent that starts the run; a file others can read or write, or owned by someone else, is
 refused. Counters (``add``) cannot carry a MAC; their keys are as unguessable as the rest.
+
+Every message costs its reader O(1) round trips whatever the number of agents N (2,048 nodes
+means 2,048 readers of one store): an agent polls one change counter per generation, blocks on
+the decision key with one store ``wait`` (woken by node 0's post), and node 0 reads every
+agent's beat or evidence with one ``multi_get``, never a get per agent.
 """
 
 from __future__ import annotations
