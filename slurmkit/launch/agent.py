@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from slurmkit import contract
 from slurmkit.config import SlurmkitConfig, load_frozen
+from slurmkit.health.preflight import node_preflight
 from slurmkit.launch.context import NodeContext, node_context
 from slurmkit.launch.ranks import RankProcess, spawn_rank, stop_ranks
 from slurmkit.launch.rendezvous import connect
@@ -83,6 +84,8 @@ class NodeAgent:
         # as the job grows, so the shared ledger sees at most ~LEDGER_SAMPLES_PER_S appends/s.
         sample_s = cfg.supervisor.heartbeat_ledger_interval_s
         self.sample_interval_s = sample_s if ctx.node_rank == 0 else max(sample_s, ctx.num_nodes / LEDGER_SAMPLES_PER_S)
+        # This node's pre-flight checks before each generation's ranks start (slurmkit.health).
+        self.preflight = node_preflight(cfg, self.layout, run_dir, ctx.node_name, self.env, ledger)
 
     def _plans(self) -> list[object] | None:
         if not self.cfg.topology.enabled:
@@ -120,6 +123,11 @@ class NodeAgent:
         monitor = RankMonitor(self.ctx.node_name, gen, heartbeat_timeout_s=self.cfg.supervisor.heartbeat_timeout_s,
                               startup_timeout_s=self.cfg.supervisor.startup_timeout_s)
         self.monitor = monitor
+        failed = self.preflight.run(gen) if self.preflight is not None else None
+        if failed is not None:  # a bad node: no ranks here; the supervisor replaces or excludes it
+            monitor.report(failed)
+            self.procs = []
+            return
         plans = self._plans()
         argv = rank_command(self.cfg.job.command)
         procs = []

@@ -137,6 +137,8 @@ def test_health_config_is_validated() -> None:
     with pytest.raises(ConfigError):
         compose(["+exp=tiny", "cluster=local", "health.no_such_key=1"])
     assert compose(["+exp=tiny", "cluster=local", "health=off"]).health.enabled is False
+    strict = compose(["+exp=tiny", "cluster=local", "health=datacenter"]).health
+    assert strict.enabled and strict.nvme_min_write_mb_s == 200.0 and strict.nvme_probe_mb == 64.0
 
 
 # ------------------------------------------------------------------ the supervisor's side
