@@ -211,3 +211,26 @@ def test_a_final_step_never_made_durable_breaks_the_tier_promise() -> None:
     assert failing(good_facts(events=drop(good_ledger(), "ckpt_durable"))) == {"tiers_hold_final"}
     assert failing(good_facts(shared_steps=(24, 28))) == {"tiers_hold_final"}
     assert verdict(good_facts()).get("tiers_hold_final").value == 32
+
+
+def test_a_killed_agent_is_no_node_loss_for_the_repeat_rule() -> None:
+    """Seen in seed 1: an NCCL error on node2, then node2's agent SIGKILLed; node 0 called it a
+    node loss and excluded node2. Slurm had node2 up: one suspect failure, a healthy node."""
+    events = good_ledger()
+    for e in events:
+        if e["event"] == "failure" and e["cls"] == "rank_crash":
+            e["cls"], e["node"] = "nccl_error", "node2"
+    agent = [Injected("nccl_abort", "after_save", T0 + 14, 10, ("node2",), (3,)),
+             Injected("agent_sigkill", "after_save", T0 + 34, 22, ("node2",))]
+    facts = good_facts(events=events, injected=agent, killed_nodes=frozenset())
+    assert failing(facts) == {"healthy_excluded"}
+    assert "healthy node(s) ['node2']" in verdict(facts).get("healthy_excluded").detail
+
+
+def test_the_repeat_rule_counts_within_one_allocation() -> None:
+    events = good_ledger()
+    for e in events:
+        if e["event"] == "failure":
+            e["cls"], e["node"] = "hang", "node2"
+    events.insert(16, ev(30, "allocation_start", job_id="5", nodes=["node1", "node2"]))  # between the two
+    assert "healthy_excluded" in failing(good_facts(events=events, killed_nodes=frozenset()))

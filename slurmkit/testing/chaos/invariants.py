@@ -160,22 +160,34 @@ def _excluded(events: Sequence[Event]) -> set[str]:
     return out | {str(n) for e in _of(events, "requeue") for n in e.get("exclude") or []}
 
 
-def _repeat_rule(events: Sequence[Event]) -> set[str]:
-    """Nodes with two node-suspect failures: the policy excludes them by design."""
+def _repeat_rule(f: RunFacts) -> set[str]:
+    """Nodes with two node-suspect failures in one allocation: the policy excludes them by
+    design. A ``node_loss`` of a node that was never lost (not killed by the campaign, not
+    DOWN in Slurm: e.g. only its agent died) does not count: that is the misjudgement this
+    check exists to catch."""
+    lost = f.killed_nodes | f.external_down
+    out: set[str] = set()
     counts: Counter[str] = Counter()
-    for e in _of(events, "failure"):
+    for e in ordered(f.events):
+        if e.get("event") == "allocation_start":
+            counts = Counter()
+        if e.get("event") != "failure" or not e.get("node"):
+            continue
         try:
             suspect = CLASS_INFO[FailureClass(str(e.get("cls")))].suspect_node
         except ValueError:
             suspect = False
-        if suspect and e.get("node"):
-            counts[str(e["node"])] += 1
-    return {n for n, k in counts.items() if k >= 2}
+        node = str(e["node"])
+        if suspect and not (e.get("cls") == "node_loss" and node not in lost):
+            counts[node] += 1
+            if counts[node] >= 2:
+                out.add(node)
+    return out
 
 
 def healthy_excluded(f: RunFacts) -> Check:
     excluded = _excluded(f.events)
-    rule = _repeat_rule(f.events) - f.killed_nodes
+    rule = _repeat_rule(f) - f.killed_nodes
     healthy = sorted(excluded - f.killed_nodes - rule - f.external_down)
     detail = (f"excluded {sorted(excluded) or 'none'}; killed {sorted(f.killed_nodes) or 'none'}"
               + (f"; by the repeat rule {sorted(rule & excluded)}" if rule & excluded else "")
