@@ -62,3 +62,36 @@ def test_a_trigger_that_never_comes_ends_when_the_job_ends(tmp_path) -> None:
         d.wait_after_save(PlannedFault("rank_sigkill", "after_save", saves=2, offset=1), since=3.5)
     with pytest.raises(RunOver, match="training to resume"):
         d.wait_after_save(PlannedFault("rank_sigkill", "after_save", saves=1, offset=1), since=6.5)
+
+
+def test_a_finished_run_is_judged_again_from_its_directory(tmp_path) -> None:
+    from slurmkit.testing.chaos.driver import facts_from_run_dir
+    from slurmkit.testing.chaos.invariants import verdict
+
+    (tmp_path / "config.yaml").write_text("train:\n  steps: 12\n  ckpt_interval_steps: 4\n")
+    (tmp_path / "final.json").write_text('{"step": 12, "param_sha256": "' + "c" * 64 + '"}')
+    (tmp_path / "ckpt" / "shared" / "step_0000000012").mkdir(parents=True)
+    events = [(1.0, "allocation_start", {"nodes": ["node1", "node2"]}),
+              (2.0, "ranks_started", {"generation": 0, "node": "node1"}),
+              (3.0, "train_started", {"step": 0, "generation": 0}),
+              (4.0, "ckpt_saved", {"step": 4, "tier": "nvme"}),
+              (5.0, "fault_injected", {"kind": "node_loss", "time": 5.0, "step": 6, "node": "node2"}),
+              (6.0, "failure", {"cls": "node_loss", "node": "node2", "generation": 0}),
+              (6.1, "decision", {"action": "requeue", "generation": 0, "exclude": ["node2"]}),
+              (6.2, "exclusion", {"nodes": ["node2"], "how": "requeue"}),
+              (6.3, "requeue", {"reason": "node loss", "exclude": ["node2"]}),
+              (9.0, "allocation_start", {"nodes": ["node1", "node3"]}),
+              (10.0, "train_started", {"step": 4, "generation": 0}),
+              (11.0, "ckpt_saved", {"step": 12, "tier": "nvme", "promote_to": ["lustre"]}),
+              (11.5, "ckpt_durable", {"step": 12, "tier": "lustre"}),
+              (12.0, "end", {"status": "completed", "exit_code": 0})]
+    d = driver(tmp_path, events)
+    # The driver's own fault record is written with source "chaos", as Driver.mark does.
+    lines = (tmp_path / "ledger.jsonl").read_text().replace('"source": "agent:node1", "kind"', '"source": "chaos", "kind"')
+    (tmp_path / "ledger.jsonl").write_text(lines)
+    facts = facts_from_run_dir(d.run_dir, "c" * 64, job_state="COMPLETED")
+    assert (facts.steps, facts.interval, facts.killed_nodes) == (12, 4, frozenset({"node2"}))
+    assert [(i.kind, i.step) for i in facts.injected] == [("node_loss", 6)]
+    v = verdict(facts)
+    assert v.ok, [(c.name, c.detail) for c in v.checks if not c.ok]
+    assert v.get("lost_steps").value == 2

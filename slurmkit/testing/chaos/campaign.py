@@ -121,6 +121,15 @@ def run_one(plan: RunPlan, *, cluster, run_root: str, reference: str, step_delay
                       run.run_dir, run.error)
 
 
+def _job_of(run_dir: str) -> str:
+    from slurmkit.supervise.ledger import read_ledger
+
+    for e in read_ledger(os.path.join(run_dir, "ledger.jsonl")):
+        if e.get("event") == "submitted" and e.get("job_id"):
+            return str(e["job_id"])
+    return ""
+
+
 def cluster_env() -> dict[str, str]:
     """This process's environment plus the local cluster's (SLURM_CONF, the S3 endpoint)."""
     state = os.environ.get("SLURMKIT_CLUSTER_DIR", "/tmp/slurmkit-cluster")
@@ -141,6 +150,8 @@ def parser() -> argparse.ArgumentParser:
     which.add_argument("--seed", type=int, help="one seed (replay)")
     which.add_argument("--menu", action="store_true", help="print the fault menu and exit")
     which.add_argument("--summarize", metavar="FILE", help="the RESULT line of the runs an --out FILE holds")
+    which.add_argument("--recheck", metavar="RUN_DIR", help="judge a finished run again from its directory "
+                                                            "(needs --reference)")
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--interval", type=int, default=4, help="train.ckpt_interval_steps")
     p.add_argument("--min-faults", type=int, default=3)
@@ -171,6 +182,18 @@ def main(argv: Sequence[str] | None = None, say: Callable[[str], None] | None = 
             done = [from_json(line) for line in f if line.strip()]
         say(result_line(done))
         return 0 if all(r.verdict.ok for r in done) else 1
+    if a.recheck:
+        from slurmkit.testing.chaos.driver import Cluster, facts_from_run_dir
+
+        if not a.reference:
+            raise SystemExit("chaos: --recheck needs --reference SHA (the uninterrupted run's param_sha256)")
+        ends = [e for e in facts_from_run_dir(a.recheck, a.reference, job_state="").events if e.get("event") == "end"]
+        job = str(next((e.get("job_id") for e in ends if e.get("job_id")), "")) or _job_of(a.recheck)
+        state = Cluster(cluster_env(), REPO).job_state(job).split()[0] if job else "UNKNOWN"
+        v = verdict(facts_from_run_dir(a.recheck, a.reference, job_state=state))
+        for c in v.checks:
+            say(f"    {c.name:<22} {'ok  ' if c.ok else 'FAIL'} {c.detail}")
+        return 0 if v.ok else 1
     seeds = a.seeds if a.seeds is not None else [a.seed]
     plans = [draw_plan(s, steps=a.steps, interval=a.interval, min_faults=a.min_faults,
                        max_faults=a.max_faults, extra=tuple(a.override)) for s in seeds]

@@ -483,6 +483,31 @@ class Driver:
             time.sleep(0.5)
 
 
+def facts_from_run_dir(run_dir: str, reference_sha: str, *, job_state: str) -> RunFacts:
+    """The facts of a finished run read back from its directory (``--recheck``): the faults
+    from its ``fault_injected`` events, the killed nodes from its node_loss faults. What only
+    the live driver saw (leftover processes, Slurm's node events) is left empty."""
+    events = list(read_ledger(os.path.join(run_dir, "ledger.jsonl")))
+    import yaml
+
+    with open(os.path.join(run_dir, "config.yaml")) as f:
+        train = yaml.safe_load(f)["train"]
+    steps, interval = int(train["steps"]), int(train["ckpt_interval_steps"])
+    injected = [Injected(str(e["kind"]), str(e.get("moment", "")), float(e.get("time", e["t"])),
+                         e.get("step"), (str(e["node"]),) if e.get("node") else (),
+                         (int(e["rank"]),) if e.get("rank") is not None else (), str(e.get("phase", "")))
+                for e in events if e.get("event") == "fault_injected" and e.get("source") == "chaos"]
+    killed = frozenset(n for i in injected if i.kind == "node_loss" for n in i.nodes)
+    final = None
+    try:
+        with open(os.path.join(run_dir, "final.json")) as f:
+            final = json.load(f)
+    except (OSError, ValueError):
+        pass
+    return RunFacts(events, interval, steps, reference_sha, job_state, final, injected, killed,
+                    shared_steps=shared_steps(run_dir))
+
+
 def diagnose(run: Run) -> str:
     """The ledger without heartbeats, one short line per event: what a failing seed prints."""
     lines = []
