@@ -1,7 +1,8 @@
 """A site's own health commands (``health.extra_commands``): argv lists run without a shell.
 
-Exit 0 is a healthy node; anything else, or no exit within the deadline (the command's whole
-process group is killed then), is a bad node, with the end of its output as the evidence. The
+Exit 0 is a healthy node; any other exit is a bad node, with the end of its output as the
+evidence. No exit within the deadline (the command's whole process group is killed then) is
+``wait``: re-checked with a longer deadline, as a slow node is not a bad one. The
 output is read as it comes and only its last ``max_bytes`` kept, so a command that floods its
 output cannot fill the agent's memory.
 """
@@ -15,7 +16,7 @@ import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
 
-from slurmkit.health.result import CheckResult, Figure, bad, ok, printable
+from slurmkit.health.result import CheckResult, Figure, bad, ok, printable, wait
 
 
 def check_name(argv: Sequence[str]) -> str:
@@ -60,9 +61,9 @@ def run_site_command(argv: Sequence[str], env: Mapping[str, str], timeout_s: flo
     reader.join(1.0)
     output = printable(b"".join(keep)[-max_bytes:].decode(errors="replace"), max_bytes).strip()
     figures: dict[str, Figure] = {"exit_code": -1 if code is None else code, "output": output}
-    if code is None:
-        return bad(name, f"{argv[0]} did not finish within {timeout_s:g} s (killed); output: {output[-300:]!r}",
-                   "each site health command finishes within health.timeout_s", fix, **figures)
+    if code is None:  # slow is not unhealthy (a loaded node): re-checked with a longer deadline
+        return wait(name, f"{argv[0]} did not finish within {timeout_s:g} s (killed); output: {output[-300:]!r}",
+                    "each site health command finishes within health.timeout_s", fix, **figures)
     if code != 0:
         return bad(name, f"{argv[0]} exited {code}: {output[-300:]!r}",
                    "every site health command exits 0", fix, **figures)

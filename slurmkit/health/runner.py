@@ -1,7 +1,9 @@
 """Run checks at the same time, each with its own deadline.
 
-A check that hangs (nvidia-smi on a GPU that fell off the bus, a stat on a hung NFS mount) is
-left behind in its daemon thread and gets its timeout verdict; the pre-flight goes on. A check
+A check that hangs (nvidia-smi on a GPU that fell off the bus, a stat on a hung NFS mount, or
+only a loaded node) is left behind in its daemon thread and gets its timeout verdict; the
+pre-flight goes on. Missing a deadline is no evidence against a node (a busy machine misses
+them too), so the pre-flight gives every timeout ``wait`` and re-checks with a longer one. A check
 whose previous run is still blocked is not started again (that would pile up stuck threads on a
 hung mount): it gets its timeout verdict at once. A check that raises is a bug or an
 environment this code does not know, never evidence against the node: it is ``skipped`` with
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from slurmkit.health.result import CheckResult, Verdict
 
 log = logging.getLogger(__name__)
+_GRACE = 1.2  # the runner waits this many times a check's deadline before it gives up on it
 
 
 @dataclass(frozen=True)
@@ -33,24 +36,25 @@ class Timeout:
 @dataclass
 class Check:
     name: str
-    run: Callable[[], CheckResult]
+    run: Callable[[float], CheckResult]  # called with its deadline in seconds (for its own subprocesses)
     timeout_s: float
     on_timeout: Timeout
     _thread: threading.Thread | None = field(default=None, repr=False)
     _started: float = field(default=0.0, repr=False)
 
 
-def _timed_out(check: Check, waited_s: float, still_blocked: bool) -> CheckResult:
+def _timed_out(check: Check, waited_s: float, deadline_s: float, still_blocked: bool) -> CheckResult:
     how = (f"its previous run is still blocked after {waited_s:.1f} s" if still_blocked
-           else f"no answer within {check.timeout_s:g} s")
+           else f"no answer within {deadline_s:g} s")
     return CheckResult(check.name, check.on_timeout.verdict, f"{check.name}: {how}",
                        check.on_timeout.requirement, check.on_timeout.fix,
                        {"timed_out": True}, duration_s=waited_s)
 
 
-def run_checks(checks: Sequence[Check], *, clock: Callable[[], float] = time.monotonic) -> list[CheckResult]:
+def run_checks(checks: Sequence[Check], *, scale: float = 1.0,
+               clock: Callable[[], float] = time.monotonic) -> list[CheckResult]:
     """Every check's result, in the order given; returns when each has finished or passed its
-    deadline (so after about the longest deadline at most)."""
+    deadline, ``scale`` times its ``timeout_s`` (so after about the longest deadline at most)."""
     slots: list[list[CheckResult]] = [[] for _ in checks]
     started: list[threading.Thread | None] = []
     t0 = clock()
@@ -62,7 +66,7 @@ def run_checks(checks: Sequence[Check], *, clock: Callable[[], float] = time.mon
         def body(check: Check = check, slot: list[CheckResult] = slot) -> None:
             t = clock()
             try:
-                result = check.run()
+                result = check.run(check.timeout_s * scale)
             except Exception as exc:  # noqa: BLE001 - a broken check is reported, never fatal
                 log.exception("pre-flight check %s raised", check.name)
                 result = CheckResult(check.name, Verdict.SKIPPED, f"the check itself failed: {exc!r}"[:500])
@@ -75,8 +79,11 @@ def run_checks(checks: Sequence[Check], *, clock: Callable[[], float] = time.mon
     results: list[CheckResult] = []
     for check, slot, maybe in zip(checks, slots, started):
         if maybe is None:
-            results.append(_timed_out(check, clock() - check._started, still_blocked=True))
+            results.append(_timed_out(check, clock() - check._started, check.timeout_s * scale, still_blocked=True))
             continue
-        maybe.join(max(0.0, t0 + check.timeout_s - clock()))
-        results.append(slot[0] if slot else _timed_out(check, clock() - t0, still_blocked=False))
+        # A little past the deadline the check itself was given, so that its own subprocess
+        # timeout (which says more than "no answer") is what reports a slow command.
+        maybe.join(max(0.0, t0 + check.timeout_s * scale * _GRACE - clock()))
+        results.append(slot[0] if slot else _timed_out(check, clock() - t0, check.timeout_s * scale,
+                                                       still_blocked=False))
     return results

@@ -228,7 +228,7 @@ def test_site_command_exit_codes_timeouts_and_bounded_output(tmp_path) -> None:
     assert str(r.figures["output"]).endswith("?[2Jthe end")  # the escape character is neutralised
     r = run_site_command([sys.executable, "-c", "import time; print('stuck', flush=True); time.sleep(600)"],
                          env, 0.5, 100)
-    assert r.verdict == Verdict.BAD_NODE and r.figures["exit_code"] == -1 and "killed" in r.detected
+    assert r.verdict == Verdict.WAIT and r.figures["exit_code"] == -1 and "killed" in r.detected  # slow, not bad
     r = run_site_command([str(tmp_path / "no-such-check")], env, 5, 100)
     assert r.verdict == Verdict.BAD_NODE and "cannot run" in r.detected
 

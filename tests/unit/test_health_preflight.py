@@ -24,7 +24,6 @@ from slurmkit.supervise.policy import Action, History, Limits, decide
 
 # No "[seconds since boot]" stamp: the emulated line counts whatever this machine's uptime.
 XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=2811, GPU has fallen off the bus.\n"
-BAD_T = Timeout(Verdict.BAD_NODE, "answers", "drain it")
 WAIT_T = Timeout(Verdict.WAIT, "answers", "wait")
 
 
@@ -33,13 +32,13 @@ def test_a_hung_check_gets_its_timeout_verdict_and_is_not_started_twice() -> Non
     release = threading.Event()
     calls = []
 
-    def hung():
+    def hung(_deadline_s):
         calls.append(1)
         release.wait(60)
         return ok("fs", "late")
 
     fs = Check("fs", hung, 0.2, WAIT_T)
-    quick = Check("gpus", lambda: ok("gpus", "fine"), 5.0, BAD_T)
+    quick = Check("gpus", lambda _d: ok("gpus", "fine"), 5.0, WAIT_T)
     first = run_checks([fs, quick])
     assert [r.verdict for r in first] == [Verdict.WAIT, Verdict.OK] and first[0].figures["timed_out"] is True
     again = run_checks([fs])  # the first probe is still stuck: no second thread piles up on it
@@ -50,10 +49,10 @@ def test_a_hung_check_gets_its_timeout_verdict_and_is_not_started_twice() -> Non
 
 
 def test_a_check_that_raises_is_skipped_not_a_bad_node() -> None:
-    def broken():
+    def broken(_deadline_s):
         raise KeyError("unexpected")
 
-    (r,) = run_checks([Check("x", broken, 5.0, BAD_T)])
+    (r,) = run_checks([Check("x", broken, 5.0, WAIT_T)])
     assert r.verdict == Verdict.SKIPPED and "KeyError" in r.detected
 
 
@@ -65,8 +64,9 @@ def ledger_events(path: str) -> list[dict]:
 def test_bad_node_is_recorded_and_becomes_preflight_evidence(tmp_path) -> None:
     path = str(tmp_path / "ledger.jsonl")
     led = Ledger(path, source="agent:node2")  # validates every event against the schema
-    checks = [Check("gpus", lambda: ok("gpus", "8 GPUs", gpus_found=8), 5, BAD_T),
-              Check("nvme", lambda: bad("nvme", "0.00 GiB free", "1 GiB free", "free space", free_gb=0.0), 5, BAD_T)]
+    checks = [Check("gpus", lambda _d: ok("gpus", "8 GPUs", gpus_found=8), 5, WAIT_T),
+              Check("nvme", lambda _d: bad("nvme", "0.00 GiB free", "1 GiB free", "free space", free_gb=0.0), 5,
+                    WAIT_T)]
     ev = Preflight(checks, "node2", led, wait_max_s=60, wait_retry_s=1).run(gen=3)
     led.close()
     assert isinstance(ev, Evidence) and ev.cls == FailureClass.PREFLIGHT and ev.node == "node2" and ev.rank == -1
@@ -82,7 +82,7 @@ def test_wait_is_rechecked_then_the_ranks_start() -> None:
     answers = iter([wait("shared:lustre", "hung", "answers", "wait")] * 2 + [ok("shared:lustre", "back")])
     calls = {"gpus": 0}
 
-    def gpus():
+    def gpus(_deadline_s):
         calls["gpus"] += 1
         return ok("gpus", "fine")
 
@@ -92,7 +92,7 @@ def test_wait_is_rechecked_then_the_ranks_start() -> None:
         def append(self, event, **fields):
             events.append((event, fields))
 
-    pf = Preflight([Check("gpus", gpus, 5, BAD_T), Check("shared:lustre", lambda: next(answers), 5, WAIT_T)],
+    pf = Preflight([Check("gpus", gpus, 5, WAIT_T), Check("shared:lustre", lambda _d: next(answers), 5, WAIT_T)],
                    "node1", L(), wait_max_s=100, wait_retry_s=10, clock=lambda: now[0],
                    sleep=lambda s: now.__setitem__(0, now[0] + s))
     assert pf.run(0) is None
@@ -100,11 +100,45 @@ def test_wait_is_rechecked_then_the_ranks_start() -> None:
     assert [f["waited_s"] for _, f in events] == [0.0, 10.0, 20.0]
 
     events.clear()
-    stuck = Preflight([Check("shared:lustre", lambda: wait("shared:lustre", "hung", "a", "b"), 5, WAIT_T)],
+    stuck = Preflight([Check("shared:lustre", lambda _d: wait("shared:lustre", "hung", "a", "b"), 5, WAIT_T)],
                       "node1", L(), wait_max_s=30, wait_retry_s=10, clock=lambda: now[0],
                       sleep=lambda s: now.__setitem__(0, now[0] + s))
     assert stuck.run(1) is None  # a shared tier that stays down is no reason to drop this node
     assert [f["verdict"] for _, f in events] == ["wait"] * 4
+
+
+def test_a_node_check_that_misses_its_deadline_is_rechecked_longer_never_bad(tmp_path) -> None:
+    """A loaded node misses deadlines: the GPU query that outlives its deadline is "wait", and the
+    re-check gives it twice as long (the real deadline reaches the real subprocess)."""
+    smi = tmp_path / "nvidia-smi"
+    marker = tmp_path / "second-call"
+    # Slow the first time (past its 0.3 s deadline), quick the second: a burst of load.
+    smi.write_text(f"""#!{sys.executable}
+import os, sys, time
+if not os.path.exists({str(marker)!r}):
+    open({str(marker)!r}, "w").close(); time.sleep(30)
+print("0, 00000000:01:00.0, 0")
+""")
+    smi.chmod(0o755)
+    health = HealthConfig(timeout_s=0.3, kernel_log="", nvidia_smi=str(smi))
+    cfg = compose(["+exp=tiny", "cluster=local"])
+    checks = [c for c in build_checks(health, cfg.store, gpus_planned=1, node="n1",
+                                      env={"SLURMKIT_RUN_DIR": str(tmp_path / "run"), "PATH": os.environ["PATH"]})
+              if c.name == "gpus"]
+    deadlines: list[float] = []
+    inner = checks[0].run
+    checks[0].run = lambda d: (deadlines.append(d), inner(d))[1]
+    seen: list[dict] = []
+
+    class L:
+        def append(self, event, **fields):
+            seen.append(fields)
+
+    assert Preflight(checks, "n1", L(), wait_max_s=600, wait_retry_s=0.01).run(0) is None
+    verdicts = [f["checks"][0]["verdict"] for f in seen]
+    assert verdicts[0] == "wait" and "within 0.3 s" in seen[0]["checks"][0]["message"], seen[0]
+    assert verdicts[-1] == "ok" and set(verdicts[:-1]) == {"wait"}, verdicts
+    assert deadlines[0] == pytest.approx(0.3) and deadlines == sorted(deadlines) and deadlines[-1] > 0.3, deadlines
 
 
 def test_build_checks_from_a_config_and_an_emulated_kernel_log(tmp_path) -> None:
