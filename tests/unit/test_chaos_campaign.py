@@ -83,3 +83,15 @@ def test_summarize_gives_the_result_line_of_saved_runs(tmp_path) -> None:
     said: list[str] = []
     assert main(["--summarize", str(out)], say=said.append) == 1
     assert said == [result_line(runs)]
+
+
+def test_only_a_down_near_the_node_loss_makes_it_external() -> None:
+    """Seen in seed 2: node 1's agent called node 0 lost 7 s after the job's own end; node 0
+    went DOWN (someone else's kill) two minutes later. That later DOWN excuses nothing."""
+    from slurmkit.testing.chaos.driver import external_losses
+
+    failure = [{"t": 1000.0, "event": "failure", "cls": "node_loss", "node": "node2"}]
+    assert external_losses(failure, [("node2", 1040.0)], set()) == {"node2"}
+    assert external_losses(failure, [("node2", 1200.0)], set()) == frozenset()
+    assert external_losses(failure, [("node2", 1040.0)], {"node2"}) == frozenset()  # ours
+    assert external_losses(failure, [("node3", 1040.0)], set()) == frozenset()

@@ -59,12 +59,12 @@ class Cluster:
         rows = [r.split()[0] for r in res.stdout.splitlines() if r.strip()]
         return rows[-1] if rows else "UNKNOWN"
 
-    def down_nodes(self, since: float) -> set[str]:
-        """Nodes Slurm recorded going DOWN since ``since`` (epoch s): its node events."""
+    def down_nodes(self, since: float) -> list[tuple[str, float]]:
+        """(node, time) of every DOWN Slurm recorded since ``since`` (epoch s): its node events."""
         start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since))
         res = self.slurm("sacctmgr", "-n", "-P", "show", "event", f"start={start}",
                          "format=NodeName,TimeStart,State")
-        return down_since(res.stdout, since)
+        return down_events(res.stdout, since)
 
     def restore_node(self, node: str, timeout_s: float = 180) -> None:
         """Start the node's slurmd again and wait until Slurm takes jobs on it."""
@@ -80,10 +80,10 @@ class Cluster:
         raise RuntimeError(f"{node} did not come back within {timeout_s:.0f} s")
 
 
-def down_since(sacctmgr_out: str, since: float) -> set[str]:
-    """Node names from ``sacctmgr show event`` rows (NodeName|TimeStart|State) that went DOWN
-    at or after ``since``; the cluster-wide rows (no node name) are skipped."""
-    out = set()
+def down_events(sacctmgr_out: str, since: float) -> list[tuple[str, float]]:
+    """(node, epoch s) of every ``sacctmgr show event`` row (NodeName|TimeStart|State) that
+    took a node DOWN at or after ``since``; the cluster-wide rows (no node name) are skipped."""
+    out = []
     for row in sacctmgr_out.splitlines():
         parts = row.split("|")
         if len(parts) < 3 or not parts[0] or "DOWN" not in parts[2]:
@@ -93,8 +93,32 @@ def down_since(sacctmgr_out: str, since: float) -> set[str]:
         except ValueError:
             continue
         if t >= since - 1:  # the event's time has whole seconds
-            out.add(parts[0])
+            out.append((parts[0], t))
     return out
+
+
+def down_since(sacctmgr_out: str, since: float) -> set[str]:
+    return {n for n, _ in down_events(sacctmgr_out, since)}
+
+
+# Slurm marks a dead node DOWN some seconds after the agents noticed (SlurmdTimeout=10 on the
+# local cluster; +21 s seen): a DOWN this close to a node_loss failure is that node loss.
+DOWN_WINDOW_S = (-60.0, 60.0)
+
+
+def external_losses(events: list[dict[str, Any]], downs: list[tuple[str, float]],
+                    killed: set[str]) -> frozenset[str]:
+    """Nodes whose node_loss failure Slurm confirmed (DOWN near the failure) though the
+    campaign did not kill them: another job's test. A DOWN long before or after a failure
+    explains nothing (a job requeued after its own end is not excused by a later outage)."""
+    out = set()
+    for e in events:
+        if e.get("event") != "failure" or e.get("cls") != "node_loss" or str(e.get("node")) in killed:
+            continue
+        node, t = str(e.get("node")), float(e["t"])
+        if any(n == node and DOWN_WINDOW_S[0] <= dt - t <= DOWN_WINDOW_S[1] for n, dt in downs):
+            out.add(node)
+    return frozenset(out)
 
 
 def shared_steps(run_dir: str) -> tuple[int, ...]:
@@ -124,6 +148,10 @@ def overrides(plan: RunPlan, *, step_delay_s: float, name: str, faults: bool = T
             f"+job.env.SLURMKIT_STEP_DELAY_S={step_delay_s:g}",
             f"supervisor.heartbeat_timeout_s={heartbeat_timeout_s:g}",
             f"supervisor.spare_nodes={plan.spare_nodes if faults else 0}", f"job.name={name}", *plan.extra]
+    if faults:
+        # Whole nodes: a node loss kills every process on its node, and other jobs on a shared
+        # cluster must not pay for this campaign's faults.
+        args.append("job.exclusive=true")
     spec = armed_spec(plan) if faults else ""
     if spec:
         args.append(f"+job.env.SLURMKIT_FAULT='{spec}'")
@@ -462,7 +490,7 @@ class Driver:
         except (OSError, ValueError):
             pass
         try:
-            external = frozenset(self.cluster.down_nodes(submitted) - self.killed)
+            external = external_losses(self.events(), self.cluster.down_nodes(submitted), self.killed)
         except (OSError, subprocess.SubprocessError) as exc:
             self.cluster.say(f"  could not read Slurm's node events: {exc}")
             external = frozenset()
