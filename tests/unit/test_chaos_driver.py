@@ -95,3 +95,22 @@ def test_a_finished_run_is_judged_again_from_its_directory(tmp_path) -> None:
     v = verdict(facts)
     assert v.ok, [(c.name, c.detail) for c in v.checks if not c.ok]
     assert v.get("lost_steps").value == 2
+
+
+def test_the_overrides_of_a_campaign_run_render_through_the_real_submit(tmp_path) -> None:
+    """Whole nodes and the armed NCCL faults reach the script (submit.emit=sbatch: no cluster)."""
+    import subprocess
+    import sys
+
+    from slurmkit.testing.chaos.driver import overrides
+    from slurmkit.testing.chaos.plan import armed_spec
+
+    plan = next(p for p in map(draw_plan, range(50)) if any(f.kind == "nccl_abort" for f in p.faults))
+    args = overrides(plan, step_delay_s=0.25, name="chaos-render")
+    res = subprocess.run([sys.executable, "-m", "slurmkit.submit", *args, "submit.emit=sbatch",
+                          f"submit.run_root={tmp_path}"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    script = next(os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs if f == "job.sbatch")
+    text = open(script).read()
+    assert "#SBATCH --exclusive" in text
+    assert armed_spec(plan) in text

@@ -149,9 +149,9 @@ def overrides(plan: RunPlan, *, step_delay_s: float, name: str, faults: bool = T
             f"supervisor.heartbeat_timeout_s={heartbeat_timeout_s:g}",
             f"supervisor.spare_nodes={plan.spare_nodes if faults else 0}", f"job.name={name}", *plan.extra]
     if faults:
-        # Whole nodes: a node loss kills every process on its node, and other jobs on a shared
-        # cluster must not pay for this campaign's faults.
-        args.append("job.exclusive=true")
+        # Whole nodes (cluster.exclusive): a node loss kills every process on its node, and
+        # other jobs on a shared cluster must not pay for this campaign's faults.
+        args.append("cluster.exclusive=true")
     spec = armed_spec(plan) if faults else ""
     if spec:
         args.append(f"+job.env.SLURMKIT_FAULT='{spec}'")
