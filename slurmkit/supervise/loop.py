@@ -472,8 +472,10 @@ class Supervisor:
         try:
             n = self.channel.arrive_exit()
             if self.is_node0:
+                # Every agent still alive, not only the train nodes: a spare or a retired node that
+                # has not seen the end yet would take the closed store for node 0's loss and requeue.
                 deadline = self.clock() + 10
-                while n < len(self.node_map) and self.clock() < deadline:
+                while n < len(self.where.nodes) - len(self._lost) and self.clock() < deadline:
                     self.sleep(0.1)
                     n = self.channel.exited()
         except (RuntimeError, OSError):  # node 0 already gone: nothing left to sync

@@ -202,3 +202,26 @@ def test_cli_prints_the_checks_and_exits_with_the_verdict(tmp_path, capsys) -> N
     out = json.loads(capsys.readouterr().out)
     assert out["verdict"] == "bad_node"
     assert health_cli(["+exp=tiny", "cluster=local", "health.timeout_s=-1"], env=dict(env)) == 3
+
+
+def test_node0_leaves_only_after_spares_and_retired_nodes_saw_the_end(tmp_path) -> None:
+    """A run whose train slot moved to a spare (as after a failed pre-flight) ends with agents that
+    are not train nodes: node 0 keeps the store until they too have seen the end. Leaving after the
+    train nodes alone made a retired node take the closed store for node 0's loss and requeue the
+    finished job (seen on the local cluster)."""
+    from tests.unit.test_supervise_loop import Cluster, Script
+
+    c = Cluster(tmp_path, [Script(), Script(), Script()], train_nodes=1)  # node 0 trains, two spares
+    for sup in c.sups[1:]:  # agents that are slow to look (a loaded node)
+        sup.sleep = lambda s: threading.Event().wait(max(s, 0.2))
+    seen_by_node0: list[int] = []
+    leave = c.sups[0].finish
+
+    def finish(code: int) -> int:
+        out = leave(code)
+        seen_by_node0.append(c.sups[0].channel.exited())  # arrivals when node 0 closes the store
+        return out
+
+    c.sups[0].finish = finish  # type: ignore[method-assign]
+    assert c.run() == {0: 0, 1: 0, 2: 0}
+    assert seen_by_node0 == [3]
