@@ -30,6 +30,7 @@ import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -101,55 +102,88 @@ def _pair(a: int, b: int) -> Pair:
     return (a, b) if a < b else (b, a)
 
 
-class Links:
-    """2-rank gloo groups, made on demand (``use_local_synchronization``: only the two
-    members take part). Every rank makes its pairs in one global order (sorted pairs), so
-    no cycle of ranks each waiting for the next can form."""
+class Link:
+    """One 2-rank gloo process group: this rank and ``peer``, nothing else."""
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, pg: Any, peer: int, peer_index: int) -> None:
+        self.pg = pg
+        self.peer = peer  # the peer's global rank
+        self._index = peer_index  # its rank inside the pair (0 or 1)
+
+    def send(self, t: torch.Tensor) -> None:
+        self.pg.send([t], self._index, 0).wait()
+
+    def recv(self, t: torch.Tensor) -> None:
+        self.pg.recv([t], self._index, 0).wait()
+
+
+class Links:
+    """2-rank gloo groups, made on demand, each a rendezvous of its two members only.
+
+    Why not ``dist.new_group(use_local_synchronization=True)``: c10d names such a group by
+    hashing its ranks together with the number of groups the calling process already has,
+    so two members that made different numbers of pairs before (rank 1 pairs with 0 then 2,
+    rank 2 with 2's first pair 1) rendezvous under different names and wait for each other
+    forever (seen at 4 nodes). Here the group is built directly on ``store`` (a prefix of
+    the job's rendezvous store unique to this CheckpointStore), under a name both members
+    derive from the pair alone. Every rank makes its pairs in one global order (sorted
+    pairs), so no cycle of ranks each waiting for the next can form; a pair is made once.
+    """
+
+    def __init__(self, rank: int, store: Any | None = None,
+                 timeout_s: float = 1800.0) -> None:
         self.rank = rank
-        self._groups: dict[Pair, Any] = {}
+        self.store = store
+        self.timeout_s = timeout_s
+        self._links: dict[Pair, Link] = {}
+        self._lock = threading.Lock()  # the writer thread and a restore may both ask
 
     def ensure(self, pairs: Iterable[Pair]) -> None:
-        import torch.distributed as dist
-
         for pair in sorted(set(pairs)):
-            if self.rank in pair and pair not in self._groups:
-                self._groups[pair] = dist.new_group(list(pair), backend="gloo",
-                                                    use_local_synchronization=True)
+            if self.rank in pair:
+                self._make(pair)
 
-    def group(self, peer: int) -> Any:
-        pair = _pair(self.rank, peer)
-        self.ensure([pair])
-        return self._groups[pair]
+    def _make(self, pair: Pair) -> Link:
+        with self._lock:
+            link = self._links.get(pair)
+            if link is None:
+                if self.store is None:
+                    raise RuntimeError("buddy links need the job's rendezvous store "
+                                       "(CheckpointStore.from_config makes it)")
+                import torch.distributed as dist
+
+                me = pair.index(self.rank)
+                pg = dist.ProcessGroupGloo(dist.PrefixStore(f"{pair[0]}-{pair[1]}/", self.store),
+                                           me, 2, timedelta(seconds=self.timeout_s))
+                link = self._links[pair] = Link(pg, pair[1 - me], 1 - me)
+            return link
+
+    def group(self, peer: int) -> Link:
+        return self._make(_pair(self.rank, peer))
 
 
 # -- frames -------------------------------------------------------------------------------
-def _send_frame(peer: int, group: Any, data: bytes | None) -> None:
-    import torch.distributed as dist
-
+def _send_frame(group: Link, data: bytes | None) -> None:
     n = -1 if data is None else len(data)
-    dist.send(torch.tensor([n], dtype=torch.int64), dst=peer, group=group)
+    group.send(torch.tensor([n], dtype=torch.int64))
     if data:
         view = memoryview(data)
         for off in range(0, n, CHUNK):
             chunk = torch.frombuffer(bytearray(view[off:off + CHUNK]), dtype=torch.uint8)
-            dist.send(chunk, dst=peer, group=group)
+            group.send(chunk)
 
 
-def _send_file_frame(peer: int, group: Any, path: str, size: int) -> None:
+def _send_file_frame(group: Link, path: str, size: int) -> None:
     """Send a file of ``size`` bytes as one frame (-1 when it cannot be opened; zeros pad a
     file that turned out shorter, so the receiver's checksum, not the protocol, fails)."""
-    import torch.distributed as dist
-
     try:
         f = open(path, "rb", buffering=0)
     except OSError as exc:
         log.warning("buddy copy: cannot read %s: %s", path, exc)
-        dist.send(torch.tensor([-1], dtype=torch.int64), dst=peer, group=group)
+        group.send(torch.tensor([-1], dtype=torch.int64))
         return
     with f:
-        dist.send(torch.tensor([size], dtype=torch.int64), dst=peer, group=group)
+        group.send(torch.tensor([size], dtype=torch.int64))
         buf = bytearray(min(CHUNK, max(size, 1)))
         for off in range(0, size, CHUNK):
             want = min(CHUNK, size - off)
@@ -161,33 +195,28 @@ def _send_file_frame(peer: int, group: Any, path: str, size: int) -> None:
             except OSError as exc:
                 log.warning("buddy copy: read of %s failed: %s", path, exc)
             view[got:] = bytes(want - got)
-            dist.send(torch.frombuffer(buf, dtype=torch.uint8)[:want].clone(), dst=peer,
-                      group=group)
+            group.send(torch.frombuffer(buf, dtype=torch.uint8)[:want].clone())
 
 
-def _recv_frame(peer: int, group: Any) -> bytes | None:
-    import torch.distributed as dist
-
+def _recv_frame(group: Link) -> bytes | None:
     head = torch.zeros(1, dtype=torch.int64)
-    dist.recv(head, src=peer, group=group)
+    group.recv(head)
     n = int(head.item())
     if n < 0:
         return None
     out = bytearray()
     for off in range(0, n, CHUNK):
         t = torch.empty(min(CHUNK, n - off), dtype=torch.uint8)
-        dist.recv(t, src=peer, group=group)
+        group.recv(t)
         out += t.numpy().tobytes()
     return bytes(out)
 
 
-def _recv_file_frame(peer: int, group: Any, path: str, algo: str) -> tuple[str, int] | None:
+def _recv_file_frame(group: Link, path: str, algo: str) -> tuple[str, int] | None:
     """Receive one frame into ``path`` (fsynced), returning (checksum, size); None when the
     peer had no such file. A local write failure still drains the frame, then raises."""
-    import torch.distributed as dist
-
     head = torch.zeros(1, dtype=torch.int64)
-    dist.recv(head, src=peer, group=group)
+    group.recv(head)
     n = int(head.item())
     if n < 0:
         return None
@@ -200,7 +229,7 @@ def _recv_file_frame(peer: int, group: Any, path: str, algo: str) -> tuple[str, 
     try:
         for off in range(0, n, CHUNK):
             t = torch.empty(min(CHUNK, n - off), dtype=torch.uint8)
-            dist.recv(t, src=peer, group=group)
+            group.recv(t)
             data = t.numpy().data  # a memoryview of the tensor's bytes, no copy
             h.update(data)
             if f is not None and problem is None:
@@ -231,7 +260,7 @@ def exchange(links: Links, peer: int, send: list[tuple[str, str, int]],
     def sender() -> None:
         try:
             for _name, path, size in send:
-                _send_file_frame(peer, group, path, size)
+                _send_file_frame(group, path, size)
         except BaseException as exc:  # re-raised on the calling thread
             errors.append(exc)
 
@@ -241,7 +270,7 @@ def exchange(links: Links, peer: int, send: list[tuple[str, str, int]],
     got: dict[str, tuple[str, int] | None] = {}
     try:
         for name, tmp in recv:
-            got[name] = _recv_file_frame(peer, group, tmp, algo)
+            got[name] = _recv_file_frame(group, tmp, algo)
     finally:
         th.join()
     if errors:
@@ -253,11 +282,11 @@ def exchange_json(links: Links, peer: int, obj: Any) -> Any:
     """Swap one small JSON value with ``peer`` (both call it)."""
     group = links.group(peer)
     out: list[Any] = []
-    th = threading.Thread(target=lambda: _send_frame(peer, group, json.dumps(obj).encode()),
+    th = threading.Thread(target=lambda: _send_frame(group, json.dumps(obj).encode()),
                           daemon=True)
     th.start()
     try:
-        data = _recv_frame(peer, group)
+        data = _recv_frame(group)
         out.append(None if data is None else json.loads(data))
     finally:
         th.join()
@@ -302,8 +331,8 @@ def _swap_headers(links: Links, dst: int, src: int, mine: list[dict[str, Any]]
         return list(exchange_json(links, dst, mine) or [])
     # a shift: send to dst and receive from src at once (every rank does the same)
     with ThreadPoolExecutor(max_workers=1) as pool:
-        fut = pool.submit(_send_frame, dst, links.group(dst), json.dumps(mine).encode())
-        data = _recv_frame(src, links.group(src))
+        fut = pool.submit(_send_frame, links.group(dst), json.dumps(mine).encode())
+        data = _recv_frame(links.group(src))
         fut.result()
     return list(json.loads(data) if data else [])
 
@@ -316,11 +345,11 @@ def _shift(links: Links, dst: int, src: int, send: list[tuple[str, str, int]],
         group = links.group(dst)
         def send_all() -> None:
             for _, path, size in send:
-                _send_file_frame(dst, group, path, size)
+                _send_file_frame(group, path, size)
 
         fut = pool.submit(send_all)
         sgroup = links.group(src)
-        got = {name: _recv_file_frame(src, sgroup, tmp, algo) for name, tmp in recv}
+        got = {name: _recv_file_frame(sgroup, tmp, algo) for name, tmp in recv}
         fut.result()
     return got
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from slurmkit.store.manifest import (
     LATEST,
     MANIFEST,
+    METADATA,
     FileEntry,
     Manifest,
     ManifestError,
@@ -77,7 +78,34 @@ def check_step(tier: Tier, step: int, *, deep: bool,
                              sizes=sizes)
         if problem is not None:
             return StepStatus(step, tier, m, problem)
+    if deep and any(e.name == METADATA for e in entries):
+        problem = check_metadata(tier, step, m)
+        if problem is not None:
+            return StepStatus(step, tier, m, problem)
     return StepStatus(step, tier, m, None)
+
+
+def check_metadata(tier: Tier, step: int, m: Manifest) -> str | None:
+    """Why the step's ``.metadata`` is not one restore would accept (None when it is).
+
+    A checksum only says the bytes are the ones the manifest names, and whoever can write a
+    shard can rewrite the manifest. So verification, promotion and retention read the index
+    with the same reader restore uses (safe_reader.py: no code on load, tensor entries only,
+    every byte range inside a file the manifest lists): a step restore would refuse is never
+    counted as verified, never promoted, and never the reason an older good step is deleted.
+    """
+    from slurmkit.store.safe_reader import UnsafeMetadataError, check_storage, load_metadata
+
+    rel = f"{step_dir(step)}/{METADATA}"
+    try:
+        with tier.open(rel, "rb") as f:
+            data = f.read()
+        check_storage(load_metadata(data), {f.name: f.size for f in m.files})
+    except UnsafeMetadataError as exc:
+        return f"{METADATA} refused: {exc.detected}"
+    except (TierError, OSError) as exc:
+        return f"{METADATA}: {exc}"
+    return None
 
 
 def check_file(tier: Tier, step: int, e: FileEntry, algo: str, *, deep: bool,

@@ -1,65 +1,327 @@
-"""Small collectives on the store's own gloo groups (no-ops without a process group).
+"""The store's coordination: small JSON messages through the job's rendezvous store.
 
-The store makes two groups at init: one for the background writer, one for calls from the
-training thread (save decisions, restore). Neither interleaves with the trainer's own
-collectives, and the two never interleave with each other. Payloads are JSON, never pickle.
+Why not process groups: a gloo group is a full mesh (every rank connects to every other), so
+the two groups the store used to make cost each rank 2(N-1) sockets, and their "broadcast"
+(an all-gather padded to the largest payload) made every rank receive N copies. At 2,048
+nodes x 8 ranks that is 32k sockets and tens of MB per rank per save.
+
+Instead every rank holds one extra connection per coordinator to the TCPStore that
+torch.distributed's default group already rendezvoused on (``Store.clone()``), and every
+operation is O(1) requests and bytes for a rank other than the root:
+
+* ``broadcast_json``: the root sets one key, the others get it;
+* ``gather_json``: each rank appends one line to one key and counts itself in; the root
+  reads the key once all arrived (the root receives O(N), as the manifest's writer must);
+* ``reduce_json`` (and ``agree``, ``any_true``, ``max_int``, ``barrier`` on it): a gather to
+  the root, whose small result every rank gets.
+
+Two coordinators (the writer thread's, the training thread's) never share a connection: a
+TCPStore client holds its lock while it blocks in a wait, so one thread's wait would stall
+the other's requests and, across ranks, deadlock. Keys are namespaced per store instance
+(counted on the store itself, so a restarted generation on the same server never reads an
+old key) and the root deletes an operation's keys once every rank has moved past it.
+
+Payloads are JSON, never pickle; what comes back is checked (a malformed line or a rank
+heard twice is a CoordinationError, which callers treat like any failed save or restore).
+Bulk data between peers (buddy copies) goes over 2-rank gloo groups made for exactly the
+ranks involved (buddy.Links), never a world-sized one.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
-import torch
+from slurmkit.errors import SlurmkitError
+
+# Per-process operation counter (the scale benchmark reads it; one per coordinator call)
+COUNTERS: dict[str, int] = {"store_ops": 0}
+_COUNTER_LOCK = threading.Lock()
+MAX_REASON = 300  # characters of one rank's failure reason carried in an agreement
+MAX_REASONS = 8  # ranks whose reasons an agreement carries (the count says how many failed)
+_INSTANCES = "slurmkit/ckpt/instances"
+
+
+class CoordinationError(SlurmkitError):
+    """The ranks' exchange failed or returned something malformed."""
+
+
+def _count() -> None:
+    with _COUNTER_LOCK:
+        COUNTERS["store_ops"] = COUNTERS.get("store_ops", 0) + 1
 
 
 class Coordinator:
-    """Gather/broadcast JSON and reduce flags over one process group (or a world of one)."""
+    """JSON broadcast, gather and reductions among the ranks of one job (or a world of one).
 
-    def __init__(self, group: Any | None, rank: int, world_size: int) -> None:
-        self.group = group
+    ``store``: a torch.distributed Store (a dedicated client); None for a world of one. All
+    ranks must call the same operations in the same order (like collectives), but a rank
+    other than the root never waits in a gather or a broadcast it sends.
+    """
+
+    def __init__(self, store: Any | None, rank: int, world_size: int, *,
+                 root: int = 0) -> None:
+        self.store: Any = store
         self.rank = rank
         self.world_size = world_size
+        self.root = root
+        self._seq = 0
+        self.namespace = ""  # this store instance's key prefix (set by coordinators())
+        self.timeout_s = 1800.0
+        self._stale: list[str] = []  # keys of finished operations (the root deletes them)
 
     @property
     def distributed(self) -> bool:
-        return self.group is not None and self.world_size > 1
+        return self.store is not None and self.world_size > 1
 
-    def all_gather_json(self, obj: Any) -> list[Any]:
-        """Every rank's ``obj``, in rank order."""
-        if not self.distributed:
-            return [obj]
-        import torch.distributed as dist
+    @property
+    def group(self) -> None:
+        """No process group: DCP runs over this coordinator (dcp_coord.py), not a group."""
+        return None
 
-        data = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
-        size = torch.tensor([data.numel()], dtype=torch.int64)
-        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
-        dist.all_gather(sizes, size, group=self.group)
-        width = int(max(s.item() for s in sizes))
-        padded = torch.zeros(width, dtype=torch.uint8)
-        padded[: data.numel()] = data
-        outs = [torch.zeros(width, dtype=torch.uint8) for _ in range(self.world_size)]
-        dist.all_gather(outs, padded, group=self.group)
-        return [json.loads(bytes(o[: int(s.item())].numpy().tobytes()))
-                for o, s in zip(outs, sizes)]
+    # -- primitives ---------------------------------------------------------------------
+    def _key(self) -> str:
+        self._seq += 1
+        _count()
+        return str(self._seq)
 
-    def broadcast_json(self, obj: Any, src: int = 0) -> Any:
-        """Rank ``src``'s ``obj`` on every rank."""
+    def _get(self, key: str) -> bytes:
+        try:
+            return bytes(self.store.get(key))  # type: ignore[union-attr]
+        except Exception as exc:  # DistStoreError on timeout, connection loss
+            raise CoordinationError(f"rank {self.rank}: waiting for {key!r} from the other "
+                                    f"ranks failed: {exc}") from exc
+
+    def _request(self, fn: Callable[[], Any], what: str) -> Any:
+        try:
+            return fn()
+        except Exception as exc:
+            raise CoordinationError(f"rank {self.rank}: {what} failed: {exc}") from exc
+
+    def _fence(self, current: list[str]) -> None:
+        """Root only, once every rank reached the current operation: every earlier one is
+        finished everywhere, so its keys can go (the store must not grow with each save)."""
+        stale, self._stale = self._stale, list(current)
+        for k in stale:
+            try:
+                self.store.delete_key(k)  # type: ignore[union-attr]
+            except Exception:  # a missing key or a closing store: nothing to reclaim
+                pass
+
+    # -- operations ---------------------------------------------------------------------
+    def broadcast_json(self, obj: Any, src: int | None = None) -> Any:
+        """Rank ``src``'s ``obj`` (the root's by default) on every rank."""
         if not self.distributed:
             return obj
-        return self.all_gather_json(obj if self.rank == src else None)[src]
+        src = self.root if src is None else src
+        k = f"{self._key()}/b"
+        if self.rank == src:
+            self._request(lambda: self.store.set(k, json.dumps(obj)), "broadcast")
+            if src == self.root:
+                self._stale.append(k)
+            return obj
+        return _loads(self._get(k), k)
+
+    def publish(self, obj: Any) -> str:
+        """Every rank calls it, none waits: the root puts its ``obj`` under the returned key,
+        which ranks may ``fetch`` later (or never); it is reclaimed at a later fence, after
+        every rank passed it. Other ranks' ``obj`` is ignored."""
+        k = f"{self._key()}/p"
+        if self.distributed and self.rank == self.root:
+            self._request(lambda: self.store.set(k, json.dumps(obj)), "publish")
+            self._stale.append(k)
+        return k
+
+    def fetch(self, key: str) -> Any:
+        """What the root ``publish``-ed (or a rank ``put``) under ``key``; waits for it."""
+        return _loads(self._get(key), key)
+
+    def put(self, key: str, obj: Any) -> None:
+        """Set ``key`` (one derived from an operation's key, e.g. ``publish``'s) for the few
+        ranks that ``fetch`` it: a point-to-point signal, no other rank waits. The root must
+        ``reclaim`` it."""
+        if self.distributed:
+            self._request(lambda: self.store.set(key, json.dumps(obj)), "put")
+
+    def reclaim(self, keys: list[str]) -> None:
+        """Root only: delete ``keys`` at the next gather or reduce, once every rank reached
+        it (so every rank is past the point where it reads them)."""
+        if self.distributed and self.rank == self.root:
+            self._stale.extend(keys)
+
+    def scatter_json(self, objs: list[Any] | None) -> Any:
+        """The root's ``objs[rank]`` on each rank (one key each, set in one request)."""
+        if not self.distributed:
+            assert objs is not None
+            return objs[0]
+        k = self._key()
+        if self.rank == self.root:
+            if objs is None or len(objs) != self.world_size:
+                raise CoordinationError("scatter needs one entry per rank on the root")
+            keys = [f"{k}/{r}" for r in range(self.world_size)]
+            self._request(lambda: self.store.multi_set(keys, [json.dumps(o) for o in objs]),
+                          "scatter")
+            self._stale.extend(keys)
+            return objs[self.rank]
+        return _loads(self._get(f"{k}/{self.rank}"), k)
+
+    def gather_json(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` in rank order on the root; None elsewhere (no wait there)."""
+        if not self.distributed:
+            return [obj]
+        k = self._key()
+        line = json.dumps([self.rank, obj]) + "\n"
+        self._request(lambda: self.store.append(f"{k}/a", line), "gather")
+        arrived = self._request(lambda: self.store.add(f"{k}/n", 1), "gather count")
+        if arrived == self.world_size:
+            self._request(lambda: self.store.set(f"{k}/d", "1"), "gather done")
+        if self.rank != self.root:
+            return None
+        self._get(f"{k}/d")
+        out = _parse_lines(self._get(f"{k}/a"), self.world_size, k)
+        self._fence([f"{k}/a", f"{k}/n", f"{k}/d"])
+        return out
+
+    def reduce_json(self, obj: Any, reduce: Callable[[list[Any]], Any]) -> Any:
+        """``reduce`` (run on the root) of every rank's ``obj``, on every rank."""
+        if not self.distributed:
+            return reduce([obj])
+        k = self._key()
+        line = json.dumps([self.rank, obj]) + "\n"
+        self._request(lambda: self.store.append(f"{k}/a", line), "reduce")
+        arrived = self._request(lambda: self.store.add(f"{k}/n", 1), "reduce count")
+        if arrived == self.world_size:
+            self._request(lambda: self.store.set(f"{k}/d", "1"), "reduce done")
+        if self.rank == self.root:
+            self._get(f"{k}/d")
+            result = reduce(_parse_lines(self._get(f"{k}/a"), self.world_size, k))
+            self._request(lambda: self.store.set(f"{k}/r", json.dumps(result)), "reduce result")
+            self._fence([f"{k}/a", f"{k}/n", f"{k}/d", f"{k}/r"])
+            return result
+        return _loads(self._get(f"{k}/r"), k)
+
+    def all_gather_json(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` on every rank. O(N) bytes per rank: only for results every
+        rank truly needs whole (the store's own paths use gather/reduce/agree instead)."""
+        return self.reduce_json(obj, lambda xs: xs)
+
+    def agree(self, ok: bool, why: str = "") -> tuple[bool, list[tuple[int, str]]]:
+        """(every rank ok, up to MAX_REASONS (rank, reason) of those that were not; the
+        count of failed ranks is in the last entry's text when more failed)."""
+        mine = None if ok else why[:MAX_REASON]
+
+        def combine(xs: list[Any]) -> Any:
+            bad = [[r, x] for r, x in enumerate(xs) if x is not None]
+            shown = bad[:MAX_REASONS]
+            if len(bad) > len(shown):
+                shown.append([-1, f"... and {len(bad) - len(shown)} more ranks"])
+            return {"ok": not bad, "bad": shown}
+
+        res = self.reduce_json(mine, combine)
+        if not isinstance(res, dict) or not isinstance(res.get("bad"), list):
+            raise CoordinationError(f"malformed agreement from the root: {res!r}"[:300])
+        return bool(res.get("ok")), [(int(r), str(w)) for r, w in res["bad"]]
 
     def any_true(self, flag: bool) -> bool:
-        if not self.distributed:
-            return flag
-        import torch.distributed as dist
+        return bool(self.reduce_json(bool(flag), lambda xs: any(bool(x) for x in xs)))
 
-        t = torch.tensor([1 if flag else 0], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-        return bool(t.item())
+    def max_int(self, value: int | None) -> int | None:
+        """The largest ``value`` over the ranks (None where every rank passed None)."""
+        def top(xs: list[Any]) -> Any:
+            vals = [int(x) for x in xs if isinstance(x, int) and not isinstance(x, bool)]
+            return max(vals) if vals else None
+
+        res = self.reduce_json(value, top)
+        return None if res is None else int(res)
 
     def barrier(self) -> None:
         if self.distributed:
-            import torch.distributed as dist
+            self.reduce_json(None, lambda xs: None)
 
-            dist.barrier(group=self.group)
+
+def _loads(data: bytes, key: str) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise CoordinationError(f"malformed message under {key!r}: {exc}") from exc
+
+
+def _parse_lines(data: bytes, world_size: int, key: str) -> list[Any]:
+    """The appended ``[rank, obj]`` lines, in rank order; each rank exactly once."""
+    out: list[Any] = [None] * world_size
+    seen: set[int] = set()
+    for line in data.splitlines():
+        if not line.strip():
+            continue
+        try:
+            rank, obj = json.loads(line)
+        except (ValueError, TypeError) as exc:
+            raise CoordinationError(f"malformed line under {key!r}: {line[:80]!r}") from exc
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size \
+                or rank in seen:
+            raise CoordinationError(f"line under {key!r} from rank {rank!r}: not a rank of "
+                                    f"this world of {world_size}, or heard twice")
+        seen.add(rank)
+        out[rank] = obj
+    if len(seen) != world_size:
+        missing = sorted(set(range(world_size)) - seen)[:5]
+        raise CoordinationError(f"{key!r}: no message from ranks {missing}")
+    return out
+
+
+def job_store(timeout_s: float) -> Any:
+    """The default group's rendezvous store (must exist: torch.distributed initialized)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    store = c10d._get_default_store()
+    store.set_timeout(timedelta(seconds=timeout_s))
+    return store
+
+
+def coordinators(rank: int, world_size: int, names: tuple[str, ...],
+                 timeout_s: float = 1800.0) -> list[Coordinator]:
+    """One Coordinator per name, each on its own client connection to the job's store,
+    under a prefix unique to this store instance. Collective: every rank calls it.
+    ``side_store(coords[0], name)`` gives further clients under the same prefix."""
+    if world_size <= 1:
+        return [Coordinator(None, rank, 1) for _ in names]
+    import torch.distributed as dist
+
+    base = job_store(timeout_s)
+    # the n-th store made in this job (on this rendezvous server): every rank counts itself
+    # in, and the barrier below keeps a fast rank from counting into the next instance
+    count = int(base.add(_INSTANCES, 1))
+    instance = (count - 1) // world_size
+    prefix = f"slurmkit/ckpt/{instance}/"
+    out = []
+    for name in names:
+        client = _clone(base)
+        client.set_timeout(timedelta(seconds=timeout_s))
+        out.append(Coordinator(dist.PrefixStore(f"{prefix}{name}/", client), rank, world_size))
+        out[-1].namespace = prefix
+        out[-1].timeout_s = timeout_s
+    out[0].barrier()
+    return out
+
+
+def side_store(coord: Coordinator, name: str) -> Any | None:
+    """A new client connection to the job's store under ``coord``'s instance prefix +
+    ``name`` (e.g. the buddy pairs' rendezvous), the same on every rank of this store
+    instance; None without a store."""
+    if not coord.distributed or not coord.namespace:
+        return None
+    import torch.distributed as dist
+
+    client = _clone(job_store(coord.timeout_s))
+    client.set_timeout(timedelta(seconds=coord.timeout_s))
+    return dist.PrefixStore(f"{coord.namespace}{name}/", client)
+
+
+def _clone(store: Any) -> Any:
+    try:
+        return store.clone()
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return store  # a store kind without clone (hash/file store): share it

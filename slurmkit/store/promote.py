@@ -28,9 +28,16 @@ import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from slurmkit.store.catalog import check_file, check_step, read_manifest, write_latest
+from slurmkit.store.catalog import (
+    check_file,
+    check_metadata,
+    check_step,
+    read_manifest,
+    write_latest,
+)
 from slurmkit.store.manifest import (
     MANIFEST,
+    METADATA,
     PARTIAL,
     FileEntry,
     Manifest,
@@ -114,18 +121,21 @@ def verify_copy(dest: Tier, rel: str, e: FileEntry, algo: str) -> str | None:
 
 
 def promote_file(sources: Sequence[Tier], dest: Tier, step: int, e: FileEntry, algo: str,
-                 stage: str) -> int:
+                 stage: str, manifest: Manifest | None = None) -> int:
     """Put a verified copy of ``e`` into ``stage`` on ``dest``; return the bytes copied.
 
     A file already staged (an interrupted attempt of this very save) is kept only when its
     checksum on the destination matches the manifest. The source is the fastest tier where
-    the file deep-verifies; every copy is checked on the destination."""
+    the file deep-verifies (for ``.metadata``: and restore's reader accepts it, checked
+    against ``manifest``); every copy is checked on the destination."""
     rel = f"{stage}/{e.name}"
     if dest.exists(rel) and verify_copy(dest, rel, e, algo) is None:
         return 0
     problems = []
     for src in sources:
         bad = check_file(src, step, e, algo, deep=True)
+        if bad is None and e.name == METADATA:  # restore's reader must accept it, too
+            bad = check_metadata(src, step, manifest) if manifest is not None else None
         if bad is not None:
             problems.append(f"{src.name}: {bad}")
             continue
@@ -148,7 +158,7 @@ def copy_files(sources: Sequence[Tier], dest: Tier, m: Manifest, files: list[Fil
     stage = staging_dir(m.step, save_id(m))
 
     def one(e: FileEntry) -> int:
-        n = promote_file(sources, dest, m.step, e, m.checksum_algo, stage)
+        n = promote_file(sources, dest, m.step, e, m.checksum_algo, stage, m)
         if on_bytes is not None:
             on_bytes(e.size)
         return n

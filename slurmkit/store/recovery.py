@@ -9,14 +9,19 @@ holding its slot's files and its buddy role again.
 
 Steps (every rank, collective):
   1. each rank reports, for the newest steps on its node, which slots' files are complete
-     there and whether the manifest and ``.metadata`` are (one listing per step, gathered);
-  2. the newest step whose every slot is complete on some node is chosen;
+     there and whether the manifest and ``.metadata`` are (one listing per step, gathered
+     on rank 0 only);
+  2. rank 0 chooses the newest step whose every slot is complete on some node;
   3. ranks lacking the manifest or ``.metadata`` get them from the nearest node holding them;
-  4. each rank names the files it lacks: those DCP's load planner says it reads, plus its
-     own and its buddy role's files; one rank per node fetches each, from a holder;
+  4. each rank names the files it lacks (to rank 0): those DCP's load planner says it reads,
+     plus its own and its buddy role's files; one rank per node fetches each, from a holder;
   5. received files are verified against the manifest before their final rename; the
      manifest is written last, so the step appears on the node only once complete.
-Transfers run pair by pair in one global order of pairs (no cycle of waiting ranks).
+Rank 0 makes both transfer plans and hands each rank only the transfers it takes part in
+(coord.scatter_json), and the fetch statistics go to rank 0 only: a rank sends and receives
+O(its own transfers), whatever the job size (rank 0, the planner, receives O(N) reports, as
+for a save's manifest). Transfers run pair by pair in one global order of pairs, each rank
+its own subset of it in that order (no cycle of waiting ranks).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import Any
 
 from slurmkit.store.buddy import Links, Pair, Ring, _pair, _plain_name, exchange
 from slurmkit.store.catalog import list_steps, read_manifest
-from slurmkit.store.coord import Coordinator
+from slurmkit.store.coord import MAX_REASON, CoordinationError, Coordinator
 from slurmkit.store.manifest import (
     MANIFEST,
     METADATA,
@@ -173,6 +178,24 @@ def _size(path: str) -> int:
         return 0
 
 
+def _mine(plan: list[Transfer], rank: int) -> list[list[Any]]:
+    return [list(t) for t in plan if rank in (t[0], t[1])]
+
+
+def _own_plan(got: Any) -> list[Transfer]:
+    """This rank's part of a plan from rank 0, checked (a malformed one is refused)."""
+    if not isinstance(got, dict) or not isinstance(got.get("plan"), list):
+        raise CoordinationError(f"malformed transfer plan from rank 0: {got!r}"[:300])
+    out: list[Transfer] = []
+    for t in got["plan"]:
+        if not (isinstance(t, list) and len(t) == 3 and all(
+                isinstance(x, int) and not isinstance(x, bool) for x in t[:2])
+                and isinstance(t[2], str)):
+            raise CoordinationError(f"malformed transfer from rank 0: {t!r}"[:300])
+        out.append((t[0], t[1], t[2]))
+    return out
+
+
 def recover(template: dict[Any, Any], tier: FsspecTier, ring: Ring, links: Links,
             coord: Coordinator, emit: Callable[[dict[str, Any]], None], *,
             newest: int = 2) -> int | None:
@@ -182,14 +205,22 @@ def recover(template: dict[Any, Any], tier: FsspecTier, ring: Ring, links: Links
     from slurmkit.store.safe_reader import load_metadata
 
     t0 = time.perf_counter()
-    reports = coord.all_gather_json(node_report(tier, ring, newest))
-    step = choose_step(reports, ring)
-    if step is None:
-        return None
+    root = coord.rank == coord.root
+    reports = coord.gather_json(node_report(tier, ring, newest))  # rank 0 only
+    per_rank: list[Any] | None = None
+    if root:
+        assert reports is not None
+        chosen = choose_step(reports, ring)
+        plan = plan_metadata(ring, reports, chosen) if chosen is not None else []
+        per_rank = [{"step": chosen, "plan": _mine(plan, r)} for r in range(coord.world_size)]
+    first = coord.scatter_json(per_rank)
+    step = first.get("step") if isinstance(first, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool):
+        return None  # (every rank: rank 0 sent the same verdict to all)
+    plan1 = _own_plan(first)
     d = tier.local_path(step_dir(step)) or ""
     problems: list[str] = []
     fetched: dict[str, int] = {}
-    plan1 = plan_metadata(ring, reports, step)
     got = run_plan(plan1, links, ring.rank, tier, step, {}, "crc32")
     manifest_body: bytes | None = None
     m: Manifest | None = None
@@ -218,8 +249,12 @@ def recover(template: dict[Any, Any], tier: FsspecTier, ring: Ring, links: Links
     if m is not None:
         need = _lacking(template, m, d, ring, files_needed, load_metadata, problems)
     writer = {f.name: f.rank for f in m.files} if m is not None else {}
-    needs = coord.all_gather_json([[n, writer[n]] for n in need])
-    plan2 = plan_files(ring, reports, step, needs)
+    needs = coord.gather_json([[n, writer[n]] for n in need])  # rank 0 only
+    if root:
+        assert needs is not None and reports is not None
+        plan = plan_files(ring, reports, step, needs)
+        per_rank = [{"plan": _mine(plan, r)} for r in range(coord.world_size)]
+    plan2 = _own_plan(coord.scatter_json(per_rank))
     sizes = {f.name: f.size for f in m.files} if m is not None else {}
     got = run_plan(plan2, links, ring.rank, tier, step, sizes, m.checksum_algo if m else "crc32")
     for name, res in got.items():
@@ -230,14 +265,15 @@ def recover(template: dict[Any, Any], tier: FsspecTier, ring: Ring, links: Links
             if not tier.exists(f"{step_dir(step)}/{MANIFEST}"):
                 tier.write_atomic(f"{step_dir(step)}/{MANIFEST}", manifest_body)
     servers = sorted({s for s, r, _ in plan1 + plan2 if r == ring.rank})
-    stats = coord.all_gather_json({"files": len(fetched), "bytes": sum(fetched.values()),
-                                   "from": servers, "problem": "; ".join(problems)})
-    moved = {r: s for r, s in enumerate(stats) if s["files"] or s["problem"]}
-    if moved and ring.rank == 0:
-        emit({"event": "ckpt_fetched", "step": step, "tier": tier.name,
-              "seconds": round(time.perf_counter() - t0, 3),
-              "bytes": sum(s["bytes"] for s in stats),
-              "ranks": {str(r): s for r, s in moved.items()}})
+    stats = coord.gather_json({"files": len(fetched), "bytes": sum(fetched.values()),
+                               "from": servers, "problem": "; ".join(problems)[:MAX_REASON]})
+    if stats is not None:  # rank 0: the one event for the whole job
+        moved = {r: s for r, s in enumerate(stats) if s["files"] or s["problem"]}
+        if moved:
+            emit({"event": "ckpt_fetched", "step": step, "tier": tier.name,
+                  "seconds": round(time.perf_counter() - t0, 3),
+                  "bytes": sum(s["bytes"] for s in stats),
+                  "ranks": {str(r): s for r, s in moved.items()}})
     for p in problems:
         log.warning("fetching step %d from peers: %s", step, p)
     return step

@@ -22,7 +22,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,8 +34,9 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata
 
 from slurmkit.errors import SlurmkitError
-from slurmkit.store.catalog import check_file, list_steps, read_manifest
-from slurmkit.store.coord import Coordinator
+from slurmkit.store.catalog import check_file, read_manifest
+from slurmkit.store.coord import MAX_REASON, MAX_REASONS, Coordinator
+from slurmkit.store.listing import StepSizes, agreed_steps
 from slurmkit.store.manifest import (
     METADATA,
     FileEntry,
@@ -97,16 +98,8 @@ class Source:
 
 
 def candidate_steps(tiers: Sequence[Tier], coord: Coordinator) -> list[int]:
-    mine: set[int] = set()
-    for t in tiers:
-        try:
-            mine.update(list_steps(t))
-        except TierError as exc:
-            log.warning("cannot list %s: %s", t.uri, exc)
-    union: set[int] = set()
-    for steps in coord.all_gather_json(sorted(mine)):
-        union.update(steps)
-    return sorted(union, reverse=True)
+    # shared tiers listed once by rank 0, node-local ones by each rank (listing.py)
+    return agreed_steps(tiers, coord)
 
 
 def json_sizes(md: Metadata) -> dict[str, int]:
@@ -146,13 +139,10 @@ class _Assembly:
 
     def __init__(self, tiers: list[Tier], step: int, m: Manifest, scratch: str) -> None:
         self.tiers, self.step, self.m, self.scratch = tiers, step, m, scratch
-        self.listing: dict[str, dict[str, int]] = {}
-        for t in tiers:
-            try:
-                self.listing[t.name] = t.sizes(step_dir(step))
-            except TierError as exc:
-                log.warning("cannot list step %d on %s: %s", step, t.uri, exc)
-                self.listing[t.name] = {}
+        # a node-local step directory is listed; on a shared tier only this rank's files
+        # are looked up (listing.StepSizes), never all N ranks' entries
+        self.listing: dict[str, Mapping[str, int]] = {t.name: StepSizes(t, step)
+                                                       for t in tiers}
         self.scratch_dirs: list[str] = []
         self.by_tier: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -313,17 +303,55 @@ def load_into(template: dict[Any, Any], paths: dict[str, str], coord: Coordinato
     if md is None:
         md = MappedReader(paths).read_metadata()  # allowlisted, after its checksum matched
     flat = load_targets(template, json_sizes(md))
+    # Each rank reads its own part (no process group: DCP's load plan is local), then the
+    # ranks agree, so that a rank whose load failed never trains on alone.
+    failure: BaseException | None = None
     try:
         dcp.load(flat, storage_reader=MappedReader(paths), planner=SafeLoadPlanner(),
-                 process_group=coord.group if coord.distributed else None,
-                 no_dist=not coord.distributed)
+                 no_dist=True)
     except CheckpointException as exc:
-        raise _load_failure(exc, paths) from exc
+        failure = _load_failure(exc, paths)
+        failure.__cause__ = exc
     except (RuntimeError, ValueError, KeyError) as exc:
-        raise RestoreError(f"checkpoint ({os.path.dirname(next(iter(paths.values())))}) "
-                           "does not fit "
-                           f"the template state: {exc}") from exc
+        failure = RestoreError(f"checkpoint ({os.path.dirname(next(iter(paths.values())))}) "
+                               "does not fit "
+                               f"the template state: {exc}")
+        failure.__cause__ = exc
+    except Exception as exc:  # (re-raised below, after the other ranks heard of it)
+        failure = exc
+    ok, bad = coord.agree(failure is None, f"{type(failure).__name__}: {failure}")
+    if failure is not None:
+        raise failure
+    if not ok:
+        raise RestoreError("restore failed on other ranks: "
+                           + "; ".join(f"rank {r}: {w}" if r >= 0 else w for r, w in bad))
     apply_json(template, flat)
+
+
+def _verdicts(coord: Coordinator, ok: bool, why: str, rejected: list[str]) -> dict[str, Any]:
+    """Every rank's verdict on one step, reduced on rank 0 to O(1) for every rank: whether
+    all could restore it, and the reports (rank, verdict) of up to 8 ranks that could not or
+    refused a copy (then one line with how many more)."""
+    mine = None if ok and not rejected else {"ok": ok, "why": why[:MAX_REASON],
+                                             "rejected": [x[:MAX_REASON] for x in rejected[:4]]}
+
+    def combine(xs: list[Any]) -> dict[str, Any]:
+        reports: list[list[Any]] = [[r, x] for r, x in enumerate(xs) if isinstance(x, dict)]
+        shown = reports[:MAX_REASONS]
+        if len(reports) > len(shown):
+            more = reports[len(shown):]
+            shown.append([-1, {"ok": all(bool(x.get("ok")) for _, x in more),
+                               "why": f"... and {len(more)} more ranks",
+                               "rejected": []}])
+        return {"ok": all(bool(x.get("ok")) for _, x in reports), "reports": shown}
+
+    res = coord.reduce_json(mine, combine)
+    if not isinstance(res, dict) or not isinstance(res.get("reports"), list):
+        raise RestoreError(f"malformed restore verdict from rank 0: {res!r}"[:300])
+    reports = [(int(r), {"ok": bool(v.get("ok")), "why": str(v.get("why", "")),
+                         "rejected": [str(x) for x in v.get("rejected") or []]})
+               for r, v in res["reports"] if isinstance(v, dict)]
+    return {"ok": bool(res.get("ok")), "reports": reports}
 
 
 def _load_failure(exc: CheckpointException, paths: dict[str, str]) -> Exception:
@@ -346,13 +374,12 @@ def restore_newest(template: dict[Any, Any], tiers: Sequence[Tier], coord: Coord
         src, problems, rejected = _pick(tiers, step, scratch, template)
         why = "; ".join(problems) or "on no tier"
         t1 = time.perf_counter()
-        verdicts = coord.all_gather_json({"ok": src is not None, "why": why,
-                                          "rejected": rejected})
-        refusals = "; ".join(f"rank {r}: {x}" if coord.world_size > 1 else x
-                             for r, v in enumerate(verdicts) for x in v["rejected"])
-        if not all(v["ok"] for v in verdicts):
-            reason = "; ".join(f"rank {r}: {v['why']}" for r, v in enumerate(verdicts)
-                               if not v["ok"])
+        verdicts = _verdicts(coord, src is not None, why, rejected)
+        refusals = "; ".join(f"rank {r}: {x}" if coord.world_size > 1 and r >= 0 else x
+                             for r, v in verdicts["reports"] for x in v["rejected"])
+        if not verdicts["ok"]:
+            reason = "; ".join(f"rank {r}: {v['why']}" if r >= 0 else v["why"]
+                               for r, v in verdicts["reports"] if not v["ok"])
             if coord.world_size == 1:
                 reason = why
             if refusals:  # someone wrote a crafted checkpoint: say so loudly

@@ -5,8 +5,10 @@ writer (DCP to the primary tier, commit), one promoter (slower tiers, retention)
 ``overlap_snapshot`` the writer starts with the snapshot and serializes a tensor as soon as
 its staging copy is done (staging.FillGate). A save's handle resolves at the commit; queueing its promotions and
 retention follow on the writer thread (``wait()`` covers both). With a
-process group, the store owns two gloo groups made at init (a collective call on every
-rank): one for the writer, one for the training thread's decisions and for restore; and,
+process group, the store holds two coordinators made at init (a collective call on every
+rank), each one connection to the job's rendezvous store (coord.py; O(1) per rank, no
+world-sized group): one for the writer, one for the training thread's decisions and for
+restore; and,
 with more than one node, a 2-rank gloo group per buddy pair (buddy.py) for the copies of
 each node's files on its ring neighbours and for a spare's fetch before a restore.
 """
@@ -27,7 +29,7 @@ from slurmkit.errors import ConfigError, SlurmkitError
 from slurmkit.store.catalog import VerifiedCache, check_step, list_steps, read_manifest
 from slurmkit.store.config import StoreConfig, store_env
 from slurmkit.store.buddy import Links, Ring
-from slurmkit.store.coord import Coordinator
+from slurmkit.store.coord import Coordinator, coordinators, side_store
 from slurmkit.store.manifest import Manifest, ManifestError, step_dir
 from slurmkit.store.promote import save_id
 from slurmkit.store.promoter import Promoter, error_fields, withdraw_step
@@ -122,7 +124,7 @@ class CheckpointStore:
         ``env["LOCAL_WORLD_SIZE"]`` (ranks per node, set by the node agent) enables the buddy
         copies of ``store.replicas``; without it the node layout is unknown and they are off."""
         env = store_env(cfg, env)  # + $SLURMKIT_RUN_ID: the run, not the job, names the tiers
-        fg, bg = _coordinators(rank, world_size)
+        fg, bg = _coordinators(rank, world_size, cfg.coord_timeout_s)
         ring = Ring(rank, world_size, int(env.get("LOCAL_WORLD_SIZE") or 0), cfg.replicas)
         links = Links(rank)
         if ring.enabled and world_size > 1:
@@ -133,6 +135,7 @@ class CheckpointStore:
                     requirement="a process group before CheckpointStore.from_config",
                     fix="call torch.distributed.init_process_group() first, or set "
                         "store.replicas=0")
+            links = Links(rank, side_store(fg, "pairs"), cfg.coord_timeout_s)
             links.ensure(ring.ring_pairs())  # every rank, in one global order (buddy.Links)
         token = fg.broadcast_json(secrets.token_hex(4))
         tiers: list[FsspecTier] = []
@@ -430,7 +433,10 @@ def _dist_ready() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _coordinators(rank: int, world_size: int) -> tuple[Coordinator, Coordinator]:
+def _coordinators(rank: int, world_size: int, timeout_s: float = 1800.0
+                  ) -> tuple[Coordinator, Coordinator]:
+    """The training thread's and the writer's coordinators: each one client connection to
+    the job's rendezvous store (coord.py), no process group, nothing world-sized."""
     if world_size <= 1:
         return Coordinator(None, rank, 1), Coordinator(None, rank, 1)
     import torch.distributed as dist
@@ -448,6 +454,5 @@ def _coordinators(rank: int, world_size: int) -> tuple[Coordinator, Coordinator]
             requirement="the store's rank and world size match torch.distributed",
             fix="pass rank=dist.get_rank(), world_size=dist.get_world_size()",
         )
-    fg = dist.new_group(backend="gloo")
-    bg = dist.new_group(backend="gloo")
-    return Coordinator(fg, rank, world_size), Coordinator(bg, rank, world_size)
+    fg, bg = coordinators(rank, world_size, ("fg", "bg"), timeout_s)
+    return fg, bg

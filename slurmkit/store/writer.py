@@ -3,11 +3,12 @@
 Order: DCP writes every rank's shard files into ``.partial/step_N.<token>/`` through the
 sealing writer, which checksums and fsyncs each file while writing it (sealing.py); on a
 node-local tier each rank then sends its files to its buddy ranks on other nodes and
-receives theirs (buddy.py), and ``.metadata`` goes to every node; rank 0
-gathers the per-rank records over the writer's gloo group, builds the
-manifest and broadcasts it; the directory is renamed to ``step_N``; the manifest is written
-last, atomically, read back and verified (with the buddy copies this rank received);
-only then ``latest.json`` moves. So a committed step on NVMe survives the loss of any one
+receives theirs (buddy.py); rank 0 gathers the per-rank records through the writer's
+coordinator (coord.py), builds the manifest and announces its digest (one rank per node
+fetches the body, manifest_share.py); ``.metadata`` goes to every other node's first rank,
+whose node waits for it; the files move to ``step_N``; the manifest is written last,
+atomically, read back and verified (with the buddy copies this rank received); only once
+every rank agreed the commit worked does ``latest.json`` move. So a committed step on NVMe survives the loss of any one
 node (``store.replicas`` nodes) without the shared tier.
 """
 
@@ -20,6 +21,7 @@ import logging
 import os
 import re
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -30,18 +32,21 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import WriteItem
 
+from slurmkit.store import dcp_coord
 from slurmkit.store.buddy import Links, Ring, replicate
 from slurmkit.store.catalog import check_step, write_latest
-from slurmkit.store.coord import Coordinator
+from slurmkit.store.coord import MAX_REASON, CoordinationError, Coordinator
 from slurmkit.store.manifest import (
     MANIFEST,
     METADATA,
     PARTIAL,
     FileEntry,
     Manifest,
+    ManifestError,
     hash_file,
     step_dir,
 )
+from slurmkit.store.manifest_share import SharedManifest, digest, pack
 from slurmkit.store.sealing import SealingWriter
 from slurmkit.store.staging import FillGate
 from slurmkit.store.tier import FsspecTier, Tier, TierError, fsync_dir
@@ -166,8 +171,10 @@ class PrimaryWriter:
         dist = self.coord.distributed
         t0 = time.perf_counter()
         try:
-            dcp.save(flat, storage_writer=writer, planner=GatedPlanner(gate),
-                     process_group=self.coord.group if dist else None, no_dist=not dist)
+            if dist:  # over the store's coordinator: no process group (dcp_coord.py)
+                dcp_coord.save(flat, writer, GatedPlanner(gate), self.coord)
+            else:
+                dcp.save(flat, storage_writer=writer, planner=GatedPlanner(gate), no_dist=True)
         except SAVE_ERRORS:  # DCP raises CheckpointException on every rank; drop the partial
             self.tier.rm(partial, recursive=True)
             raise
@@ -181,38 +188,53 @@ class PrimaryWriter:
         if self.ring is not None:
             mine, held = self._replicate(directory, mine)
         t1 = time.perf_counter()
-        records = self.coord.all_gather_json(mine)
-        errors = [f"rank {r}: {x['error']}" for r, x in enumerate(records) if isinstance(x, dict)]
-        if errors:
-            raise TierError(f"sealing step {step} on {self.tier.uri} failed: {'; '.join(errors)}")
-        meta_problem = self._spread_metadata(directory, records) if self.ring is not None else None
-        body: Any = None
+        # O(1) per rank: the records go to rank 0 only, which builds the manifest; the others
+        # get its digest, rank 0's own record and the promotion decision (manifest_share.py)
+        records = self.coord.gather_json(mine)
+        body: bytes | None = None
+        head: Any = None
         if self.coord.rank == 0:
-            files = [FileEntry(**e) for per_rank in records for e in per_rank]
-            m = Manifest(step=step, world_size=self.coord.world_size, files=files,
-                         checksum_algo=self.algo, config_hash=self.config_hash,
-                         created_unix=self.clock(), tier=self.tier.name,
-                         promote_to=decide(step))
-            body = m.to_json().decode()
-        manifest = Manifest.from_json(self.coord.broadcast_json(body).encode())
+            assert records is not None
+            errors = [f"rank {r}: {x['error']}" for r, x in enumerate(records)
+                      if isinstance(x, dict)]
+            head = {"error": "; ".join(errors)[:2000]} if errors else None
+            if not errors:
+                files = [FileEntry(**e) for per_rank in records for e in per_rank]
+                m = Manifest(step=step, world_size=self.coord.world_size, files=files,
+                             checksum_algo=self.algo, config_hash=self.config_hash,
+                             created_unix=self.clock(), tier=self.tier.name,
+                             promote_to=decide(step))
+                body = m.to_json()
+                head = {"sha": digest(body), "rank0": records[0]}
+        key = self.coord.publish(None if body is None else pack(body))
+        head = self.coord.broadcast_json(head)
+        if not isinstance(head, dict) or "error" in head:
+            why = head.get("error") if isinstance(head, dict) else f"malformed: {head!r}"[:200]
+            raise TierError(f"sealing step {step} on {self.tier.uri} failed: {why}")
+        shared = SharedManifest(self.coord, step, key, str(head.get("sha")), body)
+        meta_problem = None
+        if self.ring is not None:
+            meta_problem = self._spread_metadata(directory, head.get("rank0") or [])
         t2 = time.perf_counter()
+        # No rank may skip the agreement below (the coordinator's operations must stay in
+        # step on every rank): whatever the commit raises becomes this rank's verdict.
         try:
             if meta_problem:
                 raise TierError(meta_problem)
-            self.commit(partial, manifest, held)
+            manifest: Manifest | None = self.commit(partial, shared, held)
             problem = None
-        except (OSError, TierError) as exc:
-            problem = f"{type(exc).__name__}: {exc}"
+        except (OSError, TierError, ManifestError, CoordinationError) as exc:
+            manifest, problem = None, f"{type(exc).__name__}: {exc}"
         # The commit is the one per-rank phase: agree on its outcome, so that a failure on one
         # rank makes every rank fail this tier together (and fall back to the next tier
         # together). A rank falling back alone would pair its next collective with the other
         # ranks' next save, mixing two steps in one checkpoint.
-        problems = self.coord.all_gather_json(problem)
-        failed = [f"rank {r}: {p}" for r, p in enumerate(problems) if p]
-        if failed:
-            self.withdraw(manifest)
-            raise TierError(f"committing step {step} on {self.tier.uri} failed: "
-                            f"{'; '.join(failed)}")
+        ok, failed = self.coord.agree(problem is None, problem or "")
+        if not ok or manifest is None:
+            if manifest is not None:
+                self.withdraw(manifest)
+            reasons = "; ".join(f"rank {r}: {p}" if r >= 0 else p for r, p in failed)
+            raise TierError(f"committing step {step} on {self.tier.uri} failed: {reasons}")
         write_latest(self.tier, manifest.step)
         log.debug("step %d on %s: write+seal %.3f s, gather %.3f s, commit %.3f s", step,
                   self.tier.name, t1 - t0, t2 - t1, time.perf_counter() - t2)
@@ -233,29 +255,65 @@ class PrimaryWriter:
             mine = {"error": f"buddy copy: {problem}"}
         return mine, {self.coord.rank, *(e.rank for e in got)}
 
-    def _spread_metadata(self, directory: str, records: list[Any]) -> str | None:
-        """``.metadata`` (rank 0's, small) to every node: one broadcast, written by the first
-        rank of each other node and verified against rank 0's record. Returns a problem."""
+    def _spread_metadata(self, directory: str, rank0: list[Any]) -> str | None:
+        """``.metadata`` (rank 0's, small) into every other node's partial directory before
+        any rank of that node commits. Returns a problem (None: fine).
+
+        Rank 0 publishes the file once; only the first rank of each other node fetches it,
+        writes it and verifies it against rank 0's record, then puts its verdict under a key
+        of its node; the node's other ranks wait for that key before they commit (a commit
+        moves whatever the partial directory holds, and the last one removes it). So a rank
+        receives the file only if it writes it, and waits only for its own node's leader:
+        O(1) requests per rank, no world-wide barrier."""
         assert self.ring is not None
-        entry = next((FileEntry(**e) for e in records[0] if e["name"] == METADATA), None)
-        body: str | None = None
-        if self.coord.rank == 0 and entry is not None:
-            with open(os.path.join(directory, METADATA), "rb") as f:
-                body = base64.b64encode(f.read()).decode()
-        body = self.coord.broadcast_json(body)
-        ring = self.ring
-        if entry is None or body is None or ring.slot == 0 or ring.rank % ring.local_world:
+        ring, coord = self.ring, self.coord
+        try:
+            entry = next((FileEntry(**e) for e in rank0 if e.get("name") == METADATA), None)
+            body: str | None = None
+            if coord.rank == 0 and entry is not None:
+                with open(os.path.join(directory, METADATA), "rb") as f:
+                    body = base64.b64encode(zlib.compress(f.read(), 6)).decode()
+        except (OSError, TypeError, ValueError) as exc:  # rank 0: its verdict is the commit's
+            entry, body = None, None
+            log.warning("cannot spread %s: %s", METADATA, exc)
+        key = coord.publish(body)  # every rank: the operation keeps the ranks in step
+        ready = [f"{key}/node{s}" for s in range(1, ring.slots)]
+        coord.reclaim(ready)
+        if entry is None or ring.slot == 0 or not coord.distributed:
             return None
+        mine = ready[ring.slot - 1]
+        if ring.rank % ring.local_world:  # not the node's leader: wait for its verdict
+            try:
+                verdict = coord.fetch(mine)
+            except CoordinationError as exc:
+                return f"waiting for {METADATA} on this node: {exc}"
+            return None if verdict is None else \
+                f"{METADATA} on this node (its first rank): {str(verdict)[:MAX_REASON]}"
+        problem = self._write_metadata(directory, entry, key)
+        try:
+            coord.put(mine, problem)
+        except CoordinationError as exc:
+            problem = problem or f"telling this node's ranks: {exc}"
+        return problem
+
+    def _write_metadata(self, directory: str, entry: FileEntry, key: str) -> str | None:
         path = os.path.join(directory, METADATA)
         try:
+            wire = self.coord.fetch(key)
+            if not isinstance(wire, str):
+                return f"rank 0 published no {METADATA}"
+            z = zlib.decompressobj()
+            data = z.decompress(base64.b64decode(wire, validate=True), entry.size + 1)
             with open(path + ".buddy", "wb") as f:
-                f.write(base64.b64decode(body))
+                f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
             if hash_file(path + ".buddy", self.algo) != (entry.checksum, entry.size):
                 return f"the copy of {METADATA} on this node does not match rank 0's"
             os.replace(path + ".buddy", path)
             fsync_dir(directory)
+        except (CoordinationError, ValueError, zlib.error) as exc:
+            return f"receiving {METADATA} from rank 0: {type(exc).__name__}: {exc}"
         except OSError as exc:
             return f"writing {METADATA} on this node: {type(exc).__name__}: {exc}"
         return None
@@ -267,17 +325,25 @@ class PrimaryWriter:
         return lambda m: [f for f in m.files if f.rank in held
                           or (leader and f.name == METADATA)]
 
-    def commit(self, partial: str, manifest: Manifest, held: set[int] | None = None) -> None:
+    def commit(self, partial: str, shared: SharedManifest | Manifest,
+               held: set[int] | None = None) -> Manifest:
         """Move this save's files into place and write the manifest last, then verify this
         rank's files (and the buddy copies it holds). ``latest.json`` moves only once every
         rank committed (see ``write``)."""
-        final = step_dir(manifest.step)
+        final = step_dir(shared.step)
         held = held or {self.coord.rank}
-        body = manifest.to_json()
         mpath = self.tier.local_path(f"{final}/{MANIFEST}")
         with tier_lock(self.tier):
             src, dst = self.tier.local_path(partial), self.tier.local_path(final)
             existing = _read_bytes(mpath)
+            # this node's copy when another rank of it wrote this save's already, else the
+            # body (fetched from rank 0 by one rank per node)
+            if isinstance(shared, Manifest):
+                body = shared.to_json()
+            else:
+                body = existing if shared.matches(existing) and existing is not None \
+                    else shared.body()
+            manifest = Manifest.from_json(body)
             if mpath is not None and existing not in (None, body):
                 # an older save of this step (an earlier generation): invisible first, so its
                 # manifest never names files this save is replacing
@@ -303,6 +369,7 @@ class PrimaryWriter:
         if not status.ok:
             raise TierError(f"step {manifest.step} on {self.tier.uri} did not verify after "
                             f"commit: {status.problem}")
+        return manifest
 
     def withdraw(self, manifest: Manifest) -> None:
         """Make this save invisible on this node again (another rank failed to commit it):

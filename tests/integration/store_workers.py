@@ -100,10 +100,10 @@ def shared_node_main(rank: int, world: int, root: str, port: int, out: str, save
         real_commit = PrimaryWriter.commit
 
         def commit(self: PrimaryWriter, partial: str, manifest: Any,
-                   held: set[int] | None = None) -> None:
+                   held: set[int] | None = None) -> Any:
             if rank == bad_rank and manifest.step == bad_step and self.tier.name == "nvme":
                 raise TierError(f"injected commit failure on rank {rank}")
-            real_commit(self, partial, manifest, held)
+            return real_commit(self, partial, manifest, held)  # the committed manifest
 
         PrimaryWriter.commit = commit  # type: ignore[method-assign]
 

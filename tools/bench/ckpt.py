@@ -268,8 +268,19 @@ def node_loss_compare(work: str, total: int, rounds: int = 2) -> dict[str, float
     from slurmkit.testing.s3server import free_port
 
     work = os.path.join(work, "nodeloss")
-    mp.start_processes(_buddy_rank, args=(2, work, free_port(), total, ["node0", "node1"],
-                                          "save"), nprocs=2, join=True, start_method="spawn")
+    def spawn(nodes: list[str], mode: str) -> None:
+        """The two ranks; a rendezvous port taken between free_port() and the bind (a busy
+        host) is retried on a new port, nothing else."""
+        for attempt in range(3):
+            try:
+                mp.start_processes(_buddy_rank, args=(2, work, free_port(), total, nodes, mode),
+                                   nprocs=2, join=True, start_method="spawn")
+                return
+            except mp.ProcessRaisedException as exc:
+                if "EADDRINUSE" not in str(exc) or attempt == 2:
+                    raise
+
+    spawn(["node0", "node1"], "save")
     shutil.rmtree(os.path.join(work, "nvme", "node1"))  # the lost node's disk
     times: dict[str, list[float]] = {"buddy": [], "shared": []}
     same, fetched = True, True
@@ -279,8 +290,7 @@ def node_loss_compare(work: str, total: int, rounds: int = 2) -> dict[str, float
         for d in glob.glob(os.path.join(work, "*", "*", "step_*")) + glob.glob(
                 os.path.join(work, "lustre", "step_*")):
             evict(d)
-        mp.start_processes(_buddy_rank, args=(2, work, free_port(), total, ["node0", "spare"],
-                                              mode), nprocs=2, join=True, start_method="spawn")
+        spawn(["node0", "spare"], mode)
         outs = []
         for r in range(2):
             with open(os.path.join(work, f"{mode}{r}.json")) as f:

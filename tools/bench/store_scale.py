@@ -11,7 +11,7 @@ few steps (each promoted to the shared tier) and restores. Measured per rank, fr
 rank, with nothing of the store's own accounting trusted alone:
 
 * bytes received: the kernel's ``bytes_received`` of every TCP socket this process owns
-  (``ss -tinp``), the delta over one save (the trainer's own group is idle meanwhile);
+  (``ss -tie``, this process's sockets by inode), the delta over one save (the trainer's own group is idle meanwhile);
 * collectives: calls of torch.distributed's tensor collectives (patched counters), plus the
   store coordinator's own operations where they do not go through a process group;
 * files listed: directory entries returned by ``os.listdir``/``os.scandir`` (and their
@@ -32,12 +32,14 @@ both side by side with ratios. The last line is ``RESULT ...``.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import math
 import multiprocessing as mp
 import os
 import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -146,17 +148,48 @@ def sockets() -> set[str]:
     return out
 
 
-def bytes_received(pid: int) -> int:
-    """Sum of the kernel's per-socket received-byte counters over this process's TCP sockets."""
-    res = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, check=True)
-    total, mine = 0, False
-    for line in res.stdout.splitlines():
-        if not line.startswith(("\t", " ")):
-            mine = f"pid={pid}," in line
+def _own_ports() -> tuple[set[str], set[int]]:
+    """(socket inodes, local TCP ports) of this process, from /proc (no scan of others)."""
+    inodes = {t[len("socket:["):-1] for t in sockets()}
+    ports: set[int] = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f, None)
+                for line in f:
+                    cols = line.split()
+                    if len(cols) > 9 and cols[9] in inodes:
+                        ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+        except OSError:
             continue
-        if mine:
-            m = re.search(r"bytes_received:(\d+)", line)
-            total += int(m.group(1)) if m else 0
+    return inodes, ports
+
+
+def bytes_received(pid: int) -> int:
+    """Sum of the kernel's per-socket received-byte counters over this process's TCP sockets.
+
+    Asks ``ss`` only for this process's local ports (a kernel-side filter) and keeps the
+    sockets whose inode is this process's: on a busy host ``ss -p`` over every socket of
+    every process takes seconds per call."""
+    del pid  # the inodes identify this process's sockets
+    inodes, ports = _own_ports()
+    if not ports:
+        return 0
+    total = 0
+    for chunk in range(0, len(ports), 64):  # ss's filter grows with the ports named
+        some = sorted(ports)[chunk:chunk + 64]
+        expr = " or ".join(f"sport = :{p}" for p in some)
+        res = subprocess.run(["ss", "-tineH", f"( {expr} )"], capture_output=True, text=True,
+                             check=True)
+        mine = False
+        for line in res.stdout.splitlines():
+            if not line.startswith(("\t", " ")):
+                m = re.search(r"\bino:(\d+)", line)
+                mine = bool(m and m.group(1) in inodes)
+                continue
+            if mine:
+                m = re.search(r"bytes_received:(\d+)", line)
+                total += int(m.group(1)) if m else 0
     return total
 
 
@@ -175,6 +208,7 @@ def worker(rank: int, world: int, port: int, root: str, saves: int, repo: str,
            barrier: Any, out: str, per_node: int) -> None:
     sys.path.insert(0, repo)
     warnings.filterwarnings("ignore")
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a hung rank's stacks (run_world)
     import torch
     import torch.distributed as dist
 
@@ -260,7 +294,11 @@ def run_world(world: int, saves: int, work: str, repo: str, timeout_s: float,
         p.join(max(1.0, deadline - time.monotonic()))
     failed = [r for r, p in enumerate(procs) if p.exitcode != 0]
     for p in procs:
+        if p.is_alive() and p.pid is not None:
+            os.kill(p.pid, signal.SIGUSR1)  # print where it hangs before it goes
+    for p in procs:
         if p.is_alive():
+            p.join(5.0)
             p.kill()
     if failed:
         raise SystemExit(f"world {world}: ranks {failed} failed (exit codes "
