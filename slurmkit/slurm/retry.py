@@ -12,6 +12,7 @@ timeout) could have taken effect. Those are retried only for idempotent commands
 from __future__ import annotations
 
 import enum
+import inspect
 import logging
 import shlex
 import time
@@ -22,6 +23,11 @@ import tenacity
 
 from slurmkit.slurm.errors import SlurmCommandError, SlurmCommandTimeout
 from slurmkit.slurm.runner import CommandResult, CommandRunner
+
+# The first wait of tenacity's jittered backoff: `multiplier` in newer tenacity (which warns on
+# `initial`), `initial` before it (pyproject allows tenacity>=8.2).
+_FIRST_WAIT = ("multiplier" if "multiplier" in inspect.signature(tenacity.wait_exponential_jitter).parameters
+               else "initial")
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +149,7 @@ class RetryingRunner:
             stop=(tenacity.stop_after_attempt(p.max_attempts)
                   | tenacity.stop_after_delay(p.max_delay_s)),
             wait=tenacity.wait_exponential_jitter(
-                initial=p.initial_wait_s, max=p.max_wait_s, jitter=p.jitter_s),
+                max=p.max_wait_s, jitter=p.jitter_s, **{_FIRST_WAIT: p.initial_wait_s}),
             retry=tenacity.retry_if_exception(lambda exc: should_retry(exc, args)),
             sleep=p.sleep,
             before_sleep=lambda state: self._log_retry(args, state),
