@@ -106,7 +106,7 @@ def test_the_overrides_of_a_campaign_run_render_through_the_real_submit(tmp_path
     from slurmkit.testing.chaos.plan import armed_spec
 
     plan = next(p for p in map(draw_plan, range(50)) if any(f.kind == "nccl_abort" for f in p.faults))
-    args = overrides(plan, step_delay_s=0.25, name="chaos-render")
+    args = overrides(plan, step_delay_s=0.25, name="chaos-render", exclusive=True)
     res = subprocess.run([sys.executable, "-m", "slurmkit.submit", *args, "submit.emit=sbatch",
                           f"submit.run_root={tmp_path}"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr

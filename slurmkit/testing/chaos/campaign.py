@@ -102,11 +102,11 @@ def describe_plan(plan: RunPlan) -> str:
 
 def run_one(plan: RunPlan, *, cluster, run_root: str, reference: str, step_delay_s: float,
             heartbeat_timeout_s: float, timeout_s: float, replay: str,
-            say: Callable[[str], None]) -> RunSummary:
+            say: Callable[[str], None], exclusive: bool = False) -> RunSummary:
     from slurmkit.testing.chaos.driver import Driver, diagnose
 
     run = Driver(cluster, plan, run_root, reference, step_delay_s=step_delay_s,
-                 heartbeat_timeout_s=heartbeat_timeout_s, timeout_s=timeout_s).run()
+                 heartbeat_timeout_s=heartbeat_timeout_s, timeout_s=timeout_s, exclusive=exclusive).run()
     v = verdict(run.facts)
     for c in v.checks:
         say(f"    {c.name:<22} {'ok  ' if c.ok else 'FAIL'} {c.detail}")
@@ -164,6 +164,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--run-root", default="/tmp/slurmkit-chaos")
     p.add_argument("--reference", help="param_sha256 of the uninterrupted run (skips the reference run)")
     p.add_argument("--run-timeout-s", type=float, default=900)
+    p.add_argument("--exclusive", action="store_true",
+                   help="whole nodes per run (cluster.exclusive): on a cluster other jobs share")
     p.add_argument("--plan-only", action="store_true", help="print the plans; touch no cluster")
     p.add_argument("--out", help="append one JSON line per run to this file")
     return p
@@ -219,7 +221,7 @@ def main(argv: Sequence[str] | None = None, say: Callable[[str], None] | None = 
         summary = run_one(plan, cluster=cluster, run_root=os.path.join(a.run_root, f"seed{plan.seed}"),
                           reference=reference, step_delay_s=a.step_delay_s,
                           heartbeat_timeout_s=a.heartbeat_timeout_s, timeout_s=a.run_timeout_s,
-                          replay=replay, say=say)
+                          replay=replay, say=say, exclusive=a.exclusive)
         runs.append(summary)
         if a.out:
             with open(a.out, "a") as f:

@@ -143,14 +143,15 @@ class Run:
 
 
 def overrides(plan: RunPlan, *, step_delay_s: float, name: str, faults: bool = True,
-              heartbeat_timeout_s: float = 20) -> list[str]:
+              heartbeat_timeout_s: float = 20, exclusive: bool = False) -> list[str]:
     args = ["+exp=tiny", f"train.steps={plan.steps}", f"train.ckpt_interval_steps={plan.interval}",
             f"+job.env.SLURMKIT_STEP_DELAY_S={step_delay_s:g}",
             f"supervisor.heartbeat_timeout_s={heartbeat_timeout_s:g}",
             f"supervisor.spare_nodes={plan.spare_nodes if faults else 0}", f"job.name={name}", *plan.extra]
-    if faults:
+    if faults and exclusive:
         # Whole nodes (cluster.exclusive): a node loss kills every process on its node, and
-        # other jobs on a shared cluster must not pay for this campaign's faults.
+        # other jobs on a shared cluster must not pay for this campaign's faults. Off by
+        # default: a requeued exclusive job was seen PENDING (Resources) on idle nodes.
         args.append("cluster.exclusive=true")
     spec = armed_spec(plan) if faults else ""
     if spec:
@@ -221,11 +222,13 @@ class Driver:
     """Runs one plan; ``run()`` never leaves a node it killed down."""
 
     def __init__(self, cluster: Cluster, plan: RunPlan, run_root: str, reference_sha: str, *,
-                 step_delay_s: float = 0.25, heartbeat_timeout_s: float = 20, timeout_s: float = 900) -> None:
+                 step_delay_s: float = 0.25, heartbeat_timeout_s: float = 20, timeout_s: float = 900,
+                 exclusive: bool = False) -> None:
         self.cluster, self.plan, self.run_root = cluster, plan, run_root
         self.reference_sha = reference_sha
         self.step_delay_s = step_delay_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.exclusive = exclusive
         self.deadline = time.monotonic() + timeout_s
         self.job_id = self.run_dir = ""
         self.injected: list[Injected] = []
@@ -457,7 +460,7 @@ class Driver:
         name = f"chaos-{self.plan.seed}"
         submitted = time.time()
         args = overrides(self.plan, step_delay_s=self.step_delay_s, name=name,
-                         heartbeat_timeout_s=self.heartbeat_timeout_s)
+                         heartbeat_timeout_s=self.heartbeat_timeout_s, exclusive=self.exclusive)
         self.job_id, self.run_dir = submit(self.cluster, args, self.run_root)
         not_reached: list[str] = []
         error = ""
