@@ -115,7 +115,8 @@ def test_malformed_json_from_the_store_is_a_coordination_error() -> None:
 
 
 def test_a_missing_rank_times_out_with_a_clear_error() -> None:
-    _, coords = _world(2, timeout_s=1.0)
+    _, coords = _world(2)  # connect with the ordinary timeout (a busy host is slow to)
+    coords[0].store.set_timeout(timedelta(seconds=1.0))  # then wait for rank 1 only 1 s
     with pytest.raises(CoordinationError, match="waiting for"):
         coords[0].gather_json("only me")  # rank 1 never arrives
 
