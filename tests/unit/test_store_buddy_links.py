@@ -9,8 +9,6 @@ ranks and the store instance's prefix only.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -18,37 +16,16 @@ import pytest
 import torch.distributed as dist
 
 from slurmkit.store.buddy import Links, Ring, _swap_headers
+from tests.unit.store_threads import run_ranks, store_clients
 
 TIMEOUT_S = 60.0  # the gloo and store timeout: a lost peer fails the test instead of hanging
 
 
 def _clients(n: int, prefix: str) -> tuple[Any, list[Any]]:
-    server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=TIMEOUT_S),
-                           wait_for_workers=False)
-    clients = [dist.PrefixStore(prefix, dist.TCPStore(
-        "127.0.0.1", server.port, None, False, timeout=timedelta(seconds=TIMEOUT_S),
-        wait_for_workers=False)) for _ in range(n)]
-    return server, clients
+    return store_clients(n, prefix, TIMEOUT_S)
 
 
-def _run(n: int, fn: Callable[[int], Any]) -> list[Any]:
-    out: list[Any] = [None] * n
-    errors: list[BaseException] = []
-
-    def body(r: int) -> None:
-        try:
-            out[r] = fn(r)
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return out
+_run = run_ranks
 
 
 @pytest.mark.parametrize("world,local,replicas", [(4, 1, 1), (5, 1, 2), (8, 2, 1)])

@@ -4,46 +4,23 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
-import torch.distributed as dist
 
 from slurmkit.store.coord import CoordinationError, Coordinator
+from tests.unit.store_threads import run_ranks, store_clients
 
 
 def _world(n: int, timeout_s: float = 30.0) -> tuple[Any, list[Coordinator]]:
-    server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=timeout_s),
-                           wait_for_workers=False)
-    coords = []
-    for r in range(n):
-        client = dist.TCPStore("127.0.0.1", server.port, None, False,
-                               timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
-        coords.append(Coordinator(dist.PrefixStore("t/", client), r, n))
-    return server, coords
+    server, clients = store_clients(n, "t/", timeout_s)
+    return server, [Coordinator(c, r, n) for r, c in enumerate(clients)]
 
 
 def _run(coords: list[Coordinator], fn: Callable[[Coordinator], Any]) -> list[Any]:
-    out: list[Any] = [None] * len(coords)
-    errors: list[BaseException] = []
-
-    def body(c: Coordinator) -> None:
-        try:
-            out[c.rank] = fn(c)
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=body, args=(c,)) for c in coords]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return out
+    return run_ranks(len(coords), lambda r: fn(coords[r]))
 
 
 def test_broadcast_gather_scatter_and_reductions_give_every_rank_the_right_answer() -> None:
