@@ -131,6 +131,7 @@ class SupervisorConfig:
     enabled: bool | None = None  # retired: see above
     max_restarts: int = 5  # restarts inside one allocation before requeueing
     max_restarts_without_progress: int = 3  # then stop with exit code 93
+    max_requeues: int = 20  # requeues after failures (time-limit ones not counted), then exit 93
     heartbeat_timeout_s: float = 60.0  # no step advance for this long: a hang
     startup_timeout_s: float = 300.0  # first heartbeat must come within this
     spare_nodes: int = 0  # allocate nodes + spare_nodes, train on nodes
@@ -150,6 +151,9 @@ class SupervisorConfig:
         if self.spare_nodes < 0:
             raise ConfigError(f"supervisor.spare_nodes={self.spare_nodes}", "a value >= 0",
                               "set supervisor.spare_nodes=0 or more")
+        if self.max_requeues < 0:
+            raise ConfigError(f"supervisor.max_requeues={self.max_requeues}", "a value >= 0",
+                              "set supervisor.max_requeues=20 (0: never requeue after a failure)")
         if self.heartbeat_timeout_s <= 0:
             raise ConfigError(f"supervisor.heartbeat_timeout_s={self.heartbeat_timeout_s}",
                               "a positive number of seconds", "set supervisor.heartbeat_timeout_s=60")

@@ -181,6 +181,14 @@ class NodeAgent:
         self.ledger.flush()  # the ranks' last events are in the file before node 0 decides
         return list(self.monitor.evidence) if self.monitor is not None else []
 
+    def kill_leftovers(self) -> None:
+        """SIGKILL any rank still running (the agent is leaving: a rank left behind would hold
+        its GPU and its peers' collectives). Ranks that have exited are left alone."""
+        live = [p for p in self.procs if p.poll() is None]
+        if live:
+            log.warning("agent leaving: killing %d rank(s) still running", len(live))
+            stop_ranks(live, grace_s=0.0, sleep=self.sleep, clock=self.clock)
+
     def remove_local_files(self) -> None:
         """The heartbeats and event spools of this node's ranks (node memory, not disk)."""
         paths = list(self._spools) + [os.path.join(self.local_dir, "heartbeat", f"rank{p.rank}.json")
@@ -258,8 +266,11 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
                      slurm=slurm, ckpt_step=progress.latest,
                      free_port=free_port)
     try:
-        return sup.run()
+        # On an unexpected exception its ranks are stopped (never orphaned) and node 0 hears
+        # of it at once (agent_error), instead of waiting for this agent's beats to go silent.
+        return sup.run_or_report()
     finally:
+        node.kill_leftovers()  # whatever ended the agent, no rank outlives it
         ledger.close()  # what is held reaches the file (retried) before the agent leaves
         node.remove_local_files()
 

@@ -76,6 +76,10 @@ EVENTS: dict[str, EventSpec] = {
                                "job_state:str"),
     "channel_refused": _spec("detail:str", "generation:int node:str"),
     "spare_lost": _spec("node:str", "why:str silent_s:num"),
+    "node_kept": _spec("node:str why:str", "generation:int slurm_state:str?"),
+    "agent_error": _spec("node:str error:str", "generation:int node_rank:int"),
+    "requeue_refused": _spec("reason:str", "generation:int failure_requeues:int max_requeues:int "
+                                           "excluded:list partition:str? partition_nodes:int? needed:int"),
     "preflight": _spec("node:str verdict:str", "generation:int duration_s:num waited_s:num checks:list"),
     "ledger_write_failed": _spec("failures:int error:str", "errno:str? first_failure_t:num "
                                                             "held:int dropped:int node:str"),

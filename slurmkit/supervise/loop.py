@@ -16,6 +16,7 @@ mode, where a requeue becomes a stop).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -27,19 +28,28 @@ from slurmkit.config import SlurmkitConfig
 from slurmkit.errors import SlurmkitError
 from slurmkit.launch.cancel_request import read_cancel_request
 from slurmkit.slurm.client import SlurmClient
+from slurmkit.slurm.errors import SlurmError
+from slurmkit.slurm.hostlist import expand_hostlist
 from slurmkit.supervise.channel import COMPLETED, SIGNALLED, Channel, ChannelError
 from slurmkit.supervise.classes import CLASS_INFO, FailureClass
 from slurmkit.supervise.classify import Evidence, root_cause
 from slurmkit.supervise.monitor import EXIT_CHECKPOINTED_ON_SIGNAL
-from slurmkit.supervise.policy import Action, Decision, History, Limits, State, StateMachine, decide
-from slurmkit.supervise.requeue import requeue_now
+from slurmkit.supervise.policy import (Action, Decision, History, Limits, State, StateMachine, decide,
+                                       requeue_refusal)
+from slurmkit.supervise.requeue import job_ref, requeue_now
+from slurmkit.supervise.slurmview import DECISION_RETRY, DECISION_TIMEOUT_S
 from slurmkit.supervise.succession import claim_path, elect, read_claim
-from slurmkit.supervise.liveness import Liveness, Lost, client_node_states
+from slurmkit.supervise.liveness import Liveness, Lost, client_node_states, slurm_says_dead
 from slurmkit.supervise.timeouts import beat_interval_s, liveness_deadline_s
 
 log = logging.getLogger(__name__)
 
 FAILED = "failed"
+#: One empty marker file per requeue a failure caused (named by the attempt that requeued, so a
+#: successor deciding again adds none): their count is what supervisor.max_requeues limits.
+REQUEUE_MARKS = "requeues"
+#: Classes that end the allocation, not the run: their requeues are the plan, not failures.
+_PLANNED_REQUEUE = frozenset({FailureClass.TIME_LIMIT, FailureClass.PREEMPTION})
 
 
 class Node0Lost(SlurmkitError):
@@ -118,6 +128,9 @@ class Supervisor:
         self._lost: dict[int, Lost] = {}  # node 0: agents found lost, with how
         self._store_trouble_since: float | None = None
         self.decisions: list[tuple[int, Decision]] = []  # what this agent applied, per generation
+        self.gen = 0  # the generation under way (for an agent error's report)
+        self._stopped_gen: int | None = None  # the last generation this agent posted "stopped" for
+        self._failure_requeue = False  # node 0: the requeue it is about to make follows a failure
 
     @property
     def is_node0(self) -> bool:
@@ -137,6 +150,7 @@ class Supervisor:
                                train_nodes=self.node_map, spares=self.spares, executor=self.where.executor)
         gen = 0
         while True:
+            self.gen = gen
             try:
                 code = self.run_generation(gen)
             except Node0Lost as exc:
@@ -144,6 +158,13 @@ class Supervisor:
             if code is not None:
                 return self.finish(code)
             gen += 1
+
+    def run_or_report(self) -> int:
+        """``run``, and if this agent fails on an unexpected exception, ``agent_error``."""
+        try:
+            return self.run()
+        except Exception as exc:  # noqa: BLE001 - the agent must never die silently
+            return self.agent_error(exc)
 
     def run_generation(self, gen: int) -> int | None:
         """One generation; returns the agent's exit code, or None to run the next generation."""
@@ -173,6 +194,7 @@ class Supervisor:
         if slot is not None:
             self.channel.post_evidence(gen, self.where.node_rank, self.node.stop())
             self.channel.post_stopped(gen)
+            self._stopped_gen = gen
         if self.is_node0:
             self.sm.to(State.DECIDING, f"generation {gen}")
             d = self.node0_decide(gen, participants)
@@ -366,10 +388,98 @@ class Supervisor:
                            ranks_affected=list(failure.ranks_affected),
                            slurm_view=[e.detail for e in slurm_view])
         spares = [n for n in self.spares if n not in lost]
-        decision, self.history = decide(failure, self.history, self._ckpt_step(), self.limits, spares, lost)
+        kept = self.agents_lost_on_healthy_nodes(gen, evidence, lost)
+        decision, self.history = decide(failure, self.history, self._ckpt_step(), self.limits, spares, lost,
+                                        agent_lost=kept)
         if decision.action == Action.REQUEUE and self.slurm is None:
             decision = Decision(Action.STOP, decision.reason + "; no Slurm to requeue with (local mode)")
+        if decision.action == Action.REQUEUE:
+            planned = failure.cls in _PLANNED_REQUEUE
+            refusal = self.requeue_refused(gen, decision.exclude, failure=not planned)
+            if refusal is not None:
+                return Decision(Action.STOP, f"{decision.reason}; requeue refused: {refusal}", decision.exclude)
+            self._failure_requeue = not planned
         return decision
+
+    def agents_lost_on_healthy_nodes(self, gen: int, evidence: list[Evidence], lost: list[str]) -> list[str]:
+        """The lost nodes whose agent is gone while the node itself is fine: Slurm still calls it
+        healthy (not DOWN, DRAIN, NOT_RESPONDING, FAIL), or the agent reported its own error and
+        Slurm does not contradict it. A SIGKILLed agent with slurmd alive is one: excluding its
+        node would throw a healthy node away (seen in a chaos campaign). Slurm is asked once,
+        here, only about lost nodes whose state the liveness check did not already learn."""
+        if not lost:
+            return []
+        states: dict[str, str | None] = {self.where.nodes[nr]: x.slurm_state for nr, x in self._lost.items()}
+        unknown = [n for n in lost if states.get(n) is None]
+        if unknown and self.slurm is not None:
+            try:
+                states.update(client_node_states(self.slurm)(unknown))
+            except SlurmError as exc:
+                log.warning("Slurm's view of %s: %s", ",".join(unknown), exc)
+        reported = {e.node for e in evidence if e.kind == "agent_error"}
+        kept = []
+        for name in lost:
+            state = states.get(name)
+            if state is not None and slurm_says_dead(state):
+                continue
+            if state is None and name not in reported:
+                continue  # nothing says the node is fine: a lost node, as before
+            why = (f"agent on {name} lost but the node is healthy" +
+                   (f" (Slurm says {state})" if state is not None else "") +
+                   (": the agent reported its own error" if name in reported else "") +
+                   ": not excluded")
+            self.ledger.append("node_kept", node=name, why=why, generation=gen, slurm_state=state)
+            kept.append(name)
+        return kept
+
+    # ------------------------------------------------------------------ requeue caps (node 0)
+    def failure_requeues(self) -> int:
+        """Earlier requeues of this run that a failure caused (this attempt's own not counted)."""
+        try:
+            names = os.listdir(os.path.join(self.run_dir, REQUEUE_MARKS))
+        except OSError:
+            return 0
+        mine = f"failure.{self.where.attempt}"
+        return sum(1 for n in names if n.startswith("failure.") and n != mine)
+
+    def _mark_failure_requeue(self) -> None:
+        marks = os.path.join(self.run_dir, REQUEUE_MARKS)
+        os.makedirs(marks, exist_ok=True)
+        with open(os.path.join(marks, f"failure.{self.where.attempt}"), "a"):
+            pass
+
+    def requeue_refused(self, gen: int, exclude: tuple[str, ...], *, failure: bool) -> str | None:
+        """Why this requeue must stop the run instead (Detected/Requirement/Fix), or None.
+
+        A failure's requeue counts against supervisor.max_requeues; one that excludes nodes is
+        checked against the partition, with one bounded query of the job (its partition and
+        ExcNodeList) and of the partitions: decisions are rare. Slurm not answering checks
+        nothing (the requeue goes ahead: a slow controller must not stop a run)."""
+        max_requeues = self.cfg.supervisor.max_requeues
+        done = self.failure_requeues() if failure else 0
+        partition: str | None = None
+        members: list[str] | None = None
+        excluded = list(exclude)
+        if exclude and self.slurm is not None and done < max_requeues:
+            try:
+                client = self.slurm.bounded(DECISION_RETRY, DECISION_TIMEOUT_S)
+                info = client.job(job_ref(self.where.job_id, self.env))
+                excluded = sorted({*info.excluded_nodes, *exclude})
+                partition = info.partition
+                for p in client.partitions():
+                    if p.name == partition and p.nodes and p.nodes.upper() != "ALL":
+                        members = expand_hostlist(p.nodes)
+            except SlurmError as exc:
+                log.warning("could not check the requeue against the partition: %s", exc)
+        why = requeue_refusal(failure_requeues=done if failure else None, max_requeues=max_requeues,
+                              excluded=excluded, partition=partition, partition_nodes=members,
+                              needed=len(self.where.nodes))
+        if why is not None:
+            self.ledger.append("requeue_refused", reason=why, generation=gen, failure_requeues=done,
+                               max_requeues=max_requeues, excluded=excluded, partition=partition,
+                               partition_nodes=len(members) if members is not None else None,
+                               needed=len(self.where.nodes))
+        return why
 
     # ------------------------------------------------------------------ applying (every node)
     def apply_replacement(self, bad: tuple[str, ...]) -> None:
@@ -383,6 +493,8 @@ class Supervisor:
     def requeue(self, reason: str, exclude: tuple[str, ...]) -> None:
         """Node 0: requeue this job without the bad nodes and make it eligible at once."""
         self.ledger.append("requeue", job_id=self.where.job_id, reason=reason, exclude=list(exclude))
+        if self._failure_requeue:
+            self._mark_failure_requeue()
         if self.slurm is not None:
             requeue_now(self.slurm, self.where.job_id, exclude, env=self.env, run_dir=self.run_dir)
 
@@ -462,9 +574,75 @@ class Supervisor:
             self.ledger.append("end", status="stopped", exit_code=1, reason=reason)
             return 1
         reason = f"node_loss of node 0 ({node0}): {why}; requeue without it"
+        refusal = self.requeue_refused(gen, (node0,), failure=True)
+        if refusal is not None:
+            return self.stop_unrequeued(gen, f"{reason}; requeue refused: {refusal}", [node0])
         self.ledger.append("decision", generation=gen, action=Action.REQUEUE.value, reason=reason, exclude=[node0])
         self.ledger.append("exclusion", nodes=[node0], how="requeue")
+        self._failure_requeue = True
         self.requeue(reason, (node0,))
+        return 0
+
+    def stop_unrequeued(self, gen: int, reason: str, exclude: list[str]) -> int:
+        """Outside the state machine (node 0 lost, or this agent failing): stop with exit 93,
+        said in the ledger and in the job's log."""
+        print(f"slurmkit supervisor: stopping, exit {EXIT_NO_REQUEUE} (do not requeue): {reason}",
+              file=sys.stderr, flush=True)
+        self.ledger.append("decision", generation=gen, action=Action.STOP.value, reason=reason, exclude=exclude)
+        self.ledger.append("end", status="stopped", exit_code=EXIT_NO_REQUEUE, reason=reason)
+        return EXIT_NO_REQUEUE
+
+    # ------------------------------------------------------------------ this agent failing
+    def agent_error(self, exc: BaseException) -> int:
+        """This agent itself failed (an exception in slurmkit, not in a rank: a full disk under
+        the run root, a store reply it could not read): its ranks are stopped, never orphaned,
+        and it says so before leaving, so that node 0 decides at once instead of waiting for its
+        beats to go silent, and keeps the node (agent_lost, not node_loss). Node 0's own agent
+        holds the store: when it fails the followers would take that for node 0's loss and
+        exclude a healthy node, so it requeues itself, keeping every node. Exit code: 0 after a
+        requeue, 93 when a cap refused one, 1 else."""
+        me, gen = self.where.node_name, self.gen
+        detail = f"agent on {me} failed: {type(exc).__name__}: {exc}"[:500]
+        log.error("%s", detail, exc_info=exc)
+        print(f"slurmkit agent: {detail}", file=sys.stderr, flush=True)
+        evidence: list[Evidence] = []
+        try:
+            evidence = self.node.stop()
+        except Exception:  # noqa: BLE001 - the report below matters more than this error
+            log.exception("stopping this node's ranks after the agent error")
+        try:
+            self.ledger.append("agent_error", node=me, error=detail, generation=gen,
+                               node_rank=self.where.node_rank)
+        except Exception:  # noqa: BLE001 - e.g. the disk that failed the agent: the channel still tells
+            log.exception("ledger")
+        if self.is_node0:
+            return self._node0_agent_error(gen, detail)
+        try:
+            if self._stopped_gen != gen:
+                ev = Evidence(time.time(), me, -1, "agent_error", FailureClass.NODE_LOSS, detail)
+                self.channel.post_evidence(gen, self.where.node_rank, [*evidence, ev])
+                self.channel.post_failure(gen, me, -1, FailureClass.NODE_LOSS)
+                self.channel.post_stopped(gen)
+            self.channel.arrive_exit()
+        except Exception:  # noqa: BLE001 - then node 0 finds this agent lost by its silence
+            log.exception("could not tell node 0 about this agent's error")
+        return 1
+
+    def _node0_agent_error(self, gen: int, detail: str) -> int:
+        reason = f"{detail}; node 0's agent (the agents' store) cannot go on: requeue keeping every node"
+        if self.slurm is None:
+            reason = f"{detail}; no Slurm to requeue with (local mode)"
+            self.ledger.append("decision", generation=gen, action=Action.STOP.value, reason=reason, exclude=[])
+            self.ledger.append("end", status="stopped", exit_code=1, reason=reason)
+            return 1
+        refusal = self.requeue_refused(gen, (), failure=True)
+        if refusal is not None:
+            return self.stop_unrequeued(gen, f"{reason}; requeue refused: {refusal}", [])
+        self.ledger.append("node_kept", node=self.where.node_name, generation=gen,
+                           why=f"node 0's own agent failed ({detail}): the node is not to blame: not excluded")
+        self.ledger.append("decision", generation=gen, action=Action.REQUEUE.value, reason=reason, exclude=[])
+        self._failure_requeue = True
+        self.requeue(reason, ())
         return 0
 
     def finish(self, code: int) -> int:

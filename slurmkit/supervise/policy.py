@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -95,8 +95,16 @@ class Limits:
 
 
 def decide(failure: Failure, history: History, ckpt_step: int | None, limits: Limits,
-           spare_nodes: list[str], lost_nodes: list[str]) -> tuple[Decision, History]:
+           spare_nodes: list[str], lost_nodes: list[str],
+           agent_lost: Collection[str] = ()) -> tuple[Decision, History]:
     """What to do about ``failure``, and the history after it (progress is checkpoint progress).
+
+    ``agent_lost`` are lost nodes whose agent is gone while Slurm still calls the node healthy
+    (SIGKILLed, or it reported its own error): the node is not to blame, so it is never
+    excluded from a requeue, and its silence never counts as a suspect failure. Without its
+    agent it cannot run this allocation's next generation: a spare takes its slot, else the job
+    requeues with the node kept (a relaunch of one node's agent inside the allocation is not
+    built: a new agent cannot join generations already under way).
 
     ``history`` is not changed."""
     info = CLASS_INFO[failure.cls]
@@ -110,8 +118,9 @@ def decide(failure: Failure, history: History, ckpt_step: int | None, limits: Li
                         "configuration (memory, batch size, layout) and resubmit"), history
     progressed = ckpt_step is not None and (history.ckpt_step_at_last_failure is None
                                             or ckpt_step > history.ckpt_step_at_last_failure)
+    kept = set(agent_lost) & set(lost_nodes)
     per_node = Counter(dict(history.failures_per_node))
-    if info.suspect_node and failure.node:
+    if info.suspect_node and failure.node and failure.node not in kept:
         per_node[failure.node] += 1
     h = replace(history, restarts_without_progress=0 if progressed else history.restarts_without_progress + 1,
                 ckpt_step_at_last_failure=ckpt_step, failures_per_node=tuple(sorted(per_node.items())))
@@ -120,17 +129,55 @@ def decide(failure: Failure, history: History, ckpt_step: int | None, limits: Li
                         f"without checkpoint progress (last checkpoint step {ckpt_step}): a crash loop"), h
     repeated = {n for n, k in per_node.items() if k >= 2}
     at_once = {failure.node} if info.bad_node and failure.node else set()  # e.g. a failed pre-flight
-    bad = sorted((set(lost_nodes) | repeated | at_once) - h.retired)
-    if bad:
-        if len(spare_nodes) >= len(bad):
-            return (Decision(Action.REPLACE_NODE, f"{where}; replacing {','.join(bad)} with a spare",
-                             tuple(bad)), replace(h, retired=h.retired | frozenset(bad)))
+    bad = sorted(((set(lost_nodes) - kept) | repeated | at_once) - h.retired)
+    gone = sorted(kept - h.retired - set(bad))  # healthy nodes without an agent
+    if bad or gone:
+        out = bad + gone
+        if len(spare_nodes) >= len(out):
+            why = f"replacing {','.join(out)} with a spare" + (
+                f" ({','.join(gone)}: agent lost, node healthy, kept for later allocations)" if gone else "")
+            return (Decision(Action.REPLACE_NODE, f"{where}; {why}", tuple(out)),
+                    replace(h, retired=h.retired | frozenset(out)))
+        if not bad:
+            return Decision(Action.REQUEUE, f"{where}; agent lost on {','.join(gone)} while Slurm calls "
+                            "the node healthy and no spare is left: requeue keeping the node"), h
+        kept_note = f" (keeping {','.join(gone)}: agent lost, node healthy)" if gone else ""
         return Decision(Action.REQUEUE, f"{where}; no spare node left for {','.join(bad)}: requeue "
-                        "without it", tuple(bad)), h
+                        f"without it{kept_note}", tuple(bad)), h
     if h.restarts >= limits.max_restarts:
         return Decision(Action.REQUEUE, f"{where}; {h.restarts} restarts in this allocation"), h
     h = h.restarted()
     return Decision(Action.RESTART, f"{where}; restart {h.restarts} in the allocation"), h
+
+
+def requeue_refusal(*, failure_requeues: int | None, max_requeues: int, excluded: Collection[str],
+                    partition: str | None, partition_nodes: Collection[str] | None,
+                    needed: int) -> str | None:
+    """Why a requeue must not happen (a Detected/Requirement/Fix message), or None.
+
+    ``failure_requeues`` counts the earlier requeues of this run that a failure caused (None:
+    this requeue is not a failure's; a time-limit requeue is the plan for a long run, and
+    neither it nor any earlier one is counted).
+    ``excluded`` is every node the requeued job would exclude (Slurm's ExcNodeList merged with
+    the new ones); ``partition_nodes`` the partition's nodes (None: unknown, not checked). A job
+    that excludes so many nodes that the partition cannot hold it would pend forever
+    (BadConstraints); one that failed ``max_requeues`` times over is a crash loop across
+    allocations. Both stop with exit 93 instead."""
+    if failure_requeues is not None and failure_requeues >= max_requeues:
+        return (f"Detected: {failure_requeues} requeues after failures already (supervisor.max_requeues="
+                f"{max_requeues}). Requirement: a run that keeps failing across allocations stops "
+                "instead of requeueing forever. Fix: read the failures in the ledger (slurmkit report), "
+                "fix their cause and resubmit, or raise supervisor.max_requeues.")
+    if partition_nodes is None:
+        return None
+    left = set(partition_nodes) - set(excluded)
+    if len(left) < needed:
+        return (f"Detected: the requeue would exclude {len(set(excluded) & set(partition_nodes))} of the "
+                f"{len(set(partition_nodes))} nodes of partition {partition} ({','.join(sorted(excluded))}), "
+                f"leaving {len(left)} for a job of {needed} nodes: it would pend forever (BadConstraints). "
+                f"Requirement: at least {needed} nodes of the partition not excluded. Fix: repair or "
+                "resume the excluded nodes, or resubmit with fewer nodes (or on a larger partition).")
+    return None
 
 
 class StateMachine:

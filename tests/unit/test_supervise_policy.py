@@ -10,7 +10,7 @@ from slurmkit.errors import SlurmkitError
 from slurmkit.supervise.classes import CLASS_INFO, FailureClass
 from slurmkit.supervise.classify import Failure
 from slurmkit.supervise.policy import (TRANSITIONS, Action, Decision, History, Limits, State,
-                                       StateMachine, decide)
+                                       StateMachine, decide, requeue_refusal)
 
 F = FailureClass
 LIMITS = Limits(max_restarts=5, max_restarts_without_progress=3)
@@ -147,6 +147,65 @@ def test_max_restarts_requeues() -> None:
     actions = [run(F.USER_ERROR, h, ckpt=10 * (i + 1), limits=limits).action for i in range(3)]
     assert actions == [Action.RESTART, Action.RESTART, Action.REQUEUE]
     assert h.restarts == 2
+
+
+# ------------------------------------------------------------------ an agent lost on a healthy node
+def test_an_agent_lost_on_a_healthy_node_requeues_keeping_the_node() -> None:
+    # A SIGKILLed agent, slurmd alive (Slurm says MIXED): the node is not to blame.
+    d, h = decide(failure(F.NODE_LOSS), History(), 100, LIMITS, [], ["node2"], agent_lost=["node2"])
+    assert d.action == Action.REQUEUE and d.exclude == ()
+    assert "keeping the node" in d.reason
+    assert h.failures_on("node2") == 0  # not a suspect failure either
+    # The same loss without Slurm's word that the node is fine: excluded, as before.
+    d, _ = decide(failure(F.NODE_LOSS), History(), 100, LIMITS, [], ["node2"])
+    assert d.action == Action.REQUEUE and d.exclude == ("node2",)
+
+
+def test_an_agent_lost_on_a_healthy_node_gives_its_slot_to_a_spare() -> None:
+    d, h = decide(failure(F.NODE_LOSS), History(), 100, LIMITS, ["node9"], ["node2"], agent_lost=["node2"])
+    assert d.action == Action.REPLACE_NODE and d.exclude == ("node2",) and "kept for later" in d.reason
+    assert h.retired == {"node2"} and h.failures_on("node2") == 0
+
+
+def test_a_dead_node_and_a_lost_agent_requeue_excluding_only_the_dead_node() -> None:
+    d, _ = decide(failure(F.NODE_LOSS, node="node3"), History(), 100, LIMITS, ["node9"], ["node2", "node3"],
+                  agent_lost=["node2"])
+    assert d.action == Action.REQUEUE and d.exclude == ("node3",) and "keeping node2" in d.reason
+
+
+def test_an_agent_lost_again_without_checkpoint_progress_is_still_a_crash_loop() -> None:
+    h = History(restarts_without_progress=2, ckpt_step_at_last_failure=100)
+    d, _ = decide(failure(F.NODE_LOSS), h, 100, LIMITS, [], ["node2"], agent_lost=["node2"])
+    assert d.action == Action.STOP and "crash loop" in d.reason
+
+
+# ------------------------------------------------------------------ requeue caps
+def test_requeues_after_failures_stop_at_max_requeues() -> None:
+    assert requeue_refusal(failure_requeues=19, max_requeues=20, excluded=(), partition=None,
+                           partition_nodes=None, needed=2) is None
+    why = requeue_refusal(failure_requeues=20, max_requeues=20, excluded=(), partition=None,
+                          partition_nodes=None, needed=2)
+    assert why is not None and why.startswith("Detected: 20 requeues") and "Requirement:" in why
+    assert "Fix:" in why and "supervisor.max_requeues" in why
+    # A time-limit requeue is not a failure's: never capped.
+    assert requeue_refusal(failure_requeues=None, max_requeues=0, excluded=(), partition=None,
+                           partition_nodes=None, needed=2) is None
+
+
+def test_exclusions_that_leave_the_partition_too_small_stop() -> None:
+    part = ["n0", "n1", "n2", "n3"]
+    assert requeue_refusal(failure_requeues=0, max_requeues=20, excluded=["n1", "n2"], partition="debug",
+                           partition_nodes=part, needed=2) is None
+    why = requeue_refusal(failure_requeues=0, max_requeues=20, excluded=["n1", "n2", "n3"], partition="debug",
+                          partition_nodes=part, needed=2)
+    assert why is not None and "exclude 3 of the 4 nodes of partition debug" in why
+    assert "leaving 1 for a job of 2 nodes" in why and "BadConstraints" in why and "Fix:" in why
+    # Excluded nodes outside the partition take nothing from it.
+    assert requeue_refusal(failure_requeues=0, max_requeues=20, excluded=["x1", "x2", "x3"], partition="debug",
+                           partition_nodes=part, needed=4) is None
+    # The partition unknown (Slurm did not answer): not checked.
+    assert requeue_refusal(failure_requeues=0, max_requeues=20, excluded=part, partition=None,
+                           partition_nodes=None, needed=2) is None
 
 
 # ------------------------------------------------------------------ state machine
