@@ -29,6 +29,7 @@ from slurmkit.config import SlurmkitConfig, compose, config_hash, to_yaml
 from slurmkit.errors import ConfigError, SlurmkitError, SubmissionError, print_error
 from slurmkit.layout import Layout, resolve_layout, write_layout
 from slurmkit.render import JobSpec, build_jobspec, make_executor, render_standalone, render_submitit_script
+from slurmkit.submit_checks import check_run_root, check_store_backends, make_run_dir, remove_created
 from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
 
 USAGE = __doc__ or ""
@@ -65,6 +66,7 @@ def validate(cfg: SlurmkitConfig, layout: Layout | None = None) -> None:
 
     layout = resolve_layout(cfg) if layout is None else layout
     check_timeouts(cfg)
+    check_store_backends(cfg.store)
     if any("slurmkit.train" in part for part in cfg.job.command):
         from slurmkit.train.planner import check_config
 
@@ -219,20 +221,30 @@ def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console)
                           "the sbatch script it would submit to Slurm:")
         sys.stdout.write(render_submitit_script(spec))
         return 0
+    check_run_root(cfg.submit.run_root)
     if cfg.submit.emit == "sbatch":
-        freeze(cfg, run_dir, layout)
         path = os.path.join(run_dir, "job.sbatch")
-        with open(path, "w") as f:
-            f.write(render_standalone(spec, path))
+        text = render_standalone(spec, path)
+        created = make_run_dir(run_dir, cfg.submit.run_root)
+        try:
+            freeze(cfg, run_dir, layout)
+            with open(path, "w") as f:
+                f.write(text)
+        except BaseException:
+            remove_created(created, run_dir)
+            raise
         console.print(f"wrote {path}\nsubmit it with: sbatch {path}")
         return 0
     if cfg.cluster.kind == "slurm":
         warn_singleton(spec, env, console)
+    # Nothing half-way: a refused submission removes the run directory and every parent it
+    # created (submit.run_root/<job.name> included), never one another submission uses.
+    created = make_run_dir(run_dir, cfg.submit.run_root)
     try:
         freeze(cfg, run_dir, layout)
         submitted = submit_slurm(spec) if cfg.cluster.kind == "slurm" else submit_local(spec)
     except BaseException:
-        shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-way: no run dir without a job
+        remove_created(created, run_dir)
         raise
     Ledger(os.path.join(run_dir, LEDGER_NAME), source="submit").append(
         "submitted", job_id=submitted.job_id, executor=submitted.executor, name=spec.name,

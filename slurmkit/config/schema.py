@@ -21,7 +21,7 @@ from slurmkit.train.config import ModelConfig, ParallelConfig, TrainConfig
 log = logging.getLogger(__name__)
 
 CLUSTER_KINDS = ("auto", "slurm", "local")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass
@@ -48,6 +48,10 @@ class ClusterConfig:
     kill_wait_s: int = 30  # Slurm's KillWait: SIGTERM -> SIGKILL
     max_nodes: int = 0  # 0: unknown, not checked
     env: dict[str, str] = field(default_factory=dict)
+    # Admin options, none by default (slurmkit/render/values.py checks them at submit).
+    reservation: str | None = None  # --reservation=NAME[,NAME]
+    wckey: str | None = None  # --wckey=NAME (nothing hard-coded: the site's default applies)
+    switches: str | None = None  # --switches=<count>[@<max-time>], e.g. 1@01:00:00
 
     def __post_init__(self) -> None:
         if self.kind not in CLUSTER_KINDS:
@@ -86,7 +90,7 @@ class JobConfig:
         if self.gpus_per_node is not None and self.gpus_per_node < 0:
             raise ConfigError(f"job.gpus_per_node={self.gpus_per_node}", "a value >= 0",
                               "set job.gpus_per_node=0 or more")
-        if not _NAME_RE.match(self.name):
+        if not _NAME_RE.fullmatch(self.name):  # match() would let a trailing newline through
             raise ConfigError(f"job.name={self.name!r}",
                               "1-128 characters of letters, digits, '.', '_' or '-' starting with a "
                               "letter or digit (it names the run directory and the Slurm job)",

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from slurmkit.config.schema import SlurmkitConfig
 from slurmkit.errors import ConfigError
 from slurmkit.layout import Layout, resolve_layout
+from slurmkit.render.secrets import check_env_secrets, check_text_secrets
+from slurmkit.render.values import check_printable, check_slurm_names
 from slurmkit.slurm.hostlist import compress_hostlist, expand_hostlist
 from slurmkit.slurm.timelimit import format_time_limit, parse_time_limit
 
@@ -46,6 +48,10 @@ class JobSpec:
     # A sweep: Slurm's --array value ("0-3" or "0-3%2"); run_dir is then the sweep directory and
     # array task i runs in <run_dir>/<i> (slurmkit/sweep/layout.py).
     array: str | None = None
+    # Admin options, none by default: --reservation, --wckey, --switches=<count>[@<max-time>].
+    reservation: str | None = None
+    wckey: str | None = None
+    switches: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -58,31 +64,6 @@ def _check_env_names(env: dict[str, str]) -> None:
             raise ConfigError(f"environment variable name {key!r}",
                               "names of letters, digits and '_' not starting with a digit",
                               "rename it in job.env / cluster.env")
-
-
-def _check_printable(spec: JobSpec) -> None:
-    """Every value the batch script carries is quoted, but a newline or other control character
-    still has no business in a path, name or flag there: refuse it before anything is written."""
-    def bad(text: str, allow_tab: bool = False) -> bool:
-        return any((ord(c) < 32 and not (allow_tab and c == "\t")) or ord(c) == 127 for c in text)
-
-    fields: list[tuple[str, str | None]] = [
-        ("run directory (submit.run_root)", spec.run_dir), ("cluster.partition", spec.partition),
-        ("cluster.account", spec.account), ("cluster.qos", spec.qos),
-        ("cluster.constraint", spec.constraint), ("cluster.container_image", spec.container_image),
-        *(("cluster.container_mounts", m) for m in spec.container_mounts),
-        *(("job.exclude", n) for n in spec.exclude), *(("srun arguments", a) for a in spec.srun_args),
-        *((f"environment variable {k}", v) for k, v in spec.env)]
-    for what, value in fields:
-        if value is not None and bad(value):
-            raise ConfigError(f"{what} {value!r} holds a control character",
-                              "printable text only: it is written into the batch script",
-                              f"remove the newline or control character from {what}")
-    for line in spec.setup:
-        if bad(line, allow_tab=True):
-            raise ConfigError(f"cluster.setup line {line!r} holds a control character",
-                              "one shell line per list item, printable text only",
-                              "split it into separate cluster.setup items")
 
 
 def _check_resources(cfg: SlurmkitConfig, nodes: int, cpus: int | None) -> None:
@@ -140,8 +121,14 @@ def build_jobspec(cfg: SlurmkitConfig, run_dir: str, srun_args: list[str] | None
         container_mounts=tuple(c.container_mounts), setup=tuple(c.setup),
         env=tuple(sorted(env.items())), srun_args=tuple(srun_args or ()),
         no_kill=layout.spare_nodes > 0, array=array,
+        reservation=c.reservation, wckey=c.wckey, switches=c.switches,
     )
-    _check_printable(spec)
+    # Nothing is written before these pass (submit renders before it creates the run directory).
+    check_printable(spec)
+    check_slurm_names(spec)
+    check_env_secrets(spec.env)
+    check_text_secrets("a cluster.setup line", spec.setup)
+    check_text_secrets("job.command", j.command)
     return spec
 
 

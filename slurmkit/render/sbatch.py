@@ -60,7 +60,8 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
     params: dict[str, Any] = {
         "job_name": spec.name, "nodes": spec.nodes, "ntasks_per_node": 1,
         "stderr_to_stdout": True, "setup": setup_lines(spec), "srun_args": srun_args(spec),
-        "wckey": "slurmkit", "additional_parameters": extra,
+        # None drops submitit's default --wckey=submitit: a wckey is the site's choice (cluster.wckey).
+        "wckey": spec.wckey, "additional_parameters": extra,
     }
     if spec.gpus_per_node:
         params["gpus_per_node"] = f"{spec.gpu_type}:{spec.gpus_per_node}" if spec.gpu_type else spec.gpus_per_node
@@ -78,6 +79,9 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
     for key in ("partition", "account", "qos", "constraint"):
         if getattr(spec, key):
             params[key] = getattr(spec, key)
+    for key in ("reservation", "switches"):  # not submitit parameters: passed through as given
+        if getattr(spec, key):
+            extra[key] = getattr(spec, key)
     return params
 
 
