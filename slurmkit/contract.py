@@ -24,6 +24,10 @@ EXIT_NO_REQUEUE = 93
 # "Saved, not finished": the rank wrote a final checkpoint on SIGUSR1/SIGTERM and left on purpose;
 # the supervisor requeues the job (time limit) or ends it (cancel --checkpoint, preemption).
 EXIT_CHECKPOINTED_ON_SIGNAL = 95
+# The one line a rank prints (at the start of a line, on stderr) when it refuses its
+# configuration, before it exits EXIT_CONFIG_ERROR: the supervisor's classifier knows it, so a
+# configuration that cannot work stops the run at once instead of being restarted.
+CONFIG_ERROR_MARKER = "slurmkit: config-error: "
 
 # ---------------------------------------------------------------------------- rank environment
 # torchrun's names, so a trainer written for torchrun runs under the agent unchanged.

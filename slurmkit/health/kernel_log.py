@@ -22,10 +22,10 @@ from slurmkit.health.result import CheckResult, bad, ok, printable, skipped
 
 NAME = "kernel_log"
 _FIRST_READ_BYTES = 1 << 20  # a text log's first check reads at most its last MiB
-_XID_RE = re.compile(r"NVRM: Xid \((?P<pci>[^)]*)\): (?P<xid>\d+)")
+XID_RE = re.compile(r"NVRM: Xid \((?P<pci>[^)]*)\): (?P<xid>\d+)")
 # Uncorrected host memory errors only: corrected machine checks are logged on healthy machines
 # (a VM's boot log often has some) and would fail every node.
-_HW_RE = re.compile(r"EDAC \S+: \d+ UE |Uncorrected hardware memory error|\[Hardware Error\]:.*\bUncorrected\b")
+HW_RE = re.compile(r"EDAC \S+: \d+ UE |Uncorrected hardware memory error|\[Hardware Error\]:.*\bUncorrected\b")
 _STAMP_RE = re.compile(r"\[\s*(\d+\.\d+)\]")
 
 
@@ -134,13 +134,13 @@ def scan(messages: Iterable[Message], bad_xids: Iterable[int], since_uptime_s: f
     for m in messages:
         if since_uptime_s is not None and m.uptime_s is not None and m.uptime_s < since_uptime_s:
             continue
-        x = _XID_RE.search(m.text)
+        x = XID_RE.search(m.text)
         if x is not None:
             if int(x.group("xid")) in bad_set:
                 found.append(Finding("xid", int(x.group("xid")), m.text))
             else:
                 other += 1
-        elif _HW_RE.search(m.text):
+        elif HW_RE.search(m.text):
             found.append(Finding("hardware", None, m.text))
     return found, other
 

@@ -22,6 +22,12 @@ class FailureClass(str, Enum):
     NODE_LOSS = "node_loss"
     PEER_FAILURE = "peer_failure"  # a rank saw a peer disappear: a symptom, never the cause
     PREFLIGHT = "preflight"  # the node failed its pre-flight checks (slurmkit.health) before its ranks
+    # The node's hardware failed under a rank: a GPU Xid of health's bad list, an uncorrectable
+    # ECC error, a GPU off the bus, an uncorrected host memory error, a fatal event of the NIC.
+    GPU_FAULT = "gpu_fault"
+    # A fatal CUDA error that a bug can cause as well as a GPU (an illegal memory access, an
+    # unspecified launch failure): the node is suspect, excluded when it happens there again.
+    CUDA_ERROR = "cuda_error"
 
 
 @dataclass(frozen=True)
@@ -48,4 +54,6 @@ CLASS_INFO: dict[FailureClass, ClassInfo] = {
     FailureClass.NODE_LOSS: ClassInfo(True, True),
     FailureClass.PEER_FAILURE: ClassInfo(True, False, secondary=True),
     FailureClass.PREFLIGHT: ClassInfo(True, True, bad_node=True),
+    FailureClass.GPU_FAULT: ClassInfo(True, True, bad_node=True),  # out on the first one
+    FailureClass.CUDA_ERROR: ClassInfo(True, True),
 }

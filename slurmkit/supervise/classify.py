@@ -11,9 +11,26 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from slurmkit.contract import CONFIG_ERROR_MARKER
+from slurmkit.health.config import DEFAULT_BAD_XIDS
+from slurmkit.health.kernel_log import HW_RE, XID_RE
 from slurmkit.supervise.classes import CLASS_INFO, FailureClass
 
 F = FailureClass
+
+# Line classes that a rank may print and survive: a trainer that catches an OutOfMemoryError and
+# retries with a smaller batch, a logged traceback, a caught CUDA error in a retry loop, a message
+# quoting a config error. Such a line counts only once the same rank's process failed after it on
+# its own (see ``_confirmed``). The lines that end the process themselves (NCCL's watchdog
+# tear-down, the OOM killer, Slurm's) need no such proof, and neither does a hardware fault: the
+# node is bad whatever the process made of the error.
+CONFIRM_BY_EXIT = frozenset({F.GPU_OOM, F.USER_ERROR, F.CONFIG_ERROR, F.CUDA_ERROR})
+# A fatal error ends its process within seconds (the traceback, the interpreter's tear-down, an
+# NCCL abort); an exit later than this after the line has another cause.
+CONFIRM_WINDOW_S = 60.0
+# How the agent stops the ranks of a generation that failed elsewhere (SIGTERM, then SIGKILL; as
+# Popen return codes and as a shell's statuses): such an exit confirms nothing about the rank.
+STOP_EXITS = frozenset({-15, -9, 128 + 15, 128 + 9})
 
 # (pattern, class). Ordered: the first match wins, so specific patterns come first.
 # Fragments are the stable parts of messages from ProcessGroupNCCL, NCCL, gloo, torch and Slurm.
@@ -23,6 +40,18 @@ _PREFIX = r"^(?:\[rank\d+\]:|\d+:)?\s*"
 
 LINE_PATTERNS: tuple[tuple[re.Pattern[str], FailureClass], ...] = tuple(
     (re.compile(p), c) for p, c in [
+        # Hardware first: torch's NCCL and watchdog messages quote the CUDA or NIC error that
+        # made them (a DistBackendError "... Last error: NET/IB : ... port error"), and the
+        # hardware is the cause. CUDA's own strings (cudaGetErrorString) as torch quotes them.
+        (r"uncorrectable ECC error|\bECC error\b.*\bDBE\b|double[- ]bit ECC error"
+         r"|GPU has fallen off the bus|\bGPU is lost\b", F.GPU_FAULT),
+        # A fatal event of the InfiniBand/RoCE device NCCL uses (ibv_event_type_str's names), and
+        # NCCL's "unhandled system error" when its reason names that device.
+        (r"NET/IB ?:.*Got async event ?: (?:local catastrophic error|port error"
+         r"|local work queue catastrophic error)"
+         r"|unhandled system error.*(?:NET/IB|\bmlx\d_\d+\b|\bibv_\w+)", F.GPU_FAULT),
+        (r"CUDA error: (?:an illegal memory access was encountered|unspecified launch failure"
+         r"|an illegal instruction was encountered|misaligned address)", F.CUDA_ERROR),
         (r"Watchdog caught collective operation timeout", F.NCCL_TIMEOUT),
         (r"WorkNCCL\(.*\) ran for \d+ milliseconds before timing out", F.NCCL_TIMEOUT),
         (r"watchdog got stuck for \d+ seconds|Heartbeat monitor timed out", F.WATCHDOG_STUCK),
@@ -44,6 +73,9 @@ LINE_PATTERNS: tuple[tuple[re.Pattern[str], FailureClass], ...] = tuple(
         (r"DUE TO PREEMPTION", F.PREEMPTION),
         (r"DUE TO NODE FAILURE|srun: error: Node failure on", F.NODE_LOSS),
         (r"slurmkit\.errors\.ConfigError|ConfigError: Detected:", F.CONFIG_ERROR),
+        # The trainer's one stable line for a configuration it refused (slurmkit.contract), at
+        # the start of the line only: a program that quotes it in a message of its own is not it.
+        (_PREFIX + re.escape(CONFIG_ERROR_MARKER), F.CONFIG_ERROR),
         # gloo/TCPStore/c10d symptoms of a peer that went away
         (r"Connection closed by peer|Connection reset by peer|Broken pipe|"
          r"Timed out waiting \d+ms for recv operation|recvBytes|Socket Timeout|"
@@ -53,7 +85,18 @@ LINE_PATTERNS: tuple[tuple[re.Pattern[str], FailureClass], ...] = tuple(
 )
 
 
+_BAD_XIDS = frozenset(DEFAULT_BAD_XIDS)
+
+
 def classify_line(line: str) -> FailureClass | None:
+    # The kernel's own formats, the same patterns the pre-flight check reads the kernel log with
+    # (a rank's output holds them when a wrapper copies dmesg in). An Xid of an application's own
+    # bug (13, 31, 43: not on health's list) says nothing about the node: the lines that follow do.
+    xid = XID_RE.search(line)
+    if xid is not None:
+        return F.GPU_FAULT if int(xid.group("xid")) in _BAD_XIDS else None
+    if HW_RE.search(line):
+        return F.GPU_FAULT
     for pattern, cls in LINE_PATTERNS:
         if pattern.search(line):
             return cls
@@ -77,6 +120,15 @@ def classify_exit(returncode: int) -> FailureClass | None:
     return F.USER_ERROR
 
 
+DETAIL_LIMIT = 500
+
+
+def printable_detail(text: str) -> str:
+    """A rank's line as it may go into the ledger and the store: one line, control characters
+    (terminal escapes, a stray carriage return) replaced, the first DETAIL_LIMIT characters."""
+    return "".join(c if c.isprintable() else "?" for c in text[:DETAIL_LIMIT])
+
+
 @dataclass(frozen=True)
 class Evidence:
     """One observation about one rank (or node, rank = -1)."""
@@ -87,17 +139,23 @@ class Evidence:
     kind: str  # "line" | "exit" | "heartbeat" | "agent" | "slurm"
     cls: FailureClass
     detail: str  # the log line, "returncode -9", "no step for 12.3 s", ...
+    returncode: int | None = None  # kind "exit": the rank's Popen return code
 
     def to_json(self) -> dict[str, object]:
-        return {"time": self.time, "node": self.node, "rank": self.rank, "kind": self.kind,
-                "cls": self.cls.value, "detail": self.detail[:500]}
+        out: dict[str, object] = {"time": self.time, "node": self.node, "rank": self.rank, "kind": self.kind,
+                                  "cls": self.cls.value, "detail": printable_detail(self.detail)}
+        if self.returncode is not None:
+            out["returncode"] = self.returncode
+        return out
 
     @classmethod
     def from_json(cls, d: dict[str, object]) -> "Evidence":
         # JSON gives numbers back as numbers; str() first keeps mypy honest about `object`
         # (repr of a float round-trips exactly).
+        code = d.get("returncode")
         return cls(float(str(d["time"])), str(d["node"]), int(str(d["rank"])), str(d["kind"]),
-                   FailureClass(str(d["cls"])), str(d["detail"]))
+                   FailureClass(str(d["cls"])), str(d["detail"]),
+                   int(str(code)) if code is not None else None)
 
 
 @dataclass(frozen=True)
@@ -113,7 +171,7 @@ class Failure:
 # When one rank shows several kinds of evidence, the most telling wins (lower = stronger).
 # A traceback outranks a signal exit: the exception is why the rank went down, the abort that
 # may follow at interpreter exit is how.
-_STRENGTH = {F.NODE_LOSS: 0, F.PREFLIGHT: 0, F.GPU_OOM: 1, F.HOST_OOM: 1, F.CONFIG_ERROR: 1, F.NCCL_TIMEOUT: 2,
+_STRENGTH = {F.NODE_LOSS: 0, F.PREFLIGHT: 0, F.GPU_FAULT: 0, F.CUDA_ERROR: 1, F.GPU_OOM: 1, F.HOST_OOM: 1, F.CONFIG_ERROR: 1, F.NCCL_TIMEOUT: 2,
              F.WATCHDOG_STUCK: 2, F.NCCL_SYNC: 3, F.NCCL_ERROR: 3, F.HANG: 4, F.TIME_LIMIT: 4,
              F.PREEMPTION: 4, F.USER_ERROR: 5, F.RANK_CRASH: 6, F.PEER_FAILURE: 9}
 
@@ -130,11 +188,37 @@ def _rank_class(items: list[Evidence]) -> tuple[FailureClass, Evidence]:
     return best.cls, best
 
 
+def _confirmed(line: Evidence, items: list[Evidence]) -> bool:
+    """A survivable line counts once its rank's process failed on its own: it exited within
+    CONFIRM_WINDOW_S after the line (not stopped by the agent: a rank that handled an OOM and
+    ran on until another rank failed is killed with the rest), or it hung (its last step came
+    before the line)."""
+    for e in items:
+        if (e.kind == "exit" and line.time <= e.time <= line.time + CONFIRM_WINDOW_S
+                and e.returncode not in STOP_EXITS):
+            return True
+        if e.kind == "heartbeat" and e.time <= line.time:
+            return True
+    return False
+
+
+_NODE_FAULTS = (F.NODE_LOSS, F.PREFLIGHT, F.GPU_FAULT)
+
+
 def root_cause(evidence: Iterable[Evidence]) -> Failure | None:
-    """The failure that started it: the rank whose first primary evidence came first."""
+    """The failure that started it: the rank whose first primary evidence came first.
+
+    A line of CONFIRM_BY_EXIT whose rank did not fail after it is dropped: it was handled."""
     by_rank: dict[tuple[str, int], list[Evidence]] = {}
     for e in evidence:
         by_rank.setdefault((e.node, e.rank), []).append(e)
+    for key, items in list(by_rank.items()):
+        kept = [e for e in items
+                if not (e.kind == "line" and e.cls in CONFIRM_BY_EXIT) or _confirmed(e, items)]
+        if kept:
+            by_rank[key] = kept
+        else:
+            del by_rank[key]
     if not by_rank:
         return None
     summaries = []
@@ -142,10 +226,11 @@ def root_cause(evidence: Iterable[Evidence]) -> Failure | None:
         cls, decisive = _rank_class(items)
         first = min(e.time for e in items if not CLASS_INFO[e.cls].secondary) \
             if any(not CLASS_INFO[e.cls].secondary for e in items) else min(e.time for e in items)
-        # A lost node, or one its own pre-flight found bad, explains whatever its peers saw.
-        summaries.append((CLASS_INFO[cls].secondary, cls not in (F.NODE_LOSS, F.PREFLIGHT), first, rank, node,
+        # A lost node, one its own pre-flight found bad, or one whose hardware failed under a
+        # rank explains whatever its peers saw.
+        summaries.append((CLASS_INFO[cls].secondary, cls not in _NODE_FAULTS, first, rank, node,
                           cls, decisive))
     summaries.sort(key=lambda s: (s[0], s[1], s[2], s[3]))
     secondary, _, first, rank, node, cls, decisive = summaries[0]
-    return Failure(cls=cls, rank=rank, node=node, time=first, evidence=decisive.detail,
+    return Failure(cls=cls, rank=rank, node=node, time=first, evidence=printable_detail(decisive.detail),
                    ranks_affected=tuple(sorted({s[3] for s in summaries if s[3] >= 0})))

@@ -19,10 +19,13 @@ from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.classify import Evidence, classify_exit, classify_line
 
 # Lines that announce a failure on their own, before the rank dies (PyTorch sleeps after an
-# NCCL error to let dumps finish: acting on the line saves that time).
+# NCCL error to let dumps finish: acting on the line saves that time). A GPU OOM is not one: a
+# trainer may catch it and retry smaller; its rank's exit ends the generation (classify's
+# CONFIRM_BY_EXIT). A hardware fault is: the node leaves the job whatever the rank does next
+# (a GPU off the bus may leave it stuck in a CUDA call until the hang timeout).
 TRIGGERING_LINES = frozenset({FailureClass.NCCL_TIMEOUT, FailureClass.NCCL_ERROR,
-                              FailureClass.WATCHDOG_STUCK, FailureClass.GPU_OOM,
-                              FailureClass.HOST_OOM})
+                              FailureClass.WATCHDOG_STUCK, FailureClass.HOST_OOM,
+                              FailureClass.GPU_FAULT})
 
 
 @dataclass
@@ -101,7 +104,8 @@ class RankMonitor:
         cls = classify_exit(returncode)
         if cls is None:  # cannot happen for a non-zero code; never let a waiter thread raise
             return
-        self._record(Evidence(self._wall(), self.node, rank, "exit", cls, f"returncode {returncode}"), True)
+        self._record(Evidence(self._wall(), self.node, rank, "exit", cls, f"returncode {returncode}",
+                              returncode), True)
 
     # ------------------------------------------------------------ polled
     def poll(self) -> dict[int, dict[str, object]]:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from slurmkit.contract import EXIT_CONFIG_ERROR, device_of
+from slurmkit.contract import CONFIG_ERROR_MARKER, EXIT_CONFIG_ERROR, device_of
 from slurmkit.errors import ConfigError
 from slurmkit.procexit import leave
 from slurmkit.store.config import StoreConfig
@@ -164,7 +164,10 @@ def main() -> int:
     try:
         return run(os.environ)
     except ConfigError as exc:
-        print(f"slurmkit.train: {exc}", file=sys.stderr, flush=True)
+        # One line, the stable marker first: the supervisor stops on it instead of restarting a
+        # configuration that cannot work (the message quotes user input: kept to one clean line).
+        message = "".join(c if c.isprintable() else " " for c in str(exc))
+        print(f"{CONFIG_ERROR_MARKER}{message}", file=sys.stderr, flush=True)
         return EXIT_CONFIG_ERROR
 
 

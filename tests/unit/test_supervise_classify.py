@@ -70,7 +70,7 @@ def line_ev(t: float, rank: int, line: str, node: str = "node1") -> Evidence:
 def exit_ev(t: float, rank: int, code: int, node: str = "node1") -> Evidence:
     cls = classify_exit(code)
     assert cls is not None
-    return Evidence(T0 + t, node, rank, "exit", cls, f"returncode {code}")
+    return Evidence(T0 + t, node, rank, "exit", cls, f"returncode {code}", code)
 
 
 GLOO_CLOSED = ("[rank{r}]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
@@ -134,7 +134,7 @@ def test_stopped_rank_hang_is_root() -> None:
 
 def test_node_loss_beats_everything() -> None:
     ev = [line_ev(1.0, 0, captured("nccl_timeout")[0]),
-          line_ev(2.0, 1, captured("gpu_oom")[0]),
+          line_ev(2.0, 1, captured("gpu_oom")[0]), exit_ev(2.5, 1, 1),
           Evidence(T0 + 30.0, "node2", -1, "agent", F.NODE_LOSS, "agent on node2 silent for over 5 s")]
     failure = root_cause(ev)
     assert failure is not None

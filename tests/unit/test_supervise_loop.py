@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +88,10 @@ class ScriptedNode:
         if self.script.on_stop is not None:
             self.script.on_stop()
         ev = self.poll(self.gen)
-        return [ev] if ev is not None else [Evidence(0.0, self.name, 0, "exit", F.PEER_FAILURE, "returncode -9")]
+        # The scripted rank's process ended after its line (a line a rank can survive counts only
+        # with that exit: classify.CONFIRM_BY_EXIT).
+        return [ev, replace(ev, kind="exit", detail="returncode 1")] if ev is not None else [
+            Evidence(0.0, self.name, 0, "exit", F.PEER_FAILURE, "returncode -9")]
 
     def join_output(self) -> None:
         pass

@@ -206,7 +206,8 @@ def test_exit_before_add_rank_is_kept(tmp_path, clock: Clock) -> None:
      "milliseconds before timing out.", F.NCCL_TIMEOUT),
     ("[E ProcessGroupNCCL.cpp:1182] [Rank 5] Heartbeat monitor timed out! Process will be terminated "
      "after dumping debug info. workMetaList_.size()=2", F.WATCHDOG_STUCK),
-    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", F.GPU_OOM),
+    ("[  812.334455] NVRM: Xid (PCI:0000:3b:00): 79, pid=4321, name=python, GPU has fallen off the bus.",
+     F.GPU_FAULT),
     ("slurmstepd: error: Detected 1 oom_kill event in StepId=123.0. Some of the step tasks have been "
      "OOM Killed.", F.HOST_OOM),
 ])
@@ -221,6 +222,9 @@ def test_triggering_lines(clock: Clock, line: str, cls: FailureClass) -> None:
 
 @pytest.mark.parametrize(("line", "cls"), [
     ("[rank0]: Traceback (most recent call last):", F.USER_ERROR),  # the exit will follow
+    # A trainer may catch it and retry with a smaller batch: only its exit ends the generation.
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", F.GPU_OOM),
+    ("[rank2]: RuntimeError: CUDA error: an illegal memory access was encountered", F.CUDA_ERROR),
     ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
      "[127.0.0.1]:27296", F.PEER_FAILURE),
     ("[rank1]: torch.distributed.DistBackendError: NCCL error in: x.cpp:1, unhandled system error",
