@@ -83,17 +83,23 @@ def check_run_root(run_root: str) -> None:
         raise _unwritable(run_root, f"{probe} is not writable by this user")
 
 
-def make_run_dir(run_dir: str, run_root: str) -> list[str]:
-    """Create ``run_dir`` (with its logs/), returning every directory this call created,
-    outermost first, for :func:`remove_created`. An OSError becomes a ConfigError."""
-    created: list[str] = []
-    probe = os.path.abspath(run_dir)
+def missing_dirs(path: str) -> list[str]:
+    """``path`` and those of its ancestors that do not exist yet, outermost first."""
+    out: list[str] = []
+    probe = os.path.abspath(path)
     while not os.path.lexists(probe):
-        created.insert(0, probe)
+        out.insert(0, probe)
         parent = os.path.dirname(probe)
         if parent == probe:
             break
         probe = parent
+    return out
+
+
+def make_run_dir(run_dir: str, run_root: str) -> list[str]:
+    """Create ``run_dir`` (with its logs/), returning every directory this call created,
+    outermost first, for :func:`remove_created`. An OSError becomes a ConfigError."""
+    created = missing_dirs(run_dir)
     made: list[str] = []
     try:
         for path in created:
@@ -114,11 +120,11 @@ def make_run_dir(run_dir: str, run_root: str) -> list[str]:
     return made
 
 
-def remove_created(created: list[str], run_dir: str) -> None:
-    """Undo :func:`make_run_dir`: ``run_dir`` with its contents if this submission created it,
-    then each parent it created, while empty (another submission may be creating its own run
-    directory there)."""
-    run_dir = os.path.abspath(run_dir)
+def remove_created(created: list[str], run_dir: str | None) -> None:
+    """Undo :func:`make_run_dir` (or a sweep's creation, ``created`` from :func:`missing_dirs`):
+    ``run_dir`` with its contents if this submission created it, then each other directory it
+    created, while empty (another submission may be creating its own run directory there)."""
+    run_dir = os.path.abspath(run_dir) if run_dir else None
     if run_dir in created:
         shutil.rmtree(run_dir, ignore_errors=True)
     for path in reversed([p for p in created if p != run_dir]):

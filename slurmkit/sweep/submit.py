@@ -19,6 +19,7 @@ from rich.markup import escape
 from slurmkit.config import config_hash
 from slurmkit.errors import SubmissionError
 from slurmkit.render import render_standalone
+from slurmkit.submit_checks import check_run_root, missing_dirs, remove_created
 from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
 from slurmkit.sweep.layout import Sweep, Variant, new_sweep_dir, variant_dir, write_sweep
 from slurmkit.sweep.plan import PLACEHOLDER_DIR, SweepPlan, plan_sweep
@@ -138,7 +139,15 @@ def run_sweep(argv: list[str], env: Mapping[str, str], console: Console, err: Co
         return 0
     if executor == "slurm" and cfg.submit.emit != "sbatch":
         single.warn_singleton(plan.spec, env, console)
-    sweep = create(plan, executor)
+    check_run_root(cfg.submit.run_root)
+    # Parents this sweep creates (run_root, run_root/<job.name>): removed again, while empty,
+    # when the sweep is refused, like a single run's (slurmkit/submit_checks.py).
+    parents = missing_dirs(os.path.join(cfg.submit.run_root, cfg.job.name))
+    try:
+        sweep = create(plan, executor)
+    except BaseException:
+        remove_created(parents, None)
+        raise
     if cfg.submit.emit == "sbatch":
         path = os.path.join(sweep.sweep_dir, SCRIPT_NAME)
         with open(path, "w") as f:
@@ -152,6 +161,7 @@ def run_sweep(argv: list[str], env: Mapping[str, str], console: Console, err: Co
         job_id = submit_array(plan, sweep, env)
     except BaseException:
         shutil.rmtree(sweep.sweep_dir, ignore_errors=True)  # nothing half-way: no sweep without a job
+        remove_created(parents, sweep.sweep_dir)
         raise
     record_submitted(plan, sweep, job_id)
     print_sweep(console, sweep, plan, executor)

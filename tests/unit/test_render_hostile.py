@@ -177,3 +177,27 @@ def test_admin_options_render_only_when_set() -> None:
         for line in ("#SBATCH --reservation=maint,gpu-test", "#SBATCH --wckey=proj42",
                      "#SBATCH --switches=1@01:00:00", "#SBATCH --gpus-per-node=h100:2"):
             assert line in text, (line, text)
+
+
+def test_refused_sweep_leaves_no_parent_directory_behind(tmp_path) -> None:
+    """A sweep (-m) whose array sbatch refuses: the sweep directory and the parents it created go."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "sbatch"
+    fake.write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid partition "
+                    "name specified' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
+    root = tmp_path / "fresh" / "runs"
+    res = subprocess.run([sys.executable, "-m", "slurmkit.submit", "-m", *BASE, "cluster.partition=nosuch",
+                          "train.lr=1e-3,3e-3", f"submit.run_root={root}"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1, res.stderr + res.stdout
+    assert "Invalid partition" in res.stderr
+    assert not (tmp_path / "fresh").exists()
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    res = subprocess.run([sys.executable, "-m", "slurmkit.submit", "-m", *BASE, "train.lr=1e-3,3e-3",
+                          f"submit.run_root={blocker}/runs"], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2 and "submit.run_root" in res.stderr and "not a directory" in res.stderr
