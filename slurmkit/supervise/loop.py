@@ -37,7 +37,8 @@ from slurmkit.supervise.monitor import EXIT_CHECKPOINTED_ON_SIGNAL
 from slurmkit.supervise.policy import (Action, Decision, History, Limits, State, StateMachine, decide,
                                        requeue_refusal)
 from slurmkit.supervise.requeue import job_ref, requeue_now
-from slurmkit.supervise.slurmview import DECISION_RETRY, DECISION_TIMEOUT_S
+from slurmkit.supervise.slurmview import (DECISION_RETRY, DECISION_TIMEOUT_S, SlurmdProbe, node_health,
+                                          slurmd_answers)
 from slurmkit.supervise.succession import claim_path, elect, read_claim
 from slurmkit.supervise.liveness import Liveness, Lost, client_node_states, slurm_says_dead
 from slurmkit.supervise.timeouts import beat_interval_s, liveness_deadline_s
@@ -103,8 +104,10 @@ class Supervisor:
                  ckpt_step: Callable[[], int | None] = lambda: None,
                  free_port: Callable[[], int] | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 probe_slurmd: SlurmdProbe = slurmd_answers) -> None:
         self.cfg, self.where, self.channel, self.node, self.ledger = cfg, where, channel, node, ledger
+        self.probe_slurmd = probe_slurmd
         self.run_dir = run_dir
         self.env = dict(env or {})
         self.slurm = slurm
@@ -402,32 +405,31 @@ class Supervisor:
         return decision
 
     def agents_lost_on_healthy_nodes(self, gen: int, evidence: list[Evidence], lost: list[str]) -> list[str]:
-        """The lost nodes whose agent is gone while the node itself is fine: Slurm still calls it
-        healthy (not DOWN, DRAIN, NOT_RESPONDING, FAIL), or the agent reported its own error and
-        Slurm does not contradict it. A SIGKILLed agent with slurmd alive is one: excluding its
-        node would throw a healthy node away (seen in a chaos campaign). Slurm is asked once,
-        here, only about lost nodes whose state the liveness check did not already learn."""
+        """The lost nodes whose agent is gone while the node itself is fine. A SIGKILLed agent
+        with slurmd alive is one: excluding its node would throw a healthy node away (seen in a
+        chaos campaign). Fine means: Slurm does not call it dead (DOWN, DRAIN, NOT_RESPONDING,
+        FAIL), asked again now, and either its slurmd answers (slurmctld calls a dead node
+        MIXED until SlurmdTimeout, so its state alone would keep a dead node) or the agent
+        reported its own error (agent_error). One bounded query for the lost nodes not already
+        known dead, one probe per node: decisions are rare."""
         if not lost:
             return []
-        states: dict[str, str | None] = {self.where.nodes[nr]: x.slurm_state for nr, x in self._lost.items()}
-        unknown = [n for n in lost if states.get(n) is None]
-        if unknown and self.slurm is not None:
-            try:
-                states.update(client_node_states(self.slurm)(unknown))
-            except SlurmError as exc:
-                log.warning("Slurm's view of %s: %s", ",".join(unknown), exc)
+        seen = {self.where.nodes[nr]: x.slurm_state for nr, x in self._lost.items()}
+        ask = [n for n in lost if not slurm_says_dead(seen.get(n) or "")]  # dead stays dead
+        health = node_health(ask, self.slurm, self.probe_slurmd) if self.slurm is not None else {}
         reported = {e.node for e in evidence if e.kind == "agent_error"}
         kept = []
         for name in lost:
-            state = states.get(name)
+            state, answers = health.get(name, (seen.get(name), None))
             if state is not None and slurm_says_dead(state):
                 continue
-            if state is None and name not in reported:
+            if not answers and name not in reported:
                 continue  # nothing says the node is fine: a lost node, as before
-            why = (f"agent on {name} lost but the node is healthy" +
-                   (f" (Slurm says {state})" if state is not None else "") +
-                   (": the agent reported its own error" if name in reported else "") +
-                   ": not excluded")
+            why = (f"agent on {name} lost but the node is healthy"
+                   + (f" (Slurm says {state})" if state is not None else "")
+                   + (": its slurmd answers" if answers else "")
+                   + (": the agent reported its own error" if name in reported else "")
+                   + ": not excluded")
             self.ledger.append("node_kept", node=name, why=why, generation=gen, slurm_state=state)
             kept.append(name)
         return kept

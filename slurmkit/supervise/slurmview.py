@@ -10,8 +10,9 @@ alone.
 from __future__ import annotations
 
 import logging
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.errors import SlurmError
@@ -28,6 +29,47 @@ DECISION_RETRY = RetryPolicy(max_attempts=3, max_delay_s=6.0, initial_wait_s=0.5
                              jitter_s=0.5)
 #: Per-command timeout of those queries.
 DECISION_TIMEOUT_S = 5.0
+#: How long a lost agent's slurmd gets to accept a connection (a dead host never answers).
+SLURMD_PROBE_TIMEOUT_S = 2.0
+
+#: Does the slurmd at (address, port) accept a connection?
+SlurmdProbe = Callable[[str, int], bool]
+
+
+def slurmd_answers(addr: str, port: int, timeout_s: float = SLURMD_PROBE_TIMEOUT_S) -> bool:
+    """True when the node's slurmd accepts a TCP connection (nothing is sent: the daemon only
+    logs a connection that carried no message). Slurm's node state alone cannot tell a killed
+    agent from a dead node at decision time: slurmctld still calls a dead node MIXED until
+    SlurmdTimeout (300 s by default) has passed; the daemon itself answers at once or never."""
+    try:
+        with socket.create_connection((addr, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def node_health(names: Collection[str], client: SlurmClient,
+                probe: SlurmdProbe = slurmd_answers) -> dict[str, tuple[str, bool | None]]:
+    """``{node: (Slurm's state, whether its slurmd answers)}`` for the nodes Slurm knows; one
+    bounded ``scontrol show node`` for all of them, then one probe per node Slurm does not call
+    dead (None: not probed, or no port known). An unreachable controller gives ``{}``."""
+    from slurmkit.supervise.liveness import slurm_says_dead
+
+    if not names:
+        return {}
+    try:
+        found = client.bounded(DECISION_RETRY, DECISION_TIMEOUT_S).nodes(list(names))
+    except SlurmError as exc:
+        log.warning("scontrol show node %s failed: %s", ",".join(names), exc)
+        return {}
+    out: dict[str, tuple[str, bool | None]] = {}
+    for n in found:
+        state = "+".join([n.state, *n.flags])
+        port = n.raw.get("Port", "")
+        alive = (probe(n.node_addr or n.node_hostname or n.name, int(port))
+                 if port.isdigit() and not slurm_says_dead(state) else None)
+        out[n.name] = (state, alive)
+    return out
 
 
 def node_evidence(lost: list[str], client: SlurmClient,

@@ -42,6 +42,20 @@ def client(fake: FakeSlurm) -> SlurmClient:
     return SlurmClient(fake, retry=RetryPolicy(max_attempts=1, jitter_s=0))
 
 
+def slurmd(c: Cluster, answers: bool) -> list[tuple[str, int]]:
+    """Every agent's probe of a lost node's slurmd answers ``answers``; returns the probes made
+    (the fake controller's nodes have no daemon behind their ports)."""
+    probes: list[tuple[str, int]] = []
+
+    def probe(addr: str, port: int) -> bool:
+        probes.append((addr, port))
+        return answers
+
+    for s in c.sups:
+        s.probe_slurmd = probe
+    return probes
+
+
 def guarded(c: Cluster) -> Cluster:
     """The agents run as agent_main runs them: an exception becomes agent_error."""
     def run(nr: int) -> None:
@@ -76,6 +90,7 @@ def test_an_agent_error_stops_its_ranks_tells_node0_at_once_and_keeps_the_node(
     c = guarded(Cluster(tmp_path, [Script(gate=gate), Script()], node_timeout_s=120.0,
                         slurm=client(FakeSlurm({"debug": "n[0-1]"}))))
     bad = with_failing(c, 1)
+    slurmd(c, answers=False)  # the agent's own word is enough: Slurm does not call the node dead
     assert c.run() == {0: 0, 1: 1}
     assert bad.stops == 1  # its ranks were stopped before it left
     (err,) = c.ledger.of("agent_error")
@@ -93,6 +108,7 @@ def test_an_agent_error_with_a_spare_gives_the_slot_to_the_spare(tmp_path: Path)
     gate = threading.Event()
     c = guarded(Cluster(tmp_path, [Script(gate=gate), Script(), Script(gate=gate)], train_nodes=2,
                         spare_nodes=1, node_timeout_s=120.0))
+    slurmd(c, answers=False)
     with_failing(c, 1)
     open_gate_on_event(c, "exclusion", gate)
     assert c.run() == {0: 0, 1: 1, 2: 0}
@@ -107,6 +123,7 @@ def test_a_killed_agent_on_a_node_slurm_calls_healthy_is_not_excluded(
     # The chaos campaign's case: the agent of n1 SIGKILLed, slurmd alive (the node is ALLOCATED).
     fake = FakeSlurm({"debug": "n[0-1]"})
     c = Cluster(tmp_path, [Script(), Script()], node_timeout_s=0.5, slurm=client(fake))
+    probes = slurmd(c, answers=True)
     fake.nodes["n1"].state = "MIXED"
     for tick in (1, 2, 3):
         c.sups[1].channel.beat(1, tick)  # then silence: its agent never runs
@@ -114,15 +131,19 @@ def test_a_killed_agent_on_a_node_slurm_calls_healthy_is_not_excluded(
     (failure,) = c.ledger.of("failure")
     assert failure["cls"] == "node_loss" and "Slurm says MIXED" in failure["evidence"]
     (kept,) = c.ledger.of("node_kept")
-    assert kept["node"] == "n1" and kept["slurm_state"] == "MIXED" and "not excluded" in kept["why"]
+    assert kept["node"] == "n1" and kept["slurm_state"] == "MIXED" and "slurmd answers" in kept["why"]
     assert c.decisions() == [(0, Action.REQUEUE, ())] and requeued == [("7", ())]
+    assert probes == [("127.0.0.1", 17002)]  # n1's slurmd, once, at the decision
 
 
-def test_a_killed_agent_on_a_node_slurm_calls_down_is_excluded(
+def test_a_dead_node_that_slurm_still_calls_mixed_is_excluded(
         tmp_path: Path, requeued: list[tuple[str, tuple[str, ...]]]) -> None:
-    fake = FakeSlurm({"debug": "n[0-2]"})
-    fake.fail_node("n1", reason="Not responding")
+    # A node that died seconds ago: slurmctld calls it MIXED until SlurmdTimeout, but its
+    # slurmd does not answer. It must not be kept.
+    fake = FakeSlurm({"debug": "n[0-1]"})
     c = Cluster(tmp_path, [Script(), Script()], node_timeout_s=0.5, slurm=client(fake))
+    slurmd(c, answers=False)
+    fake.nodes["n1"].state = "MIXED"
     for tick in (1, 2, 3):
         c.sups[1].channel.beat(1, tick)
     assert c.run(agents=[0]) == {0: 0}
@@ -130,10 +151,24 @@ def test_a_killed_agent_on_a_node_slurm_calls_down_is_excluded(
     assert c.decisions() == [(0, Action.REQUEUE, ("n1",))] and requeued == [("7", ("n1",))]
 
 
+def test_a_killed_agent_on_a_node_slurm_calls_down_is_excluded(
+        tmp_path: Path, requeued: list[tuple[str, tuple[str, ...]]]) -> None:
+    fake = FakeSlurm({"debug": "n[0-2]"})
+    fake.fail_node("n1", reason="Not responding")
+    c = Cluster(tmp_path, [Script(), Script()], node_timeout_s=0.5, slurm=client(fake))
+    probes = slurmd(c, answers=True)
+    for tick in (1, 2, 3):
+        c.sups[1].channel.beat(1, tick)
+    assert c.run(agents=[0]) == {0: 0}
+    assert not c.ledger.of("node_kept") and probes == []  # Slurm's DOWN is enough: not probed
+    assert c.decisions() == [(0, Action.REQUEUE, ("n1",))] and requeued == [("7", ("n1",))]
+
+
 def test_node0s_own_agent_error_requeues_keeping_every_node(
         tmp_path: Path, requeued: list[tuple[str, tuple[str, ...]]]) -> None:
     c = guarded(Cluster(tmp_path, [Script(), Script()], slurm=client(FakeSlurm({"debug": "n[0-1]"}))))
     bad = with_failing(c, 0)
+    slurmd(c, answers=False)
     assert c.run(agents=[0]) == {0: 0}
     assert bad.stops == 1
     assert [k["node"] for k in c.ledger.of("node_kept")] == ["n0"]
@@ -152,6 +187,7 @@ def test_max_requeues_reached_stops_with_93_and_says_why(
     for s in c.sups:
         s.where = replace(s.where, attempt="7-2", restart_count=2)
     with_failing(c, 1)
+    slurmd(c, answers=False)
     assert c.run() == {0: EXIT_NO_REQUEUE, 1: 1}
     assert requeued == []
     (refused,) = c.ledger.of("requeue_refused")
@@ -167,6 +203,7 @@ def test_a_failure_requeue_leaves_a_mark_that_the_next_attempt_counts(
     c = guarded(Cluster(tmp_path, [Script(), Script()], node_timeout_s=120.0,
                         slurm=client(FakeSlurm({"debug": "n[0-1]"}))))
     with_failing(c, 1)
+    slurmd(c, answers=False)
     c.run()
     assert requeued == [("7", ())]
     assert sorted(p.name for p in (tmp_path / "requeues").iterdir()) == ["failure.7-0"]
@@ -181,6 +218,7 @@ def test_exclusions_that_leave_the_partition_too_small_stop_with_93(
     job_id = fake.run(["sbatch", "--parsable", str(script)]).stdout.strip()
     fake.start(job_id, ["n0", "n1"])
     c = Cluster(tmp_path, [Script(), Script()], node_timeout_s=0.5, slurm=client(fake))
+    slurmd(c, answers=False)
     for s in c.sups:
         s.where = replace(s.where, job_id=job_id)
     for tick in (1, 2, 3):
@@ -193,3 +231,22 @@ def test_exclusions_that_leave_the_partition_too_small_stop_with_93(
     assert refused["excluded"] == ["n1"]
     (end,) = c.ledger.of("end")
     assert "leaving 1 for a job of 2 nodes" in end["reason"] and "BadConstraints" in end["reason"]
+
+
+def test_the_slurmd_probe_tells_a_listening_daemon_from_a_dead_one() -> None:
+    import socket
+
+    from slurmkit.supervise.slurmview import node_health, slurmd_answers
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert slurmd_answers("127.0.0.1", port)
+    assert not slurmd_answers("127.0.0.1", port)  # closed now: refused at once
+    fake = FakeSlurm({"debug": "n[0-2]"})
+    fake.fail_node("n2")
+    seen: list[int] = []
+    health = node_health(["n1", "n2"], client(fake), lambda addr, p: seen.append(p) or True)
+    assert health == {"n1": ("IDLE", True), "n2": ("DOWN+NOT_RESPONDING", None)}, health
+    assert seen == [17002]  # the node Slurm calls dead is not probed

@@ -161,6 +161,16 @@ def test_an_agent_lost_on_a_healthy_node_requeues_keeping_the_node() -> None:
     assert d.action == Action.REQUEUE and d.exclude == ("node2",)
 
 
+def test_a_killed_agent_after_a_suspect_failure_is_no_repeat() -> None:
+    # Chaos seed 1: an NCCL error on node2 (one suspect failure), then node2's agent SIGKILLed
+    # with the node up. Two "suspect" failures on node2 excluded it; the second is not one.
+    h = Track()
+    assert run(F.NCCL_ERROR, h, ckpt=10, node="node2").action == Action.RESTART
+    d, h.h = decide(failure(F.NODE_LOSS), h.h, 20, LIMITS, [], ["node2"], agent_lost=["node2"])
+    assert d.action == Action.REQUEUE and d.exclude == ()
+    assert h.failures_on("node2") == 1
+
+
 def test_an_agent_lost_on_a_healthy_node_gives_its_slot_to_a_spare() -> None:
     d, h = decide(failure(F.NODE_LOSS), History(), 100, LIMITS, ["node9"], ["node2"], agent_lost=["node2"])
     assert d.action == Action.REPLACE_NODE and d.exclude == ("node2",) and "kept for later" in d.reason
