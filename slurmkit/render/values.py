@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
 NAME_RULE = ("a Slurm name: 1-128 characters of letters, digits, '_', '.', '+' or '-', starting "
              "with a letter, digit or '_' (no spaces, quotes, '=', '#', ':' or shell characters)")
+# A node name in job.exclude (after hostlist expansion) and a --constraint expression (features
+# joined by & | , with [] () * ! and counts): no spaces, quotes, '=', '#', ';' or '$'.
+HOST_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
+CONSTRAINT_RE = re.compile(r"[A-Za-z0-9_.+&|,\[\]()*!:-]{1,1024}")
 # --switches=<count>[@<max-time>]
 _SWITCHES_RE = re.compile(r"([0-9]{1,4})(?:@([0-9:-]+))?")
 
@@ -86,7 +90,8 @@ def _check_name(what: str, value: str | None, allow_list: bool = False) -> None:
 
 
 def check_slurm_names(spec: JobSpec) -> None:
-    """Partition, account, qos, reservation, wckey and GRES type must be plain Slurm names.
+    """Partition, account, qos, reservation, wckey and GRES type must be plain Slurm names;
+    constraint, excluded nodes and switches must have their Slurm shapes.
     (job.name is checked by the schema with a stricter rule: it also names a directory.)"""
     _check_name("cluster.partition", spec.partition, allow_list=True)  # sbatch takes a,b
     _check_name("cluster.account", spec.account)
@@ -94,6 +99,16 @@ def check_slurm_names(spec: JobSpec) -> None:
     _check_name("cluster.gpu_type", spec.gpu_type)
     _check_name("cluster.reservation", spec.reservation, allow_list=True)
     _check_name("cluster.wckey", spec.wckey)
+    if spec.constraint is not None and not CONSTRAINT_RE.fullmatch(spec.constraint):
+        raise ConfigError(f"cluster.constraint={spec.constraint!r} is not a Slurm constraint",
+                          "node features joined by '&', '|' or ',' (with [], (), '*' counts, '!'): "
+                          "letters, digits, '_', '.', '+', '-' and those operators only",
+                          "set cluster.constraint to features `sinfo -o %f` lists, e.g. h100&ib")
+    for host in spec.exclude:
+        if not HOST_RE.fullmatch(host):
+            raise ConfigError(f"job.exclude names {host!r}, which is not a node name",
+                              "node names or hostlist expressions such as gpu[001-004]",
+                              "list the nodes as `sinfo -N` names them")
     if spec.switches is not None:
         m = _SWITCHES_RE.fullmatch(spec.switches)
         ok = m is not None

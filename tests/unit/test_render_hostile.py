@@ -63,10 +63,13 @@ def test_control_character_in_lists_and_the_job_name_is_refused(argv, fragment, 
     ("cluster.qos", "normal=1"), ("cluster.qos", 'a"b'), ("cluster.gpu_type", "h100:8"),
     ("cluster.gpu_type", "h 100"), ("cluster.reservation", "maint window"),
     ("cluster.wckey", "*default"), ("cluster.switches", "two"), ("cluster.switches", "1@soon"),
+    ("cluster.constraint", "h100 && ib"), ("cluster.constraint", "a;b"),
+    ("job.exclude", "[node1,'bad;node']"),
 ])
 def test_value_that_is_not_a_slurm_name_is_refused(key, value, tmp_path, capsys) -> None:
-    code, err = _main([f"{key}='{value}'" if "'" not in value else f'{key}="{value}"'], tmp_path, capsys)
-    _assert_refused(code, err, tmp_path, key, "Slurm")
+    arg = f"{key}={value}" if value.startswith("[") else f"{key}='{value}'" if "'" not in value else f'{key}="{value}"'
+    code, err = _main([arg], tmp_path, capsys)
+    _assert_refused(code, err, tmp_path, key, "Slurm" if key != "job.exclude" else "not a node name")
 
 
 @pytest.mark.parametrize("override,why", [
