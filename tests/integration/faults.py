@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from collections.abc import Mapping
 
 from tests.integration.helpers import parse_submitted, read_ledger, submit_cli, wait_terminal
 
-# Small, deterministic and slow enough to hit mid-flight: 40 steps, a checkpoint every 10.
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LOCAL_CLUSTER = os.path.join(REPO, "tools", "local-cluster")
+
+# Small, deterministic and slow enough to hit mid-flight: 40 steps, a checkpoint every 10. One
+# sequence of 32 tokens per rank: four ranks of the 5 M-parameter model share two CPU cores in CI,
+# and at tiny's own batch (4 x 128) the step's compute, not the 0.25 s delay, set the run's length.
 STEPS, INTERVAL = 40, 10
 COMMON = ["+exp=tiny", f"train.steps={STEPS}", f"train.ckpt_interval_steps={INTERVAL}",
+          "train.micro_batch=1", "train.seq_len=32",
           "+job.env.SLURMKIT_STEP_DELAY_S=0.25", "supervisor.heartbeat_timeout_s=8"]
 
 
@@ -100,3 +107,85 @@ def diagnose(run_dir: str, job_id: str, env: Mapping[str, str]) -> str:
                 lines = [ln for ln in f.read().splitlines() if "heartbeat" not in ln]
             out.append(f"--- {name} (last 25 lines)\n" + "\n".join(lines[-25:]))
     return "\n".join(out)
+
+
+def _client(env: Mapping[str, str]):
+    from slurmkit.slurm.client import SlurmClient
+    from slurmkit.slurm.runner import SubprocessRunner
+
+    return SlurmClient(SubprocessRunner(env=dict(env)))
+
+
+def kill_node(env: Mapping[str, str], node: str) -> None:
+    """A node loss: ``tools/local-cluster kill-node`` (slurmd, the job's processes there, its NVMe)."""
+    subprocess.run([LOCAL_CLUSTER, "kill-node", node], check=True, env=dict(env),
+                   capture_output=True, timeout=60)
+
+
+def restore_node(env: Mapping[str, str], node: str, timeout_s: float = 120) -> None:
+    """Bring ``node`` back for the next tests: start its slurmd (a no-op while it runs), resume
+    it from DOWN/DRAIN, and wait until Slurm may schedule on it again (responding, no drain)."""
+    subprocess.run([LOCAL_CLUSTER, "start-node", node], check=True, env=dict(env),
+                   capture_output=True, timeout=60)
+    client = _client(env)
+    deadline = time.monotonic() + timeout_s
+    info = None
+    while time.monotonic() < deadline:
+        (info,) = client.nodes([node])
+        if info.usable:
+            return
+        if info.state in ("DOWN", "FAIL") or {"DRAIN", "DRAINED", "DRAINING", "FAIL"} & set(info.flags):
+            subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], env=dict(env),
+                           capture_output=True, timeout=30)
+        time.sleep(1)
+    raise AssertionError(f"{node} did not come back within {timeout_s:.0f} s: {info}")
+
+
+def _queued(env: Mapping[str, str]) -> dict[str, str]:
+    """Every queued or running job (array tasks as their array): job id -> working directory."""
+    res = subprocess.run(["squeue", "--noheader", "-o", "%i|%Z"], env=dict(env), capture_output=True,
+                         text=True, timeout=60, check=True)
+    jobs = {}
+    for line in res.stdout.splitlines():
+        job, _, workdir = line.strip().partition("|")
+        if job:
+            jobs[job.split("_")[0]] = workdir
+    return jobs
+
+
+def restore_cluster(env: Mapping[str, str], own_root: str, timeout_s: float = 180) -> list[str]:
+    """Leave the cluster as the next test expects it, so that one failed test cannot hold nodes
+    that every later test then waits for until its own timeout. Returns what had to be done
+    (empty when the test cleaned up after itself).
+
+    Jobs submitted from under ``own_root`` (this pytest session's base temporary directory:
+    every test submits from its tmp_path) are cancelled and waited out. Only when no other
+    job is on the cluster (CI: never; a developer's second session: maybe) are DOWN or
+    draining nodes brought back and every node waited on until idle; another session's test
+    may have killed a node on purpose.
+    """
+    done: list[str] = []
+    root = os.path.realpath(own_root).rstrip("/") + "/"
+    ours = sorted(j for j, d in _queued(env).items()
+                  if (os.path.realpath(d).rstrip("/") + "/").startswith(root))
+    for job in ours:
+        subprocess.run(["scancel", job], env=dict(env), capture_output=True, timeout=30)
+    if ours:
+        done.append("cancelled " + ",".join(ours))
+    deadline = time.monotonic() + timeout_s
+    while set(ours) & set(_queued(env)):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"jobs {ours} still queued {timeout_s:.0f} s after scancel")
+        time.sleep(0.5)
+    if _queued(env):
+        return done
+    client = _client(env)
+    for info in client.nodes():
+        if not info.usable:
+            restore_node(env, info.name, timeout_s)
+            done.append(f"restored {info.name} ({info.state} {','.join(info.flags)})")
+    while any(i.state != "IDLE" or "COMPLETING" in i.flags for i in client.nodes()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"nodes not idle {timeout_s:.0f} s after the queue emptied: {client.nodes()}")
+        time.sleep(0.5)
+    return done

@@ -17,10 +17,10 @@ import time
 import pytest
 
 from tests.integration.faults import (
-    COMMON, INTERVAL, STEPS, diagnose, events, final, finish, mark_fault, submit, wait_for_step,
+    COMMON, INTERVAL, STEPS, diagnose, events, final, finish, kill_node, mark_fault, restore_node, submit,
+    wait_for_step,
 )
 from tests.integration.helpers import slurm_env
-from tests.integration.test_faults import _kill_node, _restore_node
 
 pytestmark = pytest.mark.integration
 
@@ -38,16 +38,6 @@ ACT_WITHIN_S = 60.0
 @pytest.fixture(scope="module")
 def env(cluster_env) -> dict[str, str]:
     return slurm_env(cluster_env)
-
-
-@pytest.fixture(scope="module")
-def reference(env, tmp_path_factory) -> str:
-    """param_sha256 of the uninterrupted run (the same config without spares: a spare trains nothing)."""
-    d = tmp_path_factory.mktemp("ref")
-    job, run_dir = submit([*ARGS, "job.name=n0-ref"], env, str(d))
-    assert finish(job, env, timeout_s=600) == "COMPLETED", diagnose(run_dir, job, env)
-    assert final(run_dir)["step"] == STEPS
-    return str(final(run_dir)["param_sha256"])
 
 
 def _wait_requeued(job: str, env, since: float) -> float:
@@ -92,17 +82,17 @@ def _lose_node0_and_recover(env, reference: str, tmp_path, name: str, *extra: st
     killed_at = time.time()
     back = False
     try:
-        _kill_node(env, node0)
+        kill_node(env, node0)
         requeued_after = _wait_requeued(job, env, killed_at)
         # Node 0 comes back once the job excludes it: the next attempt must avoid an up node.
         _wait_excluded(job, env, node0)
-        _restore_node(env, node0)
+        restore_node(env, node0)
         back = True
         state = finish(job, env, timeout_s=600)
         assert state == "COMPLETED", f"job {job} ended {state}\n{diagnose(run_dir, job, env)}"
     finally:
         if not back:
-            _restore_node(env, node0)
+            restore_node(env, node0)
     assert requeued_after < ACT_WITHIN_S, f"Slurm requeued the job {requeued_after:.0f} s after node 0 died"
 
     # The ledger: the successor (node rank 1) recorded the loss, decided and requeued.

@@ -13,15 +13,18 @@ shared tier) and end bit for bit equal to the uninterrupted run:
 
 from __future__ import annotations
 
+import math
 import os
 import signal
+import subprocess
 import time
 
 import pytest
 
-from tests.integration.faults import events, final, finish, mark_fault, rank_pid, submit
+from tests.integration.faults import (
+    events, final, finish, kill_node, mark_fault, rank_pid, restore_node, submit, wait_for_step,
+)
 from tests.integration.helpers import slurm_env
-from tests.integration.test_faults import _kill_node, _restore_node
 
 pytestmark = pytest.mark.integration
 STEPS, INTERVAL, EVERY = 28, 4, 4  # saves at 4, 8, ..., 28; the shared tier gets step 16
@@ -103,15 +106,20 @@ def test_a_node_lost_after_an_nvme_only_save_is_restored_on_a_spare_from_the_bud
     assert os.path.isdir(nvme)
     mark_fault(run_dir, "node_loss", node=lost, step=NVME_ONLY)
     try:
-        _kill_node(env, lost)
+        kill_node(env, lost)
         assert not os.path.exists(nvme), "kill-node left the lost node's NVMe directory"
         restored = assert_resumed_bit_exact(run_dir, job, env, reference,
                                             newest_saved_before_failure(run_dir))
     finally:
-        _restore_node(env, lost)
+        restore_node(env, lost)
     step = restored["step"]
     assert step % (INTERVAL * EVERY), step  # an NVMe-only save
+    failures = events(run_dir, "failure")
+    assert failures[0]["cls"] == "node_loss" and failures[0]["node"] == lost, failures
     assert events(run_dir, "decision")[0]["action"] == "replace_node"
+    assert not events(run_dir, "requeue"), "a spare was there: the job continues in its allocation"
+    started = events(run_dir, "ranks_started")
+    assert lost not in {e["node"] for e in started if e["generation"] >= 1}, started
     spare = [e["node"] for e in events(run_dir, "ranks_started") if e["generation"] == 1
              and 2 in e["ranks"]]
     assert spare and spare[0] != lost, spare
@@ -132,24 +140,57 @@ def _story(run_dir: str) -> str:
     return "\n".join(str(e)[:300] for e in rows[-25:])
 
 
-def test_the_time_limit_stop_checkpoint_is_on_the_shared_tier_and_the_requeue_resumes_it(
+def _elapsed_s(job: str, env) -> int:
+    from slurmkit.slurm.client import SlurmClient
+    from slurmkit.slurm.runner import SubprocessRunner
+
+    info = SlurmClient(SubprocessRunner(env=env)).job(job)
+    assert info.run_time_s is not None, info
+    return info.run_time_s
+
+
+def _set_time_limit(job: str, env, minutes: int) -> None:
+    subprocess.run(["scontrol", "update", f"jobid={job}", f"timelimit={minutes}"], env=env,
+                   check=True, capture_output=True, timeout=60)
+
+
+def test_the_time_limit_warning_saves_to_the_shared_tier_and_the_requeue_resumes_it(
         env, reference, tmp_path) -> None:
-    """A 3-minute limit, 60 s warning, ~2 minutes of training: the USR1 stop save is an NVMe
-    save by the promotion interval, yet it must be on the shared tier before the ranks exit
-    95. (Slurm sends the warning up to 60 s early: a 2-minute limit could signal ranks that
-    are still importing torch on a loaded machine.)"""
-    job, run_dir = submit([*COMMON, "job.name=rp-time", "job.time=00:03:00",
-                           "job.signal_lead_s=60", "+job.env.SLURMKIT_STEP_DELAY_S=4"],
+    """Slurm's own --signal=USR1@60 before the time limit, sent while the run trains.
+
+    The job is submitted with a 10-minute limit; once rank 0 trains, the limit is cut to the
+    next whole minute at least 60 s away, so slurmctld's time-limit check sends the warning
+    within about a minute, whatever the machine's load made the start take (a fixed 2-minute
+    limit signalled ranks still importing torch on a loaded CI machine, and every requeued
+    attempt hit its limit again). The requeued job gets its 10 minutes back.
+
+    The USR1 stop save is an NVMe save by the promotion interval, yet it must be on the shared
+    tier before the ranks exit 95; the requeue resumes from exactly that step, with nothing
+    recorded as a failure.
+    """
+    job, run_dir = submit([*COMMON, "job.name=rp-time", "job.time=00:10:00",
+                           "job.signal_lead_s=60", "+job.env.SLURMKIT_STEP_DELAY_S=2"],
                           env, str(tmp_path))
-    state = finish(job, env, timeout_s=900)
+    wait_for_step(run_dir, 0, 1, timeout_s=600)
+    _set_time_limit(job, env, math.ceil((_elapsed_s(job, env) + 60) / 60))
+    deadline = time.monotonic() + 300
+    while not events(run_dir, "requeue"):
+        assert time.monotonic() < deadline, f"no requeue 300 s after the time limit was cut\n{_story(run_dir)}"
+        assert not events(run_dir, "end"), f"the run ended without a warning\n{_story(run_dir)}"
+        time.sleep(0.5)
+    _set_time_limit(job, env, 10)
+    state = finish(job, env, timeout_s=600)
     assert state == "COMPLETED", (state, _story(run_dir))
     assert final(run_dir)["param_sha256"] == reference
     (saved, *_) = events(run_dir, "checkpointed_on_signal")
     assert saved["signal"] == "time_limit", saved
     stopped = events(run_dir, "train_stopped")[0]
+    assert stopped["step"] == saved["step"] < STEPS, (stopped, saved)
     durable = [e for e in events(run_dir, "ckpt_durable")
                if e["step"] == stopped["step"] and e["tier"] == "lustre"]
     assert durable and durable[0]["t"] <= stopped["t"], (durable, stopped)
-    assert events(run_dir, "requeue")
+    requeues = events(run_dir, "requeue")
+    assert "time limit" in requeues[0]["reason"], requeues
     restored = events(run_dir, "ckpt_restored")
     assert restored[0]["step"] == stopped["step"], (restored, stopped)
+    assert not events(run_dir, "failure"), events(run_dir, "failure")

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.integration
 
 # lr x steps; one node per variant so that the four tasks fit the four-node cluster together.
 SWEEP = ["-m", "+exp=tiny", "job.nodes=1", "train.lr=1e-3,3e-3", "train.steps=20,40",
-         "train.ckpt_interval_steps=10", "+job.env.SLURMKIT_STEP_DELAY_S=0.25",
+         "train.ckpt_interval_steps=10", "train.micro_batch=1", "train.seq_len=32",
+         "+job.env.SLURMKIT_STEP_DELAY_S=0.25",
          "supervisor.heartbeat_timeout_s=8"]
 
 
