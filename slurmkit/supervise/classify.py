@@ -31,6 +31,10 @@ CONFIRM_WINDOW_S = 60.0
 # How the agent stops the ranks of a generation that failed elsewhere (SIGTERM, then SIGKILL; as
 # Popen return codes and as a shell's statuses): such an exit confirms nothing about the rank.
 STOP_EXITS = frozenset({-15, -9, 128 + 15, 128 + 9})
+# torch.distributed's sys.excepthook (installed with the process group) prints an uncaught
+# exception with "[rank<N>]: " before each line: the process is ending, whatever its tear-down
+# takes (a killed rank still counts). A caught and logged exception never gets this prefix.
+_UNCAUGHT = re.compile(r"^(?:\d+: )?\[rank\d+\]: ")
 
 # (pattern, class). Ordered: the first match wins, so specific patterns come first.
 # Fragments are the stable parts of messages from ProcessGroupNCCL, NCCL, gloo, torch and Slurm.
@@ -192,7 +196,9 @@ def _confirmed(line: Evidence, items: list[Evidence]) -> bool:
     """A survivable line counts once its rank's process failed on its own: it exited within
     CONFIRM_WINDOW_S after the line (not stopped by the agent: a rank that handled an OOM and
     ran on until another rank failed is killed with the rest), or it hung (its last step came
-    before the line)."""
+    before the line). torch's uncaught-exception lines need no exit: see ``_UNCAUGHT``."""
+    if _UNCAUGHT.match(line.detail):
+        return True
     for e in items:
         if (e.kind == "exit" and line.time <= e.time <= line.time + CONFIRM_WINDOW_S
                 and e.returncode not in STOP_EXITS):

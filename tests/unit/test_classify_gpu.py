@@ -159,7 +159,21 @@ def test_an_oom_line_of_a_rank_that_then_hung_counts() -> None:
 
 
 def test_only_handled_lines_are_no_failure() -> None:
-    assert root_cause([line(5.0, 0, HANDLED_OOM), line(6.0, 0, "[rank0]: Traceback (most recent call last):")]) is None
+    # logging.exception's traceback: no "[rank<N>]: " prefix, the exception was caught
+    assert root_cause([line(5.0, 0, HANDLED_OOM), line(6.0, 0, "Traceback (most recent call last):")]) is None
+
+
+def test_an_uncaught_exception_counts_even_if_its_rank_was_stopped_in_its_teardown() -> None:
+    # torch's excepthook printed it (the prefix), so the process was ending; its tear-down was slow
+    # and the agent killed it with its peer when the generation ended.
+    tb = line(10.5, 1, "[rank1]: Traceback (most recent call last):")
+    err = line(10.5, 1, "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.")
+    failure = root_cause([tb, err, exit_(18.5, 1, -15), exit_(18.5, 0, -15)])
+    assert failure is not None and (failure.rank, failure.cls) == (1, F.GPU_OOM)
+    # the same lines from a caught exception (logging.exception: no prefix) count for nothing
+    caught = [line(10.5, 1, "Traceback (most recent call last):"), line(10.5, 1, HANDLED_OOM)]
+    failure = root_cause([*caught, exit_(18.5, 1, -15), exit_(18.4, 0, -11)])
+    assert failure is not None and (failure.rank, failure.cls) == (0, F.RANK_CRASH)
 
 
 def test_a_handled_oom_line_does_not_end_the_generation() -> None:
