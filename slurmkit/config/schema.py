@@ -52,11 +52,15 @@ class ClusterConfig:
     reservation: str | None = None  # --reservation=NAME[,NAME]
     wckey: str | None = None  # --wckey=NAME (nothing hard-coded: the site's default applies)
     switches: str | None = None  # --switches=<count>[@<max-time>], e.g. 1@01:00:00
+    segment: int | None = None  # --segment=N (Slurm 24.11+, topology/block): nodes per segment
 
     def __post_init__(self) -> None:
         if self.kind not in CLUSTER_KINDS:
             raise ConfigError(f"cluster.kind={self.kind!r}", f"one of {', '.join(CLUSTER_KINDS)}",
                               "set cluster.kind=slurm or cluster.kind=local")
+        if self.segment is not None and self.segment < 1:
+            raise ConfigError(f"cluster.segment={self.segment}", "at least 1 node per segment",
+                              "set cluster.segment to the block size the site uses, or remove it")
         for name in ("gpus_per_node", "cpus_per_node", "max_nodes", "kill_wait_s", "gpu_hour_cost"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"cluster.{name}={getattr(self, name)}", "a value >= 0",

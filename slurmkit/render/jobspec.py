@@ -48,10 +48,12 @@ class JobSpec:
     # A sweep: Slurm's --array value ("0-3" or "0-3%2"); run_dir is then the sweep directory and
     # array task i runs in <run_dir>/<i> (slurmkit/sweep/layout.py).
     array: str | None = None
-    # Admin options, none by default: --reservation, --wckey, --switches=<count>[@<max-time>].
+    # Admin options, none by default: --reservation, --wckey, --switches=<count>[@<max-time>],
+    # --segment=N.
     reservation: str | None = None
     wckey: str | None = None
     switches: str | None = None
+    segment: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -121,7 +123,7 @@ def build_jobspec(cfg: SlurmkitConfig, run_dir: str, srun_args: list[str] | None
         container_mounts=tuple(c.container_mounts), setup=tuple(c.setup),
         env=tuple(sorted(env.items())), srun_args=tuple(srun_args or ()),
         no_kill=layout.spare_nodes > 0, array=array,
-        reservation=c.reservation, wckey=c.wckey, switches=c.switches,
+        reservation=c.reservation, wckey=c.wckey, switches=c.switches, segment=c.segment,
     )
     # Nothing is written before these pass (submit renders before it creates the run directory).
     check_printable(spec)

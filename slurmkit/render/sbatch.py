@@ -79,7 +79,7 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
     for key in ("partition", "account", "qos", "constraint"):
         if getattr(spec, key):
             params[key] = getattr(spec, key)
-    for key in ("reservation", "switches"):  # not submitit parameters: passed through as given
+    for key in ("reservation", "switches", "segment"):  # not submitit parameters: passed as given
         if getattr(spec, key):
             extra[key] = getattr(spec, key)
     return params

@@ -173,12 +173,14 @@ def test_real_cli_exits_2_and_writes_nothing(tmp_path) -> None:
 def test_admin_options_render_only_when_set() -> None:
     plain = build_jobspec(compose(BASE), "/r/x")
     for text in (render_submitit_script(plain, python="python3"), render_standalone(plain, "/r/x/job.sbatch")):
-        assert "--wckey" not in text and "--reservation" not in text and "--switches" not in text
+        for flag in ("--wckey", "--reservation", "--switches", "--segment"):
+            assert flag not in text, flag
     spec = build_jobspec(compose([*BASE, "cluster.reservation='maint,gpu-test'", "cluster.wckey=proj42",
-                                  "cluster.switches=1@01:00:00", "cluster.gpu_type=h100", "job.gpus_per_node=2"]), "/r/x")
+                                  "cluster.switches=1@01:00:00", "cluster.segment=2", "cluster.gpu_type=h100",
+                                  "job.gpus_per_node=2"]), "/r/x")
     for text in (render_submitit_script(spec, python="python3"), render_standalone(spec, "/r/x/job.sbatch")):
         for line in ("#SBATCH --reservation=maint,gpu-test", "#SBATCH --wckey=proj42",
-                     "#SBATCH --switches=1@01:00:00", "#SBATCH --gpus-per-node=h100:2"):
+                     "#SBATCH --switches=1@01:00:00", "#SBATCH --segment=2", "#SBATCH --gpus-per-node=h100:2"):
             assert line in text, (line, text)
 
 
@@ -204,3 +206,8 @@ def test_refused_sweep_leaves_no_parent_directory_behind(tmp_path) -> None:
                           f"submit.run_root={blocker}/runs"], env=env, capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 2 and "submit.run_root" in res.stderr and "not a directory" in res.stderr
+
+
+def test_segment_below_one_is_refused(tmp_path, capsys) -> None:
+    code, err = _main(["cluster.segment=0"], tmp_path, capsys)
+    _assert_refused(code, err, tmp_path, "cluster.segment=0", "at least 1 node per segment")
