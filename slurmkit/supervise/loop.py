@@ -620,7 +620,9 @@ class Supervisor:
         if self.is_node0:
             return self._node0_agent_error(gen, detail)
         try:
-            if self._stopped_gen != gen:
+            # A spare (or a retired node) runs no rank of this generation: its loss fails nothing
+            # (node 0 finds it silent and drops it from the spares).
+            if self._stopped_gen != gen and me in self.node_map:
                 ev = Evidence(time.time(), me, -1, "agent_error", FailureClass.NODE_LOSS, detail)
                 self.channel.post_evidence(gen, self.where.node_rank, [*evidence, ev])
                 self.channel.post_failure(gen, me, -1, FailureClass.NODE_LOSS)

@@ -250,3 +250,26 @@ def test_the_slurmd_probe_tells_a_listening_daemon_from_a_dead_one() -> None:
     health = node_health(["n1", "n2"], client(fake), lambda addr, p: seen.append(p) or True)
     assert health == {"n1": ("IDLE", True), "n2": ("DOWN+NOT_RESPONDING", None)}, health
     assert seen == [17002]  # the node Slurm calls dead is not probed
+
+
+def test_a_spares_agent_error_fails_no_generation(tmp_path: Path) -> None:
+    gate = threading.Event()
+    c = guarded(Cluster(tmp_path, [Script(gate=gate), Script(gate=gate), Script()], train_nodes=2,
+                        spare_nodes=1, node_timeout_s=120.0))
+    spare = c.sups[2]
+    report = spare.agent_error
+
+    def broken(gen: int) -> int:
+        raise ValueError("a store reply this agent cannot read")
+
+    def reported(exc: BaseException) -> int:
+        code = report(exc)
+        gate.set()  # the train nodes finish only once the spare has said all it says
+        return code
+
+    spare.channel.changes = broken  # type: ignore[method-assign]
+    spare.agent_error = reported  # type: ignore[method-assign]
+    assert c.run() == {0: 0, 1: 0, 2: 1}
+    assert [e["node"] for e in c.ledger.of("agent_error")] == ["n2"]
+    assert c.decisions() == [] and not c.ledger.of("failure")
+    assert [e["status"] for e in c.ledger.of("end")] == ["completed"]
