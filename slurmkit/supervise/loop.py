@@ -380,7 +380,8 @@ class Supervisor:
             self.history = self.history.restarted()
             return Decision(Action.RESTART, "generation stopped without evidence")
         if (self.node.signal_kind == "time_limit" and self.cfg.job.requeue
-                and CLASS_INFO[failure.cls].restartable and failure.cls != FailureClass.NODE_LOSS):
+                and CLASS_INFO[failure.cls].restartable and failure.cls != FailureClass.NODE_LOSS
+                and not CLASS_INFO[failure.cls].bad_node):
             # The allocation is ending: a rank that died after the warning (e.g. killed by the
             # SIGUSR1 itself before it could install its handler) is the time limit, not a crash
             # to restart in an allocation with a minute left. Requeue; resume from the last save.
@@ -394,6 +395,12 @@ class Supervisor:
         kept = self.agents_lost_on_healthy_nodes(gen, evidence, lost)
         decision, self.history = decide(failure, self.history, self._ckpt_step(), self.limits, spares, lost,
                                         agent_lost=kept)
+        if (self.node.signal_kind == "time_limit" and self.cfg.job.requeue and decision.exclude
+                and decision.action == Action.REPLACE_NODE):
+            # A minute or less is left: a spare brought in now could not finish a generation.
+            # Requeue without the bad node(s), resuming from the warning's checkpoint.
+            decision = Decision(Action.REQUEUE, f"{decision.reason}; after the time-limit warning: "
+                                "requeue without them instead", decision.exclude)
         if decision.action == Action.REQUEUE and self.slurm is None:
             decision = Decision(Action.STOP, decision.reason + "; no Slurm to requeue with (local mode)")
         if decision.action == Action.REQUEUE:

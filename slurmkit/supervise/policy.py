@@ -124,11 +124,14 @@ def decide(failure: Failure, history: History, ckpt_step: int | None, limits: Li
         per_node[failure.node] += 1
     h = replace(history, restarts_without_progress=0 if progressed else history.restarts_without_progress + 1,
                 ckpt_step_at_last_failure=ckpt_step, failures_per_node=tuple(sorted(per_node.items())))
-    if h.restarts_without_progress >= limits.max_restarts_without_progress:
+    at_once = {failure.node} if info.bad_node and failure.node else set()  # e.g. a failed pre-flight
+    # A node that is lost or proven bad (a GPU fault, a failed pre-flight) is not the program's
+    # crash loop: it leaves (spare or requeue without it) however many failures came before.
+    hardware = ((set(lost_nodes) - kept) | at_once) - h.retired
+    if h.restarts_without_progress >= limits.max_restarts_without_progress and not hardware:
         return Decision(Action.STOP, f"{where}; {h.restarts_without_progress} failures in a row "
                         f"without checkpoint progress (last checkpoint step {ckpt_step}): a crash loop"), h
     repeated = {n for n, k in per_node.items() if k >= 2}
-    at_once = {failure.node} if info.bad_node and failure.node else set()  # e.g. a failed pre-flight
     bad = sorted(((set(lost_nodes) - kept) | repeated | at_once) - h.retired)
     gone = sorted(kept - h.retired - set(bad))  # healthy nodes without an agent
     if bad or gone:

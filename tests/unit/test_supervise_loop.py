@@ -368,6 +368,24 @@ def test_a_rank_that_dies_after_the_time_limit_warning_requeues_instead_of_resta
     assert failure["cls"] == "time_limit" and "was rank_crash" in failure["evidence"]
 
 
+def test_a_gpu_fault_after_the_time_limit_warning_requeues_without_its_node_even_with_a_spare(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The warning leaves a minute: a spare brought in now could not finish a generation, and a
+    # plain time-limit requeue (no exclusion) would bring the faulty GPU back.
+    requeued: list[tuple[str, ...]] = []
+    monkeypatch.setattr("slurmkit.supervise.loop.requeue_now",
+                        lambda client, job, exclude, **kw: requeued.append(tuple(exclude)))
+    c = Cluster(tmp_path, [Script(), Script(fail={0: F.GPU_FAULT}), Script()], extra=("job.requeue=true",),
+                train_nodes=2, spare_nodes=1, slurm=SlurmClient(FakeSlurm({"debug": "n[0-3]"})))
+    for n in c.nodes:
+        n.signal_kind = "time_limit"
+    c.run()
+    ((gen, action, exclude),) = c.decisions()
+    assert action == Action.REQUEUE and exclude == ("n1",) and requeued == [("n1",)]
+    (failure,) = c.ledger.of("failure")
+    assert failure["cls"] == "gpu_fault"
+
+
 # ------------------------------------------------------------------ bounded work per decision
 class Recorder:
     """An agent's store that logs its round trips (method, keys) while ``on`` is set."""

@@ -282,3 +282,21 @@ def test_a_generation_cycle_logs_one_callback_per_transition() -> None:
     assert seen == ["starting>running", "running>stopping", "stopping>deciding", "deciding>restarting",
                     "restarting>starting", "starting>running", "running>checkpointing",
                     "checkpointing>requeueing"]
+
+
+@pytest.mark.parametrize("cls", [F.GPU_FAULT, F.PREFLIGHT])
+def test_a_bad_node_leaves_even_after_failures_without_progress(cls: FailureClass) -> None:
+    # Two failures without checkpoint progress, then a GPU fault: the node is the cause, not the
+    # program; stopping with 93 would end a run a spare or a requeue without the node can save.
+    t = Track(History(restarts_without_progress=LIMITS.max_restarts_without_progress - 1,
+                      ckpt_step_at_last_failure=100))
+    d = run(cls, t, 100, spares=["node9"])
+    assert d.action == Action.REPLACE_NODE and d.exclude == ("node2",), d
+    d = run(cls, Track(t.h), 100, node="node3")
+    assert d.action == Action.REQUEUE and d.exclude == ("node3",), d
+
+
+def test_a_crash_loop_still_stops_when_no_node_is_to_blame() -> None:
+    t = Track(History(restarts_without_progress=LIMITS.max_restarts_without_progress - 1,
+                      ckpt_step_at_last_failure=100))
+    assert run(F.RANK_CRASH, t, 100, spares=["node9"]).action == Action.STOP
