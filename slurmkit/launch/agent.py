@@ -158,7 +158,7 @@ class NodeAgent:
                            heartbeat_dir=self.local_dir)
         if self.signal_kind is not None:  # a warning arrived while the ranks were starting
             for p in self.procs:
-                p.signal(signal.SIGUSR1 if self.signal_kind == "time_limit" else signal.SIGTERM)
+                p.notify(signal.SIGUSR1 if self.signal_kind == "time_limit" else signal.SIGTERM)
 
     def poll(self, gen: int) -> Evidence | None:
         """Look at the ranks once; the evidence that triggered a failure here, if any."""
@@ -210,7 +210,7 @@ class NodeAgent:
             if self.signal_kind is None:
                 self.signal_kind = kind
             for p in self.procs:
-                p.signal(signum)
+                p.notify(signum)
 
         signal.signal(signal.SIGUSR1, handler)
         signal.signal(signal.SIGTERM, handler)

@@ -31,9 +31,20 @@ class RankProcess:
         return self.proc.poll()
 
     def signal(self, sig: int) -> None:
-        """Signal the rank's whole process group (it may have children of its own)."""
+        """Signal the rank's whole process group (it may have children of its own): for
+        stopping it, where nothing of the rank may stay behind."""
         try:
             os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def notify(self, sig: int) -> None:
+        """Signal the rank's own process only: for a warning it is to act on (SIGUSR1 before
+        the time limit). Its children (DataLoader workers, a compiler's helpers) never installed
+        a handler, and the default action of SIGUSR1 is to terminate: signalled as a group, they
+        died and the rank failed with them instead of checkpointing."""
+        try:
+            os.kill(self.proc.pid, sig)
         except ProcessLookupError:
             pass
 
