@@ -23,9 +23,9 @@ from slurmkit.supervise.classify import (CONFIRM_WINDOW_S, Evidence, classify_ex
                                          printable_detail, root_cause)
 from slurmkit.supervise.monitor import RankMonitor
 from slurmkit.supervise.policy import Action, Decision, History, Limits, decide
+from tests.unit.test_supervise_classify import T0, exit_ev, line_ev
 
 F = FailureClass
-T0 = 1_796_000_000.0
 LIMITS = Limits(max_restarts=5, max_restarts_without_progress=3)
 XID79 = "[  812.334455] NVRM: Xid (PCI:0000:3b:00): 79, pid=4321, name=python, GPU has fallen off the bus."
 ECC = "[rank1]: RuntimeError: CUDA error: uncorrectable ECC error encountered"
@@ -36,16 +36,8 @@ HANDLED_OOM = ("2026-12-01 19:40:02 rank0 myapp WARNING caught torch.OutOfMemory
                "Tried to allocate 2.00 GiB. retrying with micro_batch=2")
 
 
-def line(t: float, rank: int, text: str, node: str = "node1") -> Evidence:
-    cls = classify_line(text)
-    assert cls is not None, text
-    return Evidence(T0 + t, node, rank, "line", cls, text)
-
-
-def exit_(t: float, rank: int, code: int, node: str = "node1") -> Evidence:
-    cls = classify_exit(code)
-    assert cls is not None
-    return Evidence(T0 + t, node, rank, "exit", cls, f"returncode {code}", code)
+# The root-cause scenarios are built as in test_supervise_classify.py, with its helpers.
+line, exit_ = line_ev, exit_ev
 
 
 def decision(ev: list[Evidence], spares: list[str]) -> Decision:

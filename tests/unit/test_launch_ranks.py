@@ -22,8 +22,10 @@ while True:
 """
 
 
-def _wait_for(path: Path, text: str) -> str:
+def _wait_for(path: Path, text: str, timeout_s: float = 60) -> str:
+    deadline = time.monotonic() + timeout_s
     while text not in (content := path.read_text() if path.exists() else ""):
+        assert time.monotonic() < deadline, f"{text!r} never appeared in {path}: {content!r}"
         time.sleep(0.02)
     return content
 

@@ -135,15 +135,21 @@ def test_run_root_that_cannot_hold_run_dirs_is_refused_and_left_alone(tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
-def test_refused_sbatch_leaves_no_parent_directory_behind(tmp_path) -> None:
-    """The real CLI with an sbatch that refuses the partition as Slurm does: exit 1, and neither
-    the run directory nor submit.run_root/<job.name> (nor run_root itself) is left."""
+def _refusing_sbatch(tmp_path):
+    """A directory holding an ``sbatch`` that refuses the partition as Slurm does (exit 1)."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     fake = bindir / "sbatch"
     fake.write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid partition "
                     "name specified' >&2\nexit 1\n")
     fake.chmod(0o755)
+    return bindir
+
+
+def test_refused_sbatch_leaves_no_parent_directory_behind(tmp_path) -> None:
+    """The real CLI with an sbatch that refuses the partition as Slurm does: exit 1, and neither
+    the run directory nor submit.run_root/<job.name> (nor run_root itself) is left."""
+    bindir = _refusing_sbatch(tmp_path)
     other = tmp_path / "shared" / "tiny" / "someone-elses-run"
     other.mkdir(parents=True)
     env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
@@ -186,12 +192,7 @@ def test_admin_options_render_only_when_set() -> None:
 
 def test_refused_sweep_leaves_no_parent_directory_behind(tmp_path) -> None:
     """A sweep (-m) whose array sbatch refuses: the sweep directory and the parents it created go."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    fake = bindir / "sbatch"
-    fake.write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid partition "
-                    "name specified' >&2\nexit 1\n")
-    fake.chmod(0o755)
+    bindir = _refusing_sbatch(tmp_path)
     env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
     root = tmp_path / "fresh" / "runs"
     res = subprocess.run([sys.executable, "-m", "slurmkit.submit", "-m", *BASE, "cluster.partition=nosuch",
