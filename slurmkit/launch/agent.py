@@ -51,6 +51,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def rank_command(command: list[str]) -> list[str]:
     """`python` in job.command means this interpreter (the one the agent runs in)."""
     if command and command[0] in ("python", "python3"):
@@ -143,6 +150,9 @@ class NodeAgent:
                                   method=self.cfg.topology.apply_method)
             env.update(contract.device_env(lr, self.layout, before, env, plans[lr] if plans else None))
             rank = int(env["RANK"])
+            # A beat left by an earlier run at this path (or by a dead agent) must not look
+            # like this rank's progress to anyone reading the file before the rank writes it.
+            _remove_quietly(env["SLURMKIT_HEARTBEAT_FILE"])
             path = os.path.join(self.run_dir, "logs", f"rank{rank}.log")
             p = spawn_rank(cmd, env, rank=rank, local_rank=lr, log_path=path, cwd=self.run_dir,
                            sink=monitor.on_line, on_exit=monitor.on_exit)
@@ -194,10 +204,7 @@ class NodeAgent:
         paths = list(self._spools) + [os.path.join(self.local_dir, "heartbeat", f"rank{p.rank}.json")
                                       for p in self.procs]
         for path in paths:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+            _remove_quietly(path)
 
     def join_output(self) -> None:
         for p in self.procs:

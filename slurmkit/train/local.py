@@ -6,6 +6,7 @@ same variables the node agent sets (RANK ... MASTER_PORT, SLURMKIT_*), without a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from omegaconf import OmegaConf
 
 from slurmkit.errors import ConfigError
+from slurmkit.train.heartbeat import LocalDirError, local_heartbeat_path
 
 
 def free_port() -> int:
@@ -89,6 +91,9 @@ def spawn_ranks(config_path: str, run_dir: str, world_size: int, *,
     os.makedirs(run_dir, exist_ok=True)
     procs, logs = [], []
     for rank in range(world_size):
+        # A beat left by an earlier run at the same path would read as this rank's progress.
+        with contextlib.suppress(OSError, LocalDirError):
+            os.unlink(local_heartbeat_path(run_dir, rank, base))
         rank_env = {
             **base,
             "RANK": str(rank), "LOCAL_RANK": str(rank % per_node),

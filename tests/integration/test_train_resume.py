@@ -107,7 +107,9 @@ def test_sigterm_to_one_rank_stops_all_at_one_step_and_resumes_exactly(tmp_path:
     run_dir = os.path.join(tmp, "B")
     b = launch(tmp, "b", run_dir, sections("ddp"), env={"SLURMKIT_STEP_DELAY_S": "0.3"})
     hb1 = local_heartbeat_path(run_dir, 1)  # node-local (/dev/shm), not the run dir
-    wait_for(lambda: (read_heartbeat(hb1) or {}).get("step", 0) >= 2, 60, "rank 1 at step 2")
+    pid1 = b.procs[1].pid  # this rank's own beat, never one left at the path by an earlier run
+    wait_for(lambda: (beat := read_heartbeat(hb1) or {}).get("pid") == pid1
+             and beat.get("step", 0) >= 2, 60, "rank 1 at step 2")
     b.procs[1].send_signal(signal.SIGTERM)  # only rank 1: rank 0 learns it in the all-reduce
     assert b.wait(TIMEOUT_S) == [EXIT_CHECKPOINTED_ON_SIGNAL] * 2, b.tail()
     beats = [read_heartbeat(local_heartbeat_path(run_dir, r)) for r in (0, 1)]

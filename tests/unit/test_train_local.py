@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from slurmkit.errors import ConfigError
+from slurmkit.train.heartbeat import local_heartbeat_path
 from slurmkit.train.local import spawn_ranks
 
 
@@ -51,3 +52,18 @@ def test_nodes_must_divide_the_world(tmp_path: Any) -> None:
     with pytest.raises(ConfigError, match="emulated nodes"):
         spawn_ranks("cfg.yaml", str(tmp_path / "run"), 4, nodes=3)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_heartbeat_left_at_the_run_path_by_an_earlier_run_is_removed_before_ranks_start(
+        tmp_path: Any) -> None:
+    run_dir = str(tmp_path / "run")
+    (tmp_path / "local").mkdir()
+    env = {"PATH": os.environ["PATH"], "SLURMKIT_NODE_LOCAL_DIR": str(tmp_path / "local")}
+    stale = [local_heartbeat_path(run_dir, r, env) for r in (0, 1)]
+    for path in stale:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write('{"rank": 1, "step": 8, "time": 1, "pid": 1, "generation": 0}')
+    run = spawn_ranks("cfg.yaml", run_dir, 2, env=env, python=fake_python(str(tmp_path)))
+    assert run.wait(30) == [0, 0]
+    assert [os.path.exists(p) for p in stale] == [False, False]
