@@ -22,6 +22,9 @@ COMMON = ["+exp=tiny", f"train.steps={STEPS}", f"train.ckpt_interval_steps={INTE
           "+job.env.SLURMKIT_STEP_DELAY_S=0.25", "supervisor.heartbeat_timeout_s=8"]
 
 
+SESSION_START = time.time()
+
+
 def heartbeat_step(run_dir: str, rank: int) -> int:
     """The rank's step from its node-local heartbeat (the emulated nodes share this machine's
     /dev/shm; on a real cluster only the agent of the rank's node can read it)."""
@@ -29,8 +32,11 @@ def heartbeat_step(run_dir: str, rank: int) -> int:
 
     try:
         with open(local_heartbeat_path(run_dir, rank)) as f:
-            return int(json.load(f)["step"])
-    except (OSError, ValueError, KeyError):
+            beat = json.load(f)
+        # A beat from before this pytest session was left at the path by an earlier session
+        # with the same base temp (/dev/shm outlives /tmp/pytest-of-*): not this run's rank.
+        return int(beat["step"]) if float(beat["time"]) >= SESSION_START else -1
+    except (OSError, ValueError, KeyError, TypeError):
         return -1
 
 
