@@ -39,7 +39,8 @@ from slurmkit.supervise.policy import (Action, Decision, History, Limits, State,
 from slurmkit.supervise.requeue import job_ref, requeue_now
 from slurmkit.supervise.slurmview import (DECISION_RETRY, DECISION_TIMEOUT_S, SlurmdProbe, node_health,
                                           slurmd_answers)
-from slurmkit.supervise.succession import claim_path, elect, read_claim
+from slurmkit.supervise.succession import (Claim, Done, Watched, clear_done, read_done, succeed,
+                                           write_done)
 from slurmkit.supervise.liveness import Liveness, Lost, client_node_states, slurm_says_dead
 from slurmkit.supervise.timeouts import beat_interval_s, liveness_deadline_s
 
@@ -49,6 +50,9 @@ FAILED = "failed"
 #: One empty marker file per requeue a failure caused (named by the attempt that requeued, so a
 #: successor deciding again adds none): their count is what supervisor.max_requeues limits.
 REQUEUE_MARKS = "requeues"
+#: How long node 0 keeps its store up at the end for agents that have not seen the end yet.
+#: One that comes later finds the store gone and node 0's done marker (succession.py).
+EXIT_WAIT_S = 10.0
 #: Classes that end the allocation, not the run: their requeues are the plan, not failures.
 _PLANNED_REQUEUE = frozenset({FailureClass.TIME_LIMIT, FailureClass.PREEMPTION})
 
@@ -147,6 +151,7 @@ class Supervisor:
     def run(self) -> int:
         self.channel.post_addr(self.where.node_rank, self.where.addr or self.where.master_addr)
         if self.is_node0:
+            clear_done(self.run_dir, self.where.attempt)  # one left by an earlier run of this name
             self.channel.seed_beats(range(len(self.where.nodes)))
             self.ledger.append("allocation_start", job_id=self.where.job_id, attempt=self.where.attempt,
                                restart_count=self.where.restart_count, nodes=list(self.where.nodes),
@@ -559,38 +564,88 @@ class Supervisor:
 
     def after_node0_loss(self, gen: int, why: str) -> int:
         """Node 0 (store, decider, batch host) is gone. Every surviving agent stops its ranks; the
-        successor (node rank 1, or the next surviving one: slurmkit.supervise.succession) records
-        the failure and requeues the job without node 0, so the job never sits RUNNING with
-        nothing running (with --no-kill Slurm would keep it so, even with a spare: the batch
-        script died with node 0). Without Slurm it stops. Exit code: 0 after a requeue (the
-        requeue ends the job), 1 else."""
-        log.error("node 0 lost: %s", why)
+        successor (node rank 1, or the next surviving one; another one if it dies in turn:
+        slurmkit.supervise.succession) records the failure and requeues the job without node 0,
+        so the job never sits RUNNING with nothing running (with --no-kill Slurm would keep it
+        so, even with a spare: the batch script died with node 0). Without Slurm it stops.
+
+        Node 0 that ended the attempt itself (completed, stopped, requeued) left its done marker
+        before its store went: an agent that comes late to the end finds it and leaves with
+        node 0's exit code, never requeueing a finished job. Exit code otherwise: 0 after a
+        requeue (the requeue ends the job), 1 else."""
         self.node.stop()
-        node0 = self.where.nodes[0]
-        claim = claim_path(self.run_dir, self.where.attempt)
+        done = read_done(self.run_dir, self.where.attempt)
+        if done is not None and done.node_rank == 0:
+            log.warning("node 0's store is gone, but node 0 ended this attempt first (%s, exit %d): "
+                        "not a loss", done.outcome, done.exit_code)
+            return done.exit_code
+        log.error("node 0 lost: %s", why)
         grace_s = liveness_deadline_s(self.beat_interval_s, self.cfg.supervisor.node_timeout_s)
-        if not elect(claim, self.where.node_rank, self.where.node_name, grace_s=grace_s,
-                     clock=self.clock, sleep=self.sleep):
-            print(f"slurmkit supervisor: {why}; {read_claim(claim) or 'another agent'} succeeds node 0: "
-                  "records it and requeues", file=sys.stderr, flush=True)
+        won = succeed(self.run_dir, self.where.attempt, self.where.node_rank, self.where.node_name,
+                      len(self.where.nodes), grace_s=grace_s, stall_s=2 * grace_s, clock=self.clock,
+                      sleep=self.sleep)
+        if isinstance(won, Watched):
+            print(f"slurmkit supervisor: {why}; {won.done.node} (node rank {won.done.node_rank}) succeeded "
+                  f"node 0 and ended this attempt ({won.done.outcome})", file=sys.stderr, flush=True)
+            return 1
+        won.keep_fresh(min(max(grace_s / 4, 0.01), 1.0))
+        try:
+            return self._succeed_node0(gen, why, won)
+        finally:
+            won.release()
+
+    def _succeed_node0(self, gen: int, why: str, claim: Claim) -> int:
+        node0 = self.where.nodes[0]
+        me = f"{self.where.node_name}, node rank {self.where.node_rank}"
+        if claim.generation:
+            why += f" (successor claim {claim.generation - 1} made no progress: taken over by {me})"
+            if self._requeued_in_slurm():
+                # The successor before this one requeued, then died before its marker.
+                self._leave_done(State.REQUEUEING.value, 0)
+                print(f"slurmkit supervisor: {why}; Slurm requeued the job already: nothing to do",
+                      file=sys.stderr, flush=True)
+                return 0
+        if claim.superseded():
             return 1
         self.ledger.append("failure", generation=gen, cls=FailureClass.NODE_LOSS.value, rank=-1, node=node0,
-                           evidence=f"{why} (recorded by {self.where.node_name}, node rank {self.where.node_rank})",
+                           evidence=f"{why} (recorded by {me})",
                            time_of_fault=time.time(), ranks_affected=[], slurm_view=[])
         if self.slurm is None:
             reason = f"node_loss of node 0 ({node0}): {why}; no Slurm to requeue with (local mode)"
             self.ledger.append("decision", generation=gen, action=Action.STOP.value, reason=reason, exclude=[node0])
             self.ledger.append("end", status="stopped", exit_code=1, reason=reason)
+            self._leave_done(State.STOPPED.value, 1)
             return 1
         reason = f"node_loss of node 0 ({node0}): {why}; requeue without it"
         refusal = self.requeue_refused(gen, (node0,), failure=True)
         if refusal is not None:
-            return self.stop_unrequeued(gen, f"{reason}; requeue refused: {refusal}", [node0])
+            code = self.stop_unrequeued(gen, f"{reason}; requeue refused: {refusal}", [node0])
+            self._leave_done(State.STOPPED.value, code)
+            return code
+        if claim.superseded():  # stalled in the Slurm queries: the one that took over requeues
+            return 1
         self.ledger.append("decision", generation=gen, action=Action.REQUEUE.value, reason=reason, exclude=[node0])
         self.ledger.append("exclusion", nodes=[node0], how="requeue")
         self._failure_requeue = True
         self.requeue(reason, (node0,))
+        self._leave_done(State.REQUEUEING.value, 0)
         return 0
+
+    def _requeued_in_slurm(self) -> bool:
+        """One bounded query: has Slurm requeued this job past this attempt (or is it pending)?
+        Unknown (no Slurm, no answer): False, the successor acts."""
+        if self.slurm is None:
+            return False
+        try:
+            info = self.slurm.bounded(DECISION_RETRY, DECISION_TIMEOUT_S).job(job_ref(self.where.job_id, self.env))
+        except SlurmError as exc:
+            log.warning("could not ask Slurm whether the job was requeued: %s", exc)
+            return False
+        return info.restart_cnt > self.where.restart_count or info.state == "PENDING"
+
+    def _leave_done(self, outcome: str, code: int) -> None:
+        write_done(self.run_dir, self.where.attempt,
+                   Done(outcome, code, self.where.node_name, self.where.node_rank))
 
     def stop_unrequeued(self, gen: int, reason: str, exclude: list[str]) -> int:
         """Outside the state machine (node 0 lost, or this agent failing): stop with exit 93,
@@ -645,25 +700,32 @@ class Supervisor:
             reason = f"{detail}; no Slurm to requeue with (local mode)"
             self.ledger.append("decision", generation=gen, action=Action.STOP.value, reason=reason, exclude=[])
             self.ledger.append("end", status="stopped", exit_code=1, reason=reason)
+            self._leave_done(State.STOPPED.value, 1)
             return 1
         refusal = self.requeue_refused(gen, (), failure=True)
         if refusal is not None:
-            return self.stop_unrequeued(gen, f"{reason}; requeue refused: {refusal}", [])
+            code = self.stop_unrequeued(gen, f"{reason}; requeue refused: {refusal}", [])
+            self._leave_done(State.STOPPED.value, code)
+            return code
         self.ledger.append("node_kept", node=self.where.node_name, generation=gen,
                            why=f"node 0's own agent failed ({detail}): the node is not to blame: not excluded")
         self.ledger.append("decision", generation=gen, action=Action.REQUEUE.value, reason=reason, exclude=[])
         self._failure_requeue = True
         self.requeue(reason, ())
+        self._leave_done(State.REQUEUEING.value, 0)
         return 0
 
     def finish(self, code: int) -> int:
-        """Leave together: node 0 keeps the store alive until every agent has read what it needs."""
+        """Leave together: node 0 keeps the store alive until every agent has read what it needs,
+        and leaves its done marker first, for an agent later than that."""
+        if self.is_node0:
+            self._leave_done(self.sm.state.value, code)
         try:
             n = self.channel.arrive_exit()
             if self.is_node0:
                 # Every agent still alive, not only the train nodes: a spare or a retired node that
                 # has not seen the end yet would take the closed store for node 0's loss and requeue.
-                deadline = self.clock() + 10
+                deadline = self.clock() + EXIT_WAIT_S
                 while n < len(self.where.nodes) - len(self._lost) and self.clock() < deadline:
                     self.sleep(0.1)
                     n = self.channel.exited()
