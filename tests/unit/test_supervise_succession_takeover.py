@@ -99,9 +99,9 @@ def test_a_claim_planted_as_a_link_is_refused_and_taken_over(tmp_path: Path, cap
     assert target.read_text() == '{"node": "n1", "node_rank": 1}'  # the link was never followed
 
 
-@pytest.mark.parametrize("planted", ["link", "garbage", "bad_code", "dir"])
+@pytest.mark.parametrize("planted", ["link", "garbage", "bad_code", "dir", "foreign"])
 def test_a_done_marker_that_cannot_be_trusted_counts_as_absent(
-        tmp_path: Path, planted: str, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, planted: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     path = done_path(str(tmp_path), RUN)
     os.makedirs(os.path.dirname(path))
     if planted == "link":
@@ -109,11 +109,17 @@ def test_a_done_marker_that_cannot_be_trusted_counts_as_absent(
         os.symlink(tmp_path / "fake", path)
     elif planted == "dir":
         os.mkdir(path)
+    elif planted == "foreign":
+        write_done(str(tmp_path), RUN, Done("completed", 0, "n0", 0))
     else:
         Path(path).write_text("\x00garbage" if planted == "garbage" else
                               '{"outcome": "completed", "exit_code": 999, "node": "n0", "node_rank": 0}')
     with caplog.at_level(logging.ERROR):
+        if planted == "foreign":  # a good marker, but this agent runs as another user than its owner
+            uid = os.getuid() + 1
+            monkeypatch.setattr(os, "getuid", lambda: uid)
         assert read_done(str(tmp_path), RUN) is None
+        monkeypatch.undo()
     assert any("Detected:" in r.getMessage() and "Fix:" in r.getMessage() for r in caplog.records)
 
 
