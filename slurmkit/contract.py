@@ -48,6 +48,21 @@ ATTEMPT = "SLURMKIT_ATTEMPT"  # <job id>-<requeue count>
 HEARTBEAT_FILE = "SLURMKIT_HEARTBEAT_FILE"
 DEVICE = "SLURMKIT_DEVICE"  # "cpu" or "cuda:<index>", index among the rank's visible devices
 
+# Slurm's task view (RankIdentity.slurm_env): one rank = one task of the training world.
+SLURM_PROCID = "SLURM_PROCID"  # global rank
+SLURM_LOCALID = "SLURM_LOCALID"  # local rank
+SLURM_NODEID = "SLURM_NODEID"  # the node's training slot
+SLURM_NTASKS = "SLURM_NTASKS"  # world size (and SLURM_NPROCS, its old name)
+SLURM_NPROCS = "SLURM_NPROCS"
+SLURM_STEP_NUM_TASKS = "SLURM_STEP_NUM_TASKS"
+SLURM_NTASKS_PER_NODE = "SLURM_NTASKS_PER_NODE"  # ranks per node
+SLURM_TASKS_PER_NODE = "SLURM_TASKS_PER_NODE"  # Slurm's "4(x2)" form
+SLURM_STEP_TASKS_PER_NODE = "SLURM_STEP_TASKS_PER_NODE"
+SLURM_NNODES = "SLURM_NNODES"  # train nodes (SLURM_JOB_NUM_NODES keeps the allocation's count)
+SLURM_STEP_NUM_NODES = "SLURM_STEP_NUM_NODES"
+SLURM_NODELIST = "SLURM_NODELIST"  # the rendezvous host (see RankIdentity.slurm_env)
+SLURM_GTIDS = "SLURM_GTIDS"  # the global ranks on this node
+
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 CUDA_DEVICE_ORDER = "CUDA_DEVICE_ORDER"
 
@@ -74,6 +89,34 @@ class RankIdentity:
         return {RANK: str(self.rank), LOCAL_RANK: str(self.local_rank), WORLD_SIZE: str(self.world_size),
                 LOCAL_WORLD_SIZE: str(self.local_world_size), GROUP_RANK: str(self.group_rank),
                 MASTER_ADDR: self.master_addr, MASTER_PORT: str(self.master_port)}
+
+    def slurm_env(self) -> dict[str, str]:
+        """The same place in Slurm's task variables, as if srun had started every rank as a task.
+
+        The agent runs as the single task of a one-node srun step, and its ranks inherit that
+        step's view: ``SLURM_NTASKS=1``, ``SLURM_PROCID=0`` on every rank, so a program that
+        asks Slurm who it is (PyTorch Lightning's SLURMEnvironment, NeMo, submitit's
+        JobEnvironment) trains alone. The training world is the step these variables
+        describe: its ranks, its nodes (the train slots; spares run no ranks), contiguous ranks
+        per node. ``SLURM_NODELIST`` names the rendezvous host (MASTER_ADDR): Lightning takes
+        its first entry as the main address and overwrites MASTER_ADDR with it, and the slot-0
+        node may be a spare that replaced node 0. The job's own variables (SLURM_JOB_ID,
+        SLURM_JOB_NODELIST, SLURM_JOB_NUM_NODES, ...) still describe the allocation.
+        """
+        nodes = self.world_size // self.local_world_size
+        per_node = f"{self.local_world_size}(x{nodes})" if nodes > 1 else str(self.local_world_size)
+        first = self.group_rank * self.local_world_size
+        return {SLURM_PROCID: str(self.rank), SLURM_LOCALID: str(self.local_rank),
+                SLURM_NODEID: str(self.group_rank), SLURM_NTASKS: str(self.world_size),
+                SLURM_NPROCS: str(self.world_size), SLURM_STEP_NUM_TASKS: str(self.world_size),
+                SLURM_NTASKS_PER_NODE: str(self.local_world_size), SLURM_TASKS_PER_NODE: per_node,
+                SLURM_STEP_TASKS_PER_NODE: per_node, SLURM_NNODES: str(nodes),
+                SLURM_STEP_NUM_NODES: str(nodes), SLURM_NODELIST: self.master_addr,
+                SLURM_GTIDS: ",".join(str(first + i) for i in range(self.local_world_size))}
+
+    def full_env(self) -> dict[str, str]:
+        """torchrun's variables and Slurm's task view: what the agent gives each rank."""
+        return {**self.env(), **self.slurm_env()}
 
 
 def rank_identity(slot: int, local_rank: int, *, ranks_per_node: int, train_nodes: int,

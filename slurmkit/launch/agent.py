@@ -103,17 +103,19 @@ class NodeAgent:
 
     def rank_env(self, gen: int, local_rank: int, slot: int, port: int,
                  master_addr: str | None = None) -> dict[str, str]:
-        rank = slot * self.ranks_per_node + local_rank
+        who = contract.rank_identity(slot, local_rank, ranks_per_node=self.ranks_per_node,
+                                     train_nodes=self.train_nodes,
+                                     master_addr=master_addr or self.ctx.master_addr, master_port=port)
+        rank = who.rank
         env = dict(self.env)
         # The batch script exports these on Slurm; local mode has no script, so set them here.
         env.update(self.cfg.cluster.env)
         env.update(self.cfg.job.env)
         env.update(failure_env(self.cfg, self.run_dir, env))
+        # torchrun's variables, and Slurm's task variables for the rank's place in the training
+        # world instead of the agent's one-task step (contract.RankIdentity.slurm_env).
+        env.update(who.full_env())
         env.update({
-            "RANK": str(rank), "LOCAL_RANK": str(local_rank),
-            "WORLD_SIZE": str(self.train_nodes * self.ranks_per_node),
-            "LOCAL_WORLD_SIZE": str(self.ranks_per_node), "GROUP_RANK": str(slot),
-            "MASTER_ADDR": master_addr or self.ctx.master_addr, "MASTER_PORT": str(port),
             "SLURMKIT_RUN_DIR": self.run_dir,
             "SLURMKIT_CONFIG": os.path.join(self.run_dir, "config.yaml"),
             "SLURMKIT_LEDGER": self.ledger_path,
