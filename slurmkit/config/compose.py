@@ -16,6 +16,7 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from slurmkit.config.envtext import keep_env_text
 from slurmkit.config.schema import SlurmkitConfig
 from slurmkit.errors import ConfigError
 from slurmkit.resources import packaged
@@ -102,6 +103,7 @@ def compose_dict(overrides: list[str], directory: str | None = None) -> Any:
     dirs = _dirs(directory)
     register_configs()
     _check_group_choices(overrides, dirs)
+    overrides = keep_env_text(overrides)  # job.env.X=false stays "false", not "False"
     # The first directory is Hydra's primary config dir; the rest follow it on the search path.
     searchpath = [f"hydra.searchpath=[{','.join(repr('file://' + d) for d in dirs[1:])}]"] if dirs[1:] else []
     GlobalHydra.instance().clear()

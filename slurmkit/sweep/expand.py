@@ -9,9 +9,10 @@ here reads the syntax itself. Overrides that do not sweep are passed on verbatim
 from __future__ import annotations
 
 import itertools
+import re
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override, ValueType
+from hydra.core.override_parser.types import Override, Transformer, ValueType
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
@@ -19,6 +20,7 @@ from slurmkit.errors import ConfigError
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
 MAX_VARIANTS = 1000  # Slurm's default MaxArraySize is 1001 (task ids 0-1000)
+_ENV_KEY = re.compile(r"\+{0,2}(?:job|cluster)\.env\.\w+")
 
 
 def split_multirun(argv: list[str]) -> tuple[bool, list[str]]:
@@ -49,7 +51,11 @@ def _choices(o: Override) -> list[str]:
                           "Hydra's basic sweeper supports",
                           f"list the values explicitly, e.g. {o.get_key_element()}=a,b")
     key = o.get_key_element()
-    values = [f"{key}={v}" for v in o.sweep_string_iterator()]
+    if _ENV_KEY.fullmatch(key):  # an env value is text: a swept bool is typed true/false, not True
+        values = [f"{key}={str(v).lower() if isinstance(v, bool) else Transformer.str(v)}"
+                  for v in o.sweep_iterator(transformer=Transformer.identity)]
+    else:
+        values = [f"{key}={v}" for v in o.sweep_string_iterator()]
     if not values:
         raise ConfigError(f"{o.input_line!r} sweeps over no value", "at least one value",
                           "check the range() bounds")
