@@ -21,6 +21,7 @@ from slurmkit.train.config import ModelConfig, ParallelConfig, TrainConfig
 log = logging.getLogger(__name__)
 
 CLUSTER_KINDS = ("auto", "slurm", "local")
+REQUIRE_HEARTBEAT = ("auto", "true", "false")  # supervisor.require_heartbeat
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -141,7 +142,11 @@ class SupervisorConfig:
     max_restarts_without_progress: int = 3  # then stop with exit code 93
     max_requeues: int = 20  # requeues after failures (time-limit ones not counted), then exit 93
     heartbeat_timeout_s: float = 60.0  # no step advance for this long: a hang
-    startup_timeout_s: float = 300.0  # first heartbeat must come within this
+    startup_timeout_s: float = 300.0  # first heartbeat must come within this (see require_heartbeat)
+    # Whether a rank that has never beaten is a hang after startup_timeout_s: "auto" (only for
+    # job.command = slurmkit.train, which beats every step), "true", "false" (a rank is judged
+    # from its first beat on; a program that never beats is never taken for a hang by it).
+    require_heartbeat: str = "auto"
     spare_nodes: int = 0  # allocate nodes + spare_nodes, train on nodes
     poll_interval_s: float = 0.5  # how often agents look at their ranks and each other
     node_timeout_s: float = 3.0  # an agent silent this long is a lost node (beats every poll)
@@ -165,6 +170,14 @@ class SupervisorConfig:
         if self.heartbeat_timeout_s <= 0:
             raise ConfigError(f"supervisor.heartbeat_timeout_s={self.heartbeat_timeout_s}",
                               "a positive number of seconds", "set supervisor.heartbeat_timeout_s=60")
+        # A bool typed on the command line arrives as Python's str of it ("True").
+        choice = str(self.require_heartbeat).lower()
+        if choice not in REQUIRE_HEARTBEAT:
+            raise ConfigError(f"supervisor.require_heartbeat={self.require_heartbeat!r}",
+                              f"one of {', '.join(REQUIRE_HEARTBEAT)}",
+                              "set supervisor.require_heartbeat=auto (true: every program must beat "
+                              "within supervisor.startup_timeout_s)")
+        self.require_heartbeat = choice
 
 
 @dataclass

@@ -34,7 +34,7 @@ from slurmkit.supervise.classify import Evidence
 from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
 from slurmkit.supervise.liveness import Beater
 from slurmkit.supervise.loop import Supervisor, Where
-from slurmkit.supervise.monitor import RankMonitor
+from slurmkit.supervise.monitor import RankMonitor, expects_heartbeats
 from slurmkit.supervise.slurmview import kill_wait_warning
 from slurmkit.supervise.spool import SpoolReader
 from slurmkit.supervise.timeouts import beat_interval_s, failure_env
@@ -129,8 +129,10 @@ class NodeAgent:
 
     # ------------------------------------------------------------------ one generation
     def start(self, gen: int, slot: int, port: int, master_addr: str) -> None:
-        monitor = RankMonitor(self.ctx.node_name, gen, heartbeat_timeout_s=self.cfg.supervisor.heartbeat_timeout_s,
-                              startup_timeout_s=self.cfg.supervisor.startup_timeout_s)
+        sup = self.cfg.supervisor
+        monitor = RankMonitor(self.ctx.node_name, gen, heartbeat_timeout_s=sup.heartbeat_timeout_s,
+                              startup_timeout_s=sup.startup_timeout_s,
+                              require_heartbeat=expects_heartbeats(sup.require_heartbeat, self.cfg.job.command))
         self.monitor = monitor
         failed = self.preflight.run(gen) if self.preflight is not None else None
         if failed is not None:  # a bad node: no ranks here; the supervisor replaces or excludes it

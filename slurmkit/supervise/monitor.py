@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from slurmkit.contract import EXIT_CHECKPOINTED_ON_SIGNAL  # saved on SIGUSR1/SIGTERM, left on purpose
@@ -40,6 +40,25 @@ class _RankWatch:
     last_beat_wall: float = 0.0
     exit_code: int | None = None
     hang_reported: bool = False
+    stopped_since: float | None = None  # monotonic: first poll that found it stopped (state T)
+
+
+# Programs known to beat every step (slurmkit.train.heartbeat.Heartbeat), named as `-m` takes them.
+BEATING_MODULES = frozenset({"slurmkit.train"})
+
+
+def expects_heartbeats(require_heartbeat: str, command: Sequence[str]) -> bool:
+    """Whether a rank that has never beaten is a hang after the startup timeout.
+
+    ``auto``: only for a program known to beat (``python -m slurmkit.train``). Any other program
+    (a plain DDP script, a Lightning Trainer) may never write a heartbeat: killing it as a hang
+    once the startup timeout passed would end every healthy run of it. Its ranks are judged
+    from their first beat on, if one ever comes, and a stopped rank is still found (state T).
+    """
+    if require_heartbeat != "auto":
+        return require_heartbeat == "true"
+    args = list(command)
+    return any(a == "-m" and b in BEATING_MODULES for a, b in zip(args, args[1:], strict=False))
 
 
 def _proc_state(pid: int) -> str:
@@ -53,13 +72,16 @@ def _proc_state(pid: int) -> str:
 
 class RankMonitor:
     def __init__(self, node: str, generation: int, *, heartbeat_timeout_s: float,
-                 startup_timeout_s: float, wall: Callable[[], float] = time.time,
+                 startup_timeout_s: float, require_heartbeat: bool = True,
+                 wall: Callable[[], float] = time.time,
                  mono: Callable[[], float] = time.monotonic,
                  proc_state: Callable[[int], str] = _proc_state) -> None:
         self.node = node
         self.generation = generation
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.startup_timeout_s = startup_timeout_s
+        # False: a rank without a first beat is no hang by the clock (expects_heartbeats).
+        self.require_heartbeat = require_heartbeat
         self._wall, self._mono, self._proc_state = wall, mono, proc_state
         self._lock = threading.Lock()
         self._ranks: dict[int, _RankWatch] = {}
@@ -132,12 +154,22 @@ class RankMonitor:
         beat = _read_beat(w.heartbeat_path)
         if beat is None or str(beat.get("generation")) != str(self.generation):
             return None
-        if float(str(beat.get("time", 0.0))) < w.started_wall:
+        # Written by any program (the file's path is in $SLURMKIT_HEARTBEAT_FILE): a beat
+        # without an integer step or a numeric time is no beat, never the agent's crash.
+        try:
+            int(str(beat["step"]))
+            written = float(str(beat["time"]))
+        except (KeyError, ValueError):
+            return None
+        if written < w.started_wall:
             return None
         return beat
 
     def _check_hang(self, w: _RankWatch, now: float) -> None:
         if w.hang_reported:
+            return
+        if w.last_step is None and not self.require_heartbeat:
+            self._check_stopped(w, now)
             return
         if w.last_step is None:
             if now - w.started <= self.startup_timeout_s:
@@ -155,6 +187,22 @@ class RankMonitor:
             when -= 1.0
         w.hang_reported = True
         self._record(Evidence(when, self.node, w.rank, "heartbeat", FailureClass.HANG, detail), True)
+
+    def _check_stopped(self, w: _RankWatch, now: float) -> None:
+        """A rank that never beats is a hang only by its process state: stopped (SIGSTOP, a
+        debugger, a job-control stop) for longer than heartbeat_timeout_s. One /proc read of a
+        node-local pseudo file per poll and rank."""
+        if self._proc_state(w.pid) != "T":
+            w.stopped_since = None
+            return
+        if w.stopped_since is None:
+            w.stopped_since = now
+        if now - w.stopped_since <= self.heartbeat_timeout_s:
+            return
+        w.hang_reported = True
+        detail = (f"process stopped (state T) for {now - w.stopped_since:.1f} s, no heartbeat yet "
+                  "(supervisor.require_heartbeat: this program is not required to beat)")
+        self._record(Evidence(self._wall() - 1.0, self.node, w.rank, "heartbeat", FailureClass.HANG, detail), True)
 
 
 def _read_beat(path: str) -> dict[str, object] | None:
