@@ -62,6 +62,7 @@ SLURM_NNODES = "SLURM_NNODES"  # train nodes (SLURM_JOB_NUM_NODES keeps the allo
 SLURM_STEP_NUM_NODES = "SLURM_STEP_NUM_NODES"
 SLURM_NODELIST = "SLURM_NODELIST"  # the rendezvous host (see RankIdentity.slurm_env)
 SLURM_GTIDS = "SLURM_GTIDS"  # the global ranks on this node
+SLURM_CPUS_PER_TASK = "SLURM_CPUS_PER_TASK"  # the rank's share of the agent's CPUs (rank_cpus_env)
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 CUDA_DEVICE_ORDER = "CUDA_DEVICE_ORDER"
@@ -127,6 +128,18 @@ def rank_identity(slot: int, local_rank: int, *, ranks_per_node: int, train_node
     return RankIdentity(rank=slot * ranks_per_node + local_rank, local_rank=local_rank,
                         world_size=train_nodes * ranks_per_node, local_world_size=ranks_per_node,
                         group_rank=slot, master_addr=master_addr, master_port=master_port)
+
+
+def rank_cpus_env(inherited: Mapping[str, str], ranks_per_node: int) -> dict[str, str]:
+    """``SLURM_CPUS_PER_TASK`` for one rank: its share of the agent task's CPUs.
+
+    The agent's one task holds the node's CPUs for all its ranks; a program that sizes its
+    threads or DataLoader workers from SLURM_CPUS_PER_TASK (as Slurm's own documentation
+    suggests) would otherwise take the whole node in every rank. Nothing when Slurm set none."""
+    text = inherited.get(SLURM_CPUS_PER_TASK, "").strip()
+    if not text.isdigit() or ranks_per_node < 1:
+        return {}
+    return {SLURM_CPUS_PER_TASK: str(max(1, int(text) // ranks_per_node))}
 
 
 # ---------------------------------------------------------------------------- which device

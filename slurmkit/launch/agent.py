@@ -115,6 +115,7 @@ class NodeAgent:
         # torchrun's variables, and Slurm's task variables for the rank's place in the training
         # world instead of the agent's one-task step (contract.RankIdentity.slurm_env).
         env.update(who.full_env())
+        env.update(contract.rank_cpus_env(self.env, self.ranks_per_node))
         env.update({
             "SLURMKIT_RUN_DIR": self.run_dir,
             "SLURMKIT_CONFIG": os.path.join(self.run_dir, "config.yaml"),

@@ -23,7 +23,7 @@ STEP_ENV = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "n[0-2]", "SLURM_JOB_N
             "SLURM_NODEID": "0", "SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "1",
             "SLURM_TASKS_PER_NODE": "1", "SLURM_STEP_NUM_TASKS": "1", "SLURM_STEP_NUM_NODES": "1",
             "SLURM_STEP_TASKS_PER_NODE": "1", "SLURM_NODELIST": "n1", "SLURM_GTIDS": "0",
-            "SLURM_JOB_NAME": "tiny", "SUBMITIT_EXECUTOR": "slurm"}
+            "SLURM_JOB_NAME": "tiny", "SUBMITIT_EXECUTOR": "slurm", "SLURM_CPUS_PER_TASK": "8"}
 # Asked inside each rank: submitit's reading of Slurm's variables, and the variables
 # PyTorch Lightning's SLURMEnvironment reads (world size, global/local/node rank, the main
 # address from the first host of SLURM_NODELIST, and SLURM_NTASKS_PER_NODE, without which it
@@ -78,6 +78,7 @@ def test_every_rank_sees_its_place_in_the_training_world(tmp_path) -> None:
         assert env["SLURM_NNODES"] == env["SLURM_STEP_NUM_NODES"] == "2"  # train nodes, not the spare
         assert env["SLURM_NODELIST"].split(",")[0] == "10.0.0.7"  # Lightning's main address = MASTER_ADDR
         assert env["SLURM_GTIDS"] == f"{2 * slot},{2 * slot + 1}"
+        assert env["SLURM_CPUS_PER_TASK"] == "4"  # its share of the agent task's 8 CPUs
         # The allocation's own variables are left as Slurm set them.
         assert (env["SLURM_JOB_ID"], env["SLURM_JOB_NODELIST"], env["SLURM_JOB_NUM_NODES"]) == ("4242", "n[0-2]", "3")
 
@@ -99,3 +100,13 @@ def test_slurm_task_view_shapes(rpn: int, nodes: int, tasks_per_node: str) -> No
     assert env["SLURM_PROCID"] == str(rpn * nodes - 1) and env["SLURM_NTASKS"] == str(rpn * nodes)
     assert env["SLURM_TASKS_PER_NODE"] == tasks_per_node and env["SLURM_NODEID"] == str(nodes - 1)
     assert env["SLURM_GTIDS"].split(",") == [str((nodes - 1) * rpn + i) for i in range(rpn)]
+
+
+@pytest.mark.parametrize(("inherited", "rpn", "want"), [
+    ({"SLURM_CPUS_PER_TASK": "8"}, 2, {"SLURM_CPUS_PER_TASK": "4"}),
+    ({"SLURM_CPUS_PER_TASK": "3"}, 8, {"SLURM_CPUS_PER_TASK": "1"}),  # never 0
+    ({"SLURM_CPUS_PER_TASK": "96"}, 8, {"SLURM_CPUS_PER_TASK": "12"}),
+    ({}, 2, {}), ({"SLURM_CPUS_PER_TASK": "x"}, 2, {}),  # nothing Slurm did not set
+])
+def test_rank_cpus_env(inherited: dict[str, str], rpn: int, want: dict[str, str]) -> None:
+    assert contract.rank_cpus_env(inherited, rpn) == want
