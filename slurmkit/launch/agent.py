@@ -30,6 +30,7 @@ from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.runner import SubprocessRunner
 from slurmkit.supervise.channel import Channel, load_token
 from slurmkit.supervise.ckpt_progress import CheckpointProgress, tier_readers
+from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.classify import Evidence
 from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
 from slurmkit.supervise.liveness import Beater
@@ -135,6 +136,16 @@ class NodeAgent:
                               startup_timeout_s=sup.startup_timeout_s,
                               require_heartbeat=expects_heartbeats(sup.require_heartbeat, self.cfg.job.command))
         self.monitor = monitor
+        if self.signal_kind is not None:
+            # The allocation is ending (the warning or a SIGTERM came before this generation):
+            # ranks started now would get the signal while still starting up, before any
+            # handler, and die of it; nor could they finish. None start: node 0 requeues (time
+            # limit) or leaves (policy.decide with warned), resuming from the newest recovery point.
+            cls = FailureClass.TIME_LIMIT if self.signal_kind == "time_limit" else FailureClass.PREEMPTION
+            monitor.report(Evidence(time.time(), self.ctx.node_name, -1, "agent", cls,
+                                    f"{self.signal_kind} signal came before generation {gen}: no ranks started"))
+            self.procs = []
+            return
         failed = self.preflight.run(gen) if self.preflight is not None else None
         if failed is not None:  # a bad node: no ranks here; the supervisor replaces or excludes it
             monitor.report(failed)

@@ -20,7 +20,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from slurmkit import EXIT_NO_REQUEUE
@@ -31,11 +31,11 @@ from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.errors import SlurmError
 from slurmkit.slurm.hostlist import expand_hostlist
 from slurmkit.supervise.channel import COMPLETED, SIGNALLED, Channel, ChannelError
-from slurmkit.supervise.classes import CLASS_INFO, FailureClass
+from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.classify import Evidence, root_cause
 from slurmkit.supervise.monitor import EXIT_CHECKPOINTED_ON_SIGNAL
-from slurmkit.supervise.policy import (Action, Decision, History, Limits, State, StateMachine, decide,
-                                       requeue_refusal)
+from slurmkit.supervise.policy import (Action, Decision, History, Limits, State, StateMachine, after_warning,
+                                       decide, requeue_refusal)
 from slurmkit.supervise.requeue import job_ref, requeue_now
 from slurmkit.supervise.slurmview import (DECISION_RETRY, DECISION_TIMEOUT_S, SlurmdProbe, node_health,
                                           slurmd_answers)
@@ -384,28 +384,20 @@ class Supervisor:
         if failure is None:
             self.history = self.history.restarted()
             return Decision(Action.RESTART, "generation stopped without evidence")
-        if (self.node.signal_kind == "time_limit" and self.cfg.job.requeue
-                and CLASS_INFO[failure.cls].restartable and failure.cls != FailureClass.NODE_LOSS
-                and not CLASS_INFO[failure.cls].bad_node):
-            # The allocation is ending: a rank that died after the warning (e.g. killed by the
-            # SIGUSR1 itself before it could install its handler) is the time limit, not a crash
-            # to restart in an allocation with a minute left. Requeue; resume from the last save.
-            failure = replace(failure, cls=FailureClass.TIME_LIMIT,
-                              evidence=f"{failure.evidence} (after the time-limit warning; was {failure.cls.value})")
+        # After a warning or a SIGTERM the allocation is ending: a rank that died of it, or any
+        # failure a restart could fix, is the allocation's end, not a crash (policy.after_warning).
+        warned = self.node.signal_kind
+        failure = after_warning(failure, warned)
         self.ledger.append("failure", generation=gen, cls=failure.cls.value, rank=failure.rank,
                            node=failure.node, evidence=failure.evidence, time_of_fault=failure.time,
                            ranks_affected=list(failure.ranks_affected),
                            slurm_view=[e.detail for e in slurm_view])
         spares = [n for n in self.spares if n not in lost]
         kept = self.agents_lost_on_healthy_nodes(gen, evidence, lost)
+        can_requeue = (self.cfg.job.requeue and self.slurm is not None
+                       and (warned is None or read_cancel_request(self.run_dir) is None))
         decision, self.history = decide(failure, self.history, self._ckpt_step(), self.limits, spares, lost,
-                                        agent_lost=kept)
-        if (self.node.signal_kind == "time_limit" and self.cfg.job.requeue and decision.exclude
-                and decision.action == Action.REPLACE_NODE):
-            # A minute or less is left: a spare brought in now could not finish a generation.
-            # Requeue without the bad node(s), resuming from the warning's checkpoint.
-            decision = Decision(Action.REQUEUE, f"{decision.reason}; after the time-limit warning: "
-                                "requeue without them instead", decision.exclude)
+                                        agent_lost=kept, warned=warned, can_requeue=can_requeue)
         if decision.action == Action.REQUEUE and self.slurm is None:
             decision = Decision(Action.STOP, decision.reason + "; no Slurm to requeue with (local mode)")
         if decision.action == Action.REQUEUE:

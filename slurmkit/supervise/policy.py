@@ -10,6 +10,7 @@ successor deciding again) therefore leaves no trace in the counters.
 from __future__ import annotations
 
 import logging
+import signal
 from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
@@ -56,6 +57,38 @@ TRANSITIONS: dict[State, frozenset[State]] = {
 _ALLOCATION_ENDS = frozenset({FailureClass.TIME_LIMIT, FailureClass.PREEMPTION})
 
 
+#: The stop signal an agent forwards to its ranks, by its ``signal_kind``: SIGUSR1 is the
+#: time-limit warning (Slurm's --signal=B:USR1@lead); SIGTERM a preemption or a cancel (scancel
+#: sends it too: the agent cannot tell them apart).
+FORWARDED = {"time_limit": signal.SIGUSR1, "preemption": signal.SIGTERM}
+
+
+def _killed_by(failure: Failure, signum: int) -> bool:
+    """The root is a rank's exit by ``signum`` (Popen's -N, or a shell wrapper's 128+N)."""
+    return failure.evidence in (f"returncode {-signum}", f"returncode {128 + signum}")
+
+
+def after_warning(failure: Failure, warned: str | None) -> Failure:
+    """The failure of a generation once a stop signal came, as the caller records and decides it.
+
+    Once the time-limit warning or a SIGTERM came, the allocation is ending: a rank that died of
+    the very signal its agent forwarded (a program without a handler, or one still starting up
+    before it installed its own) stopped on the warning, and any other failure that a restart
+    could fix cannot be restarted into an allocation with a minute left. Both are the
+    allocation's end (TIME_LIMIT or PREEMPTION: never a crash counted toward a crash loop or
+    toward supervisor.max_requeues). A lost or bad node stays what it is: it must leave the
+    job (``decide`` requeues without it). ``failure`` is not changed."""
+    sig = FORWARDED.get(warned or "")
+    info = CLASS_INFO[failure.cls]
+    if (sig is None or failure.cls in _ALLOCATION_ENDS or not info.restartable or info.bad_node
+            or failure.cls == FailureClass.NODE_LOSS):
+        return failure
+    cls = FailureClass.TIME_LIMIT if sig == signal.SIGUSR1 else FailureClass.PREEMPTION
+    what = f"stopped by the {signal.Signals(sig).name} its agent forwarded" if _killed_by(failure, sig) else (
+        f"after the {'time-limit warning' if sig == signal.SIGUSR1 else 'SIGTERM'}")
+    return replace(failure, cls=cls, evidence=f"{failure.evidence} ({what}; was {failure.cls.value})")
+
+
 class Action(str, Enum):
     RESTART = "restart"
     REPLACE_NODE = "replace_node"
@@ -96,7 +129,8 @@ class Limits:
 
 def decide(failure: Failure, history: History, ckpt_step: int | None, limits: Limits,
            spare_nodes: list[str], lost_nodes: list[str],
-           agent_lost: Collection[str] = ()) -> tuple[Decision, History]:
+           agent_lost: Collection[str] = (), *, warned: str | None = None,
+           can_requeue: bool = True) -> tuple[Decision, History]:
     """What to do about ``failure``, and the history after it (progress is checkpoint progress).
 
     ``agent_lost`` are lost nodes whose agent is gone while Slurm still calls the node healthy
@@ -106,9 +140,25 @@ def decide(failure: Failure, history: History, ckpt_step: int | None, limits: Li
     requeues with the node kept (a relaunch of one node's agent inside the allocation is not
     built: a new agent cannot join generations already under way).
 
+    ``warned``: the stop signal this allocation got (the agent's ``signal_kind``; pass the
+    failure through ``after_warning`` first). The allocation is ending, so no new generation
+    starts in it: no restart, no spare (one brought in with a minute left could not finish a
+    generation). After the time-limit warning the job requeues (without its bad nodes) and
+    resumes from its newest recovery point in the next allocation; ``can_requeue`` False (a
+    cancel request on file, job.requeue=false, no Slurm) stops instead. After a SIGTERM it
+    stops without a requeue from here: Slurm requeues a preempted job itself, and scancel sends
+    the same signal (a requeue could bring back a job its user cancelled).
+
     ``history`` is not changed."""
     info = CLASS_INFO[failure.cls]
     where = f"{failure.cls.value} on rank {failure.rank} ({failure.node}): {failure.evidence}"
+    if warned is not None and (warned != "time_limit" or not can_requeue) and (
+            info.restartable or failure.cls in _ALLOCATION_ENDS):
+        why = ("SIGTERM (a preemption, which Slurm requeues itself, or a cancel): no requeue from here"
+               if warned != "time_limit" else "the time-limit warning, and no requeue (cancel requested, "
+               "job.requeue=false or no Slurm)")
+        return Decision(Action.STOP, f"{where}; the allocation ends after {why}: resume from the last "
+                        f"checkpoint (step {ckpt_step})"), history
     if failure.cls in _ALLOCATION_ENDS:
         # The allocation is ending, not the job: exit 93 here would forbid the requeue that
         # resumes it from its last checkpoint.
@@ -128,11 +178,15 @@ def decide(failure: Failure, history: History, ckpt_step: int | None, limits: Li
     # A node that is lost or proven bad (a GPU fault, a failed pre-flight) is not the program's
     # crash loop: it leaves (spare or requeue without it) however many failures came before.
     hardware = ((set(lost_nodes) - kept) | at_once) - h.retired
+    repeated = {n for n, k in per_node.items() if k >= 2}
+    bad = sorted(((set(lost_nodes) - kept) | repeated | at_once) - h.retired)
+    if warned is not None:  # the time-limit warning came: nothing more runs in this allocation
+        tail = f" without {','.join(bad)}" if bad else ""
+        return Decision(Action.REQUEUE, f"{where}; after the time-limit warning: requeue{tail}, "
+                        "no restart or spare in an allocation that ends", tuple(bad)), h
     if h.restarts_without_progress >= limits.max_restarts_without_progress and not hardware:
         return Decision(Action.STOP, f"{where}; {h.restarts_without_progress} failures in a row "
                         f"without checkpoint progress (last checkpoint step {ckpt_step}): a crash loop"), h
-    repeated = {n for n, k in per_node.items() if k >= 2}
-    bad = sorted(((set(lost_nodes) - kept) | repeated | at_once) - h.retired)
     gone = sorted(kept - h.retired - set(bad))  # healthy nodes without an agent
     if bad or gone:
         out = bad + gone

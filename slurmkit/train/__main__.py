@@ -16,7 +16,16 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-import torch
+from slurmkit.train.signals import StopRequest
+
+# Installed before torch is imported (seconds on a shared file system, longer with thousands of
+# ranks importing at once): a time-limit warning or SIGTERM that comes while the rank starts up
+# is kept for the first step boundary (checkpoint, exit 95, requeue) instead of killing the rank
+# (SIGUSR1's default action), which the supervisor would have to read as a crash. Only when run
+# as the rank's program: importing this module (tests, tools) leaves the importer's signals alone.
+_EARLY_STOP = StopRequest().install() if __name__ == "__main__" else None
+
+import torch  # noqa: E402 - after the stop handlers, on purpose
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -30,7 +39,6 @@ from slurmkit.train.faults import FaultInjector, parse_faults
 from slurmkit.train.heartbeat import Heartbeat
 from slurmkit.train.parallel import init_distributed, select_runtime
 from slurmkit.train.planner import Hardware, estimate_on
-from slurmkit.train.signals import StopRequest
 from slurmkit.train.trainer import RankContext, Store, Trainer
 
 log = logging.getLogger("slurmkit.train")
@@ -137,7 +145,7 @@ def run(env: Mapping[str, str]) -> int:
         # Strict on GPU: only then does cuDNN attention pick its deterministic backward.
         # Lenient on CPU, where every op the model uses is deterministic anyway.
         torch.use_deterministic_algorithms(True, warn_only=not on_gpu)
-    stop = StopRequest().install()
+    stop = _EARLY_STOP or StopRequest().install()
     faults = FaultInjector(parse_faults(env.get("SLURMKIT_FAULT", "")), rank=rank,
                            marker_dir=os.path.join(ctx.run_dir, "faults") if ctx.run_dir else None)
     init_distributed(runtime, p)

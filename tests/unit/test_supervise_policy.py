@@ -10,7 +10,7 @@ from slurmkit.errors import SlurmkitError
 from slurmkit.supervise.classes import CLASS_INFO, FailureClass
 from slurmkit.supervise.classify import Failure
 from slurmkit.supervise.policy import (TRANSITIONS, Action, Decision, History, Limits, State,
-                                       StateMachine, decide, requeue_refusal)
+                                       StateMachine, after_warning, decide, requeue_refusal)
 
 F = FailureClass
 LIMITS = Limits(max_restarts=5, max_restarts_without_progress=3)
@@ -300,3 +300,78 @@ def test_a_crash_loop_still_stops_when_no_node_is_to_blame() -> None:
     t = Track(History(restarts_without_progress=LIMITS.max_restarts_without_progress - 1,
                       ckpt_step_at_last_failure=100))
     assert run(F.RANK_CRASH, t, 100, spares=["node9"]).action == Action.STOP
+
+
+# ------------------------------------------------------------------ after a stop signal
+def exited(code: int, node: str = "node2") -> Failure:
+    """A rank's exit as root_cause reports it (the monitor's "returncode N" detail)."""
+    return Failure(cls=F.RANK_CRASH, rank=3, node=node, time=0.0, evidence=f"returncode {code}",
+                   ranks_affected=(3,))
+
+
+@pytest.mark.parametrize(("kind", "code", "cls"), [("time_limit", -10, F.TIME_LIMIT),
+                                                   ("time_limit", 138, F.TIME_LIMIT),
+                                                   ("preemption", -15, F.PREEMPTION)])
+def test_a_rank_killed_by_the_signal_its_agent_forwarded_stopped_on_the_warning(
+        kind: str, code: int, cls: FailureClass) -> None:
+    f = after_warning(exited(code), kind)
+    assert f.cls == cls and "its agent forwarded" in f.evidence and "was rank_crash" in f.evidence
+    assert after_warning(exited(code), None) == exited(code)  # no warning: a crash, as before
+
+
+def test_other_restartable_failures_after_the_warning_are_the_allocation_end_but_nodes_stay_bad() -> None:
+    f = after_warning(failure(F.USER_ERROR), "time_limit")
+    assert f.cls == F.TIME_LIMIT and "after the time-limit warning" in f.evidence
+    assert after_warning(failure(F.HANG), "preemption").cls == F.PREEMPTION
+    for cls in (F.GPU_FAULT, F.PREFLIGHT, F.NODE_LOSS, F.GPU_OOM, F.CONFIG_ERROR):
+        assert after_warning(failure(cls), "time_limit") == failure(cls)
+
+
+def test_a_failure_after_the_warning_requeues_even_at_the_crash_loop_limit() -> None:
+    # Two failures without progress, then the warning's SIGUSR1 kills a rank that had no handler
+    # yet: that is the time limit, not the third failure of a crash loop (93, no requeue).
+    h = History(restarts_without_progress=LIMITS.max_restarts_without_progress - 1, ckpt_step_at_last_failure=100)
+    d, _ = decide(after_warning(exited(-10), "time_limit"), h, 100, LIMITS, ["node9"], [], warned="time_limit")
+    assert d.action == Action.REQUEUE and d.exclude == ()
+
+
+def test_after_the_warning_a_lost_agent_on_a_healthy_node_requeues_keeping_it_not_taking_a_spare() -> None:
+    d, _ = decide(failure(F.NODE_LOSS), History(), 100, LIMITS, ["node9"], ["node2"], agent_lost=["node2"],
+                  warned="time_limit")
+    assert d.action == Action.REQUEUE and d.exclude == (), d
+    # A dead node leaves with the requeue; the healthy one without an agent stays.
+    d, _ = decide(failure(F.NODE_LOSS, node="node3"), History(), 100, LIMITS, ["node9"], ["node2", "node3"],
+                  agent_lost=["node2"], warned="time_limit")
+    assert d.action == Action.REQUEUE and d.exclude == ("node3",), d
+
+
+def test_after_the_warning_nothing_restarts_in_the_allocation() -> None:
+    # A bad node that a spare replaced earlier fails again: without the warning a restart;
+    # after it, a requeue (a generation started now could not finish).
+    h = History(retired=frozenset({"node2"}))
+    assert decide(failure(F.GPU_FAULT), h, 100, LIMITS, [], [])[0].action == Action.RESTART
+    d, _ = decide(failure(F.GPU_FAULT), h, 100, LIMITS, [], [], warned="time_limit")
+    assert d.action == Action.REQUEUE
+
+
+@pytest.mark.parametrize("cls", [F.RANK_CRASH, F.USER_ERROR, F.GPU_FAULT, F.NODE_LOSS, F.PREEMPTION])
+def test_after_a_sigterm_no_restart_and_no_requeue_from_here(cls: FailureClass) -> None:
+    # SIGTERM is a preemption (Slurm requeues the job itself) or a cancel (scancel sends it too).
+    f = after_warning(failure(cls), "preemption")
+    d, _ = decide(f, History(), 100, LIMITS, ["node9"], ["node2"] if cls == F.NODE_LOSS else [],
+                  warned="preemption")
+    assert d.action == Action.STOP and "SIGTERM" in d.reason and "step 100" in d.reason
+
+
+def test_after_the_warning_without_a_possible_requeue_it_stops() -> None:
+    f = after_warning(exited(-10), "time_limit")
+    d, _ = decide(f, History(), 100, LIMITS, [], [], warned="time_limit", can_requeue=False)
+    assert d.action == Action.STOP and "no requeue" in d.reason
+    # A program bug after the warning (an OOM) still stops as the bug it is.
+    d, _ = decide(failure(F.GPU_OOM), History(), 100, LIMITS, [], [], warned="time_limit")
+    assert d.action == Action.STOP and "restarting cannot fix gpu_oom" in d.reason
+
+
+def test_without_a_warning_decide_is_unchanged() -> None:
+    assert run(F.PREEMPTION, History()).action == Action.REQUEUE
+    assert run(F.RANK_CRASH, History()).action == Action.RESTART
