@@ -81,6 +81,7 @@ class NodeAgent:
         self.layout = load_layout(run_dir, cfg)
         self.ranks_per_node, self.train_nodes = self.layout.ranks_per_node, self.layout.train_nodes
         self.signal_kind: str | None = None  # "time_limit" | "preemption" once a warning came
+        self.signal_at: float | None = None  # self.clock() when it came
         self.procs: list[RankProcess] = []
         self.monitor: RankMonitor | None = None
         self._last_sample = self.clock()
@@ -191,11 +192,27 @@ class NodeAgent:
         if self.monitor is None:
             return None
         beats = self.monitor.poll()
+        self._check_warning_budget(gen)
         if self.clock() - self._last_sample >= self.sample_interval_s and beats:
             self._last_sample = self.clock()
             self.ledger.append("heartbeat", generation=gen, node=self.ctx.node_name,
                                steps={str(r): b.get("step") for r, b in beats.items()})
         return self.monitor.triggered
+
+    def _check_warning_budget(self, gen: int) -> None:
+        """Ranks still running ``warning_budget_s`` after the time-limit warning end the
+        generation here (a program that ignores SIGUSR1, a save that cannot finish in time)."""
+        if (self.signal_kind != "time_limit" or self.signal_at is None or self.monitor is None
+                or self.monitor.triggered is not None):
+            return
+        late = self.clock() - self.signal_at
+        budget = warning_budget_s(self.cfg.job.signal_lead_s)
+        if late > budget and any(p.poll() is None for p in self.procs):
+            self.monitor.report(Evidence(
+                time.time(), self.ctx.node_name, -1, "agent", FailureClass.TIME_LIMIT,
+                f"ranks of generation {gen} still running {late:.0f} s after the time-limit warning "
+                f"(budget {budget:.0f} s of job.signal_lead_s={self.cfg.job.signal_lead_s}): stopped "
+                "so that the job requeues before its time limit"))
 
     def exit_codes(self) -> list[int | None]:
         return [p.poll() for p in self.procs]
@@ -231,12 +248,22 @@ class NodeAgent:
         def handler(signum: int, _frame: object) -> None:
             kind = "time_limit" if signum == signal.SIGUSR1 else "preemption"
             if self.signal_kind is None:
-                self.signal_kind = kind
+                self.signal_kind, self.signal_at = kind, self.clock()
             for p in self.procs:
                 p.notify(signum)
 
         signal.signal(signal.SIGUSR1, handler)
         signal.signal(signal.SIGTERM, handler)
+
+
+def warning_budget_s(lead_s: float) -> float:
+    """How long a node's ranks may take to leave after the time-limit warning before its agent
+    ends the generation itself: three quarters of the lead, and at most 30 s short of it (what
+    is left is for stopping the ranks, node 0's decision and the requeue). A rank that ignores
+    the warning would otherwise run into the time limit, where Slurm ends the job TIMEOUT and
+    never requeues it: the run would stop for good. Ended here, node 0 requeues the job (a
+    time-limit requeue, not counted) and it resumes from its newest recovery point."""
+    return max(0.75 * lead_s, lead_s - 30.0)
 
 
 def start_alive_thread(ctx: NodeContext, channel: Channel, port: int, interval_s: float) -> Beater:

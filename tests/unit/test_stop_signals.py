@@ -124,3 +124,55 @@ def test_an_agent_without_a_warning_starts_its_ranks(tmp_path: Path) -> None:
     node.join_output()
     assert node.poll(0) is None
     node.ledger.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_ranks_that_ignore_the_warning_are_stopped_in_time_for_the_requeue(tmp_path: Path) -> None:
+    # A program that ignores SIGUSR1 would train into the time limit: Slurm ends the job TIMEOUT
+    # and never requeues it. Once the budget after the warning is spent, the agent ends the
+    # generation itself (time_limit: node 0 requeues, uncounted).
+    cfg = compose(["+exp=tiny", "health=off", "topology.enabled=false", "job.signal_lead_s=120",
+                   "job.command=[python,-c,\"import signal,time; signal.signal(signal.SIGUSR1, signal.SIG_IGN); "
+                   "print('ignoring', flush=True); time.sleep(600)\"]"])
+    ctx = NodeContext(node_rank=0, num_nodes=1, node_name="n0", nodes=("n0",), job_id="4242",
+                      restart_count=0, master_addr="127.0.0.1", executor="slurm")
+    (tmp_path / "local").mkdir()
+    (tmp_path / "run").mkdir()
+    env = {"SLURMKIT_NODE_LOCAL_DIR": str(tmp_path / "local"), "PATH": "/usr/bin:/bin",
+           "PYTHONPATH": ":".join(p for p in sys.path if p)}
+    clock = Clock()
+    node = NodeAgent(str(tmp_path / "run"), cfg, ctx, env,
+                     Ledger(str(tmp_path / "run" / "ledger.jsonl"), source="agent:n0"), clock=clock)
+    node.start(gen=0, slot=0, port=free_port(), master_addr="127.0.0.1")
+    try:
+        for p in node.procs:
+            end = time.monotonic() + 120
+            while "ignoring" not in Path(p.log_path).read_text():
+                assert p.poll() is None and time.monotonic() < end
+                time.sleep(0.01)
+        before = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
+        try:
+            node.install_signal_handlers()
+            os.kill(os.getpid(), signal.SIGUSR1)  # forwarded to each rank, which ignores it
+            end = time.monotonic() + 60
+            while node.signal_kind is None and time.monotonic() < end:
+                time.sleep(0.001)
+        finally:
+            for s, h in before.items():
+                signal.signal(s, h)
+        clock.now += 89  # within the budget (90 s of a 120 s lead): the ranks may still save
+        assert node.poll(0) is None
+        clock.now += 2
+        ev = node.poll(0)
+        assert ev is not None and ev.cls == FailureClass.TIME_LIMIT and "after the time-limit warning" in ev.detail
+        assert all(p.poll() is None for p in node.procs)  # alive: they did ignore the warning
+    finally:
+        node.stop()
+        node.ledger.close()
