@@ -30,6 +30,7 @@ import logging
 import os
 import secrets
 import stat
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -46,6 +47,9 @@ TOKEN_NAME = "token"  # in RUN_DIR/rdzv/
 _TOKEN_BYTES = 32
 _MAX_VALUE = 1 << 20  # a value this long was not written by an agent
 _MAX_EVIDENCE = 64  # per node and generation
+# Never written by an agent: compare_set(key, _ABSENT, _ABSENT) reads a key without blocking and
+# without writing (an absent key answers _ABSENT, a present one its value).
+_ABSENT = "\x00slurmkit:absent"
 COMPLETED, SIGNALLED = "completed", "signalled"
 
 
@@ -173,16 +177,31 @@ class Channel:
                                "look for a stranger writing to the agents' store; the value was ignored")
         return json.loads(payload)
 
+    def _peek(self, key: str) -> bytes | None:
+        """The raw value at ``key`` in one round trip that never blocks, or None when absent or
+        cleared. (check-then-get would race: another agent may clear a forged value between
+        the two, and the get then waits for the store's whole timeout.)"""
+        raw = self.store.compare_set(key, _ABSENT, _ABSENT)
+        raw = raw.encode() if isinstance(raw, str) else bytes(raw)
+        return None if raw in (b"", _ABSENT.encode()) else raw
+
+    def _clear(self, key: str, raw: bytes | str) -> None:
+        """Empty ``key`` if it still holds ``raw`` (a stranger's value). Compare-and-clear, not a
+        delete: a delete could remove the agent's own message set meanwhile; an empty value
+        counts as absent everywhere, and _set_once writes over it."""
+        self.store.compare_set(key, raw, "")
+
     def _get(self, key: str) -> Any | None:
         """The sealed value at ``key``, or None when absent. A value that is not sealed with
-        this run's token is deleted (so the agents' own set-once message can still land) and
+        this run's token is cleared (so the agents' own set-once message can still land) and
         refused with ChannelError."""
-        if not self.store.check([key]):
+        raw = self._peek(key)
+        if raw is None:
             return None
         try:
-            return self._open(key, self.store.get(key))
+            return self._open(key, raw)
         except ChannelError:
-            self.store.delete_key(key)
+            self._clear(key, raw)
             raise
 
     def _count(self, key: str) -> int:
@@ -202,7 +221,7 @@ class Channel:
                 return  # another agent of this run was first: its message stands
             except ChannelError as exc:
                 log.error("%s", exc)
-                self.store.delete_key(key)
+                self._clear(key, current)
 
     def _node(self, value: object, key: str) -> str:
         if not isinstance(value, str) or value not in self.nodes:
@@ -284,15 +303,24 @@ class Channel:
         out: dict[int, list[Evidence] | ChannelError] = {}
         for nr, key, raw in zip(node_ranks, keys, self.store.multi_get(keys)):
             try:
+                if not raw:  # a stranger's value, cleared: the node has not reported yet
+                    raise ChannelError(f"store key {key} was cleared (it held a stranger's value)",
+                                       "the node's own sealed evidence",
+                                       "look for a stranger writing to the agents' store")
                 out[nr] = self._evidence_list(key, self._open(key, raw))
             except ChannelError as exc:
-                self.store.delete_key(key)
+                if raw:
+                    self._clear(key, raw)
                 out[nr] = exc
         return out
 
     def has_all_evidence(self, gen: int, node_ranks: Sequence[int]) -> bool:
-        """Whether every listed node has posted its evidence: one round trip."""
-        return not node_ranks or bool(self.store.check([self._evidence_key(gen, nr) for nr in node_ranks]))
+        """Whether every listed node has posted its evidence: one round trip while some key is
+        missing, a second once all exist (a cleared stranger's value is not a report)."""
+        if not node_ranks:
+            return True
+        keys = [self._evidence_key(gen, nr) for nr in node_ranks]
+        return bool(self.store.check(keys)) and all(self.store.multi_get(keys))
 
     def _evidence_list(self, key: str, raw: Any) -> list[Evidence]:
         if not isinstance(raw, list) or len(raw) > _MAX_EVIDENCE:
@@ -344,12 +372,20 @@ class Channel:
         except RuntimeError:  # DistStoreError on a timeout, DistNetworkError on a broken store
             if not self.store.check([key]):
                 return None
-        try:  # it is there: one get, no second check
-            raw = self._open(key, self.store.get(key))
+        # It is there, or it holds a cleared stranger's value (the wait no longer blocks on
+        # it): then look again every 50 ms until node 0's own value lands or time is up.
+        deadline = time.monotonic() + timeout_s
+        while (raw := self._peek(key)) is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            time.sleep(min(0.05, left))
+        try:
+            value = self._open(key, raw)
         except ChannelError:
-            self.store.delete_key(key)
+            self._clear(key, raw)
             raise
-        return self._decision(key, raw)
+        return self._decision(key, value)
 
     def decision(self, gen: int) -> Decision | None:
         key = self._gen(gen, "decision")

@@ -111,7 +111,7 @@ def test_a_value_signed_with_another_token_is_refused_and_removed() -> None:
     store.set(key, theirs._seal(key, {"action": "stop", "reason": "forged", "exclude": []}))  # noqa: SLF001
     with pytest.raises(ChannelError, match="wrong HMAC"):
         ours.decision(0)
-    assert ours.decision(0) is None  # deleted: node 0's own decision can still land
+    assert ours.decision(0) is None  # cleared: node 0's own decision can still land
     ours.post_decision(0, Decision(Action.RESTART, "real"))
     assert ours.decision(0) == Decision(Action.RESTART, "real")
 
@@ -210,7 +210,8 @@ def test_a_follower_blocks_on_the_decision_and_reads_it_once_when_posted() -> No
     t.join()
     assert got == [Decision(Action.REPLACE_NODE, "spare", ("node2",))]
     key = follower._gen(0, "decision")  # noqa: SLF001
-    assert rec.calls == [("wait", (key,)), ("get", (key,))]  # two round trips in all, whatever N
+    # Two round trips in all, whatever N: the wait, and one read that cannot block.
+    assert rec.calls == [("wait", (key,)), ("compare_set", (key,))]
 
 
 def test_a_decision_wait_that_times_out_is_none_and_a_broken_store_raises() -> None:
@@ -231,7 +232,8 @@ def test_a_forged_decision_under_the_wait_is_refused_deleted_and_the_real_one_st
     store.set(key, theirs._seal(key, {"action": "stop", "reason": "forged", "exclude": []}))  # noqa: SLF001
     with pytest.raises(ChannelError, match="wrong HMAC"):
         ours.wait_decision(0, 1)
-    assert not store.check([key])  # removed
+    assert store.get(key) == b""  # cleared (compare-and-clear: never another agent's value)
+    assert ours.wait_decision(0, 0.2) is None  # a cleared value is no decision, and no hot loop
     ours.post_decision(0, Decision(Action.RESTART, "real"))
     assert ours.wait_decision(0, 1) == Decision(Action.RESTART, "real")
 
@@ -280,5 +282,44 @@ def test_all_evidence_is_one_read_and_a_forged_value_comes_back_refused_and_remo
     got = ch.all_evidence(0, [0, 1, 2])
     assert [e.detail for e in got[0]] == ["rc 0"] and [e.detail for e in got[1]] == ["rc 1"]  # type: ignore[union-attr]
     assert isinstance(got[2], ChannelError) and "wrong HMAC" in str(got[2])
-    assert [c[0] for c in rec.calls] == ["multi_get", "delete_key"]  # one read for every node
-    assert not store.check([key])
+    assert [c[0] for c in rec.calls] == ["multi_get", "compare_set"]  # one read for every node
+    assert ch.evidence(0, 2) is None and not ch.has_all_evidence(0, [0, 1, 2])  # cleared: not a report
+
+
+def test_a_forged_value_cleared_by_one_agent_never_blocks_another_reading_it() -> None:
+    """Two agents read a forged failure; the first clears it. The second's read must not wait
+    for the key (check-then-get did: the get then blocked for the store's whole timeout)."""
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=600))
+    a, b, theirs = channel(store), channel(store), channel(store, token=b"x" * 32)
+    key = a._gen(0, "fail")  # noqa: SLF001
+    store.set(key, theirs._seal(key, {"node": "node1", "rank": 0, "cls": "gpu_oom"}))  # noqa: SLF001
+    real_check = store.check
+
+    class ClearsBetween:  # the other agent clears the key right after this one's check
+        def __getattr__(self, name: str) -> object:
+            return getattr(store, name)
+
+        def check(self, keys: list[str]) -> bool:
+            found = real_check(keys)
+            with pytest.raises(ChannelError):
+                a.failure(0)
+            return bool(found)
+
+    b.store = ClearsBetween()
+    done = threading.Event()
+    got: list[object] = []
+
+    def read() -> None:
+        try:
+            got.append(b.failure(0))
+        except ChannelError as exc:  # it saw the forged value itself: refused, as it should be
+            got.append(exc)
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert done.wait(60), "the read blocked on a key another agent cleared"
+    assert got[0] is None or isinstance(got[0], ChannelError)
+    b.store = store
+    a.post_failure(0, "node2", 3, FailureClass.RANK_CRASH)
+    assert b.failure(0).node == "node2"  # type: ignore[union-attr]

@@ -427,13 +427,16 @@ def test_node0_reads_every_agents_evidence_in_one_round_trip_and_followers_wait_
     c.run()
     assert c.decisions()[0] == (0, Action.RESTART, ())
     # Node 0 never asks agent by agent: one check of all n evidence keys (once the stopped
-    # counter says every agent is done), then one multi_get of them all.
+    # counter says every agent is done), one multi_get that none is a cleared stranger's
+    # value, then one multi_get of them all.
     ev = [(m, len(k)) for m, k in node0.calls if any("/evidence/" in x for x in k)]
-    assert ev == [("check", n), ("multi_get", n)], ev
-    # A follower blocks on the decision key (woken by node 0's post) and reads it once.
+    assert ev == [("check", n), ("multi_get", n), ("multi_get", n)], ev
+    # A follower blocks on the decision key (woken by node 0's post) and reads it once, with a
+    # read that cannot block (compare_set against a value no agent writes).
     key = c.sups[2].channel._gen(0, "decision")  # noqa: SLF001
     on_key = [m for m, k in follower.calls if k == (key,)]
-    assert on_key[0] == "wait" and on_key.count("get") == 1 and set(on_key) <= {"wait", "check", "get"}, on_key
+    assert on_key[0] == "wait" and on_key.count("compare_set") == 1, on_key
+    assert set(on_key) <= {"wait", "check", "compare_set"}, on_key
     # In the steady state a follower polls one change counter, not the failure and finish keys.
     watch = [k[0].rsplit("/", 1)[-1] for m, k in follower.calls if k and "/g1/" in k[0] and m != "wait"]
     assert 0 < watch.count("fail") <= min(n, watch.count("events")), watch  # only after the counter moved
