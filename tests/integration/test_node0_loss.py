@@ -95,11 +95,15 @@ def _lose_node0_and_recover(env, reference: str, tmp_path, name: str, *extra: st
             restore_node(env, node0)
     assert requeued_after < ACT_WITHIN_S, f"Slurm requeued the job {requeued_after:.0f} s after node 0 died"
 
-    # The ledger: the successor (node rank 1) recorded the loss, decided and requeued.
-    successor = f"agent:{nodes[1]}"
+    # The ledger: one successor recorded the loss, decided and requeued. Normally node rank 1;
+    # each agent's stagger counts from its own notice of the loss, so on a loaded machine a
+    # spare with no ranks to stop can notice a grace period earlier and act instead. What must
+    # hold is that exactly one surviving agent acted, once.
     (failure,) = events(run_dir, "failure")
     assert failure["cls"] == "node_loss" and failure["node"] == node0, failure
-    assert failure["source"] == successor and f"recorded by {nodes[1]}" in failure["evidence"], failure
+    survivors = {f"agent:{n}": n for n in nodes[1:]}
+    successor = failure["source"]
+    assert successor in survivors and f"recorded by {survivors[successor]}" in failure["evidence"], failure
     assert failure["t"] - killed_at < ACT_WITHIN_S, "the successor took over a minute to record node 0's loss"
     (decision,) = events(run_dir, "decision")
     assert decision["source"] == successor and decision["action"] == "requeue", decision
