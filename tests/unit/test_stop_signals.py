@@ -94,18 +94,24 @@ def _agent(tmp_path: Path) -> NodeAgent:
                      Ledger(str(tmp_path / "run" / "ledger.jsonl"), source="agent:n0"))
 
 
-def test_an_agent_that_got_the_warning_starts_no_new_generation(tmp_path: Path) -> None:
-    node = _agent(tmp_path)
+def warn(node: NodeAgent) -> None:
+    """A real SIGUSR1 to this process with the agent's handlers installed (the handler runs in
+    this, the main, thread); waits until the agent holds it, then restores pytest's handlers."""
     before = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
     try:
         node.install_signal_handlers()
-        os.kill(os.getpid(), signal.SIGUSR1)  # real: the handler runs in this (main) thread
+        os.kill(os.getpid(), signal.SIGUSR1)
         end = time.monotonic() + 60
         while node.signal_kind is None and time.monotonic() < end:
             time.sleep(0.001)
     finally:
         for s, h in before.items():
             signal.signal(s, h)
+
+
+def test_an_agent_that_got_the_warning_starts_no_new_generation(tmp_path: Path) -> None:
+    node = _agent(tmp_path)
+    warn(node)
     assert node.signal_kind == "time_limit"
     node.start(gen=1, slot=0, port=free_port(), master_addr="127.0.0.1")
     assert node.procs == []  # nothing signalled while starting up, nothing to crash
@@ -157,16 +163,7 @@ def test_ranks_that_ignore_the_warning_are_stopped_in_time_for_the_requeue(tmp_p
             while "ignoring" not in Path(p.log_path).read_text():
                 assert p.poll() is None and time.monotonic() < end
                 time.sleep(0.01)
-        before = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
-        try:
-            node.install_signal_handlers()
-            os.kill(os.getpid(), signal.SIGUSR1)  # forwarded to each rank, which ignores it
-            end = time.monotonic() + 60
-            while node.signal_kind is None and time.monotonic() < end:
-                time.sleep(0.001)
-        finally:
-            for s, h in before.items():
-                signal.signal(s, h)
+        warn(node)  # forwarded to each rank, which ignores it
         clock.now += 89  # within the budget (90 s of a 120 s lead): the ranks may still save
         assert node.poll(0) is None
         clock.now += 2
