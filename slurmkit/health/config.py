@@ -12,6 +12,9 @@ from slurmkit.errors import ConfigError
 # uncontained ECC errors (94, 95), GSP errors (119, 120), unrecovered ECC (140). Xids from an
 # application's own bugs (13, 31, 43, ...) are counted in the figures but fail nothing.
 DEFAULT_BAD_XIDS = [48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140]
+# health.straggler_action. "replace" (move a slow node onto a spare at the next durable
+# checkpoint) is not built yet: it is refused, never silently run as "report".
+STRAGGLER_ACTIONS = ("report", "off")
 
 
 @dataclass
@@ -44,8 +47,18 @@ class HealthConfig:
     # [[/opt/site/nodecheck, --quick]]. Their output is captured (the last output_max_bytes).
     extra_commands: list[list[str]] = field(default_factory=list)
     output_max_bytes: int = 4096
+    # Straggler detection while training (slurmkit.supervise.stragglers): each rank's own work
+    # per step (data wait + compute, the time it does not spend waiting for its peers) against
+    # the job's median. "report": a node whose score (job median / own time, of its slowest
+    # rank) stays below straggler_threshold for straggler_windows windows in a row is named in
+    # the ledger (``straggler``) and in `slurmkit status`. "off": not measured.
+    straggler_action: str = "report"
+    straggler_threshold: float = 0.7  # relative score below which a window counts as slow
+    straggler_windows: int = 3  # consecutive slow windows before a node is named
+    straggler_window_samples: int = 10  # step-time samples per rank in one window (median)
 
     def __post_init__(self) -> None:
+        self._check_stragglers()
         for name in ("timeout_s", "shared_timeout_s", "wait_retry_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"health.{name}={getattr(self, name)}", "a positive number of seconds",
@@ -66,3 +79,25 @@ class HealthConfig:
             if any(any(ord(c) < 32 or ord(c) == 127 for c in a) for a in cmd):
                 raise ConfigError(f"health.extra_commands entry {cmd!r} holds a control character",
                                   "plain arguments", "remove the control characters from the command")
+
+    def _check_stragglers(self) -> None:
+        if self.straggler_action == "replace":
+            raise ConfigError("health.straggler_action=replace",
+                              "an action slurmkit implements (moving a slow node onto a spare at "
+                              "the next durable checkpoint is not built yet)",
+                              "set health.straggler_action=report (names the node in the ledger and "
+                              "`slurmkit status`), then exclude it by hand")
+        if self.straggler_action not in STRAGGLER_ACTIONS:
+            raise ConfigError(f"health.straggler_action={self.straggler_action!r}",
+                              f"one of {', '.join(STRAGGLER_ACTIONS)}", "set health.straggler_action=report")
+        if not 0 < self.straggler_threshold < 1:
+            raise ConfigError(f"health.straggler_threshold={self.straggler_threshold}",
+                              "a relative score between 0 and 1 (job median / own step time)",
+                              "set health.straggler_threshold=0.7")
+        if self.straggler_windows < 1:
+            raise ConfigError(f"health.straggler_windows={self.straggler_windows}", "at least 1 window",
+                              "set health.straggler_windows=3")
+        if self.straggler_window_samples < 3:
+            raise ConfigError(f"health.straggler_window_samples={self.straggler_window_samples}",
+                              "at least 3 samples (a median of fewer follows one slow step)",
+                              "set health.straggler_window_samples=10")
