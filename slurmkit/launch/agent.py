@@ -25,6 +25,7 @@ from slurmkit.health.preflight import node_preflight
 from slurmkit.launch.context import NodeContext, node_context
 from slurmkit.launch.ranks import RankProcess, spawn_rank, stop_ranks
 from slurmkit.launch.rendezvous import connect
+from slurmkit.launch.steptimes import StepTimes
 from slurmkit.layout import load_layout
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.runner import SubprocessRunner
@@ -38,6 +39,7 @@ from slurmkit.supervise.loop import Supervisor, Where
 from slurmkit.supervise.monitor import RankMonitor, expects_heartbeats
 from slurmkit.supervise.slurmview import kill_wait_warning
 from slurmkit.supervise.spool import SpoolReader
+from slurmkit.supervise.stragglers import NodeWindow
 from slurmkit.supervise.timeouts import beat_interval_s, failure_env
 from slurmkit.train.heartbeat import node_local_dir, private_dir
 
@@ -84,6 +86,7 @@ class NodeAgent:
         self.signal_at: float | None = None  # self.clock() when it came
         self.procs: list[RankProcess] = []
         self.monitor: RankMonitor | None = None
+        self.step_times: StepTimes | None = None  # this generation's step-time samples (stragglers)
         self._last_sample = self.clock()
         # Heartbeats and rank 0's events stay on this node (/dev/shm): nothing on the shared
         # file system per step. The directory is this user's and this run's alone (0700).
@@ -137,6 +140,7 @@ class NodeAgent:
                               startup_timeout_s=sup.startup_timeout_s,
                               require_heartbeat=expects_heartbeats(sup.require_heartbeat, self.cfg.job.command))
         self.monitor = monitor
+        self.step_times = StepTimes(self.ctx.node_name, gen, window_samples=self.cfg.health.straggler_window_samples)
         if self.signal_kind is not None:
             # The allocation is ending (the warning or a SIGTERM came before this generation):
             # ranks started now would get the signal while still starting up, before any
@@ -192,6 +196,8 @@ class NodeAgent:
         if self.monitor is None:
             return None
         beats = self.monitor.poll()
+        if self.step_times is not None:
+            self.step_times.observe(beats)
         self._check_warning_budget(gen)
         if self.clock() - self._last_sample >= self.sample_interval_s and beats:
             self._last_sample = self.clock()
@@ -216,6 +222,10 @@ class NodeAgent:
 
     def exit_codes(self) -> list[int | None]:
         return [p.poll() for p in self.procs]
+
+    def step_window(self) -> NodeWindow | None:
+        """This node's next step-time window, once its ranks have beaten enough new steps."""
+        return self.step_times.take() if self.step_times is not None else None
 
     def stop(self) -> list[Evidence]:
         # The generation is lost already: kill at once rather than let ranks that trap SIGTERM

@@ -40,6 +40,7 @@ from slurmkit.errors import ActionableError
 from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.classify import Evidence
 from slurmkit.supervise.policy import Action, Decision
+from slurmkit.supervise.stragglers import NodeWindow, window_from_json, window_to_json
 
 log = logging.getLogger(__name__)
 
@@ -426,6 +427,42 @@ class Channel:
             except ValueError:
                 raise ChannelError(f"store key {self._alive(nr)} holds {v[:40]!r}", "a beat counter",
                                    "look for a stranger writing to the agents' store") from None
+        return out
+
+    # -------------------------------------------------------------- step-time windows
+    def _window_key(self, node_rank: int) -> str:
+        return f"{self.prefix}/steps/{int(node_rank)}"
+
+    def seed_step_windows(self, node_ranks: Sequence[int]) -> None:
+        """Node 0, before any generation: every node's window key exists (empty: none yet), so
+        one multi_get reads them all without waiting on a missing key."""
+        for nr in node_ranks:
+            self.store.compare_set(self._window_key(nr), "", "")
+
+    def post_step_window(self, node_rank: int, w: NodeWindow) -> None:
+        """This node's newest step-time window (slurmkit.launch.steptimes): one set, replacing
+        the last one (node 0 reads only the newest)."""
+        key = self._window_key(node_rank)
+        self.store.set(key, self._seal(key, window_to_json(w)))
+
+    def step_windows(self, gen: int, node_ranks: Sequence[int]) -> dict[int, NodeWindow]:
+        """The listed nodes' newest windows of generation ``gen``, in one round trip (keys seeded
+        by seed_step_windows). A value that is not this run's, or malformed, is logged and left
+        out (its node posts again next interval); so is one of another generation."""
+        if not node_ranks:
+            return {}
+        keys = [self._window_key(nr) for nr in node_ranks]
+        out: dict[int, NodeWindow] = {}
+        for nr, key, raw in zip(node_ranks, keys, self.store.multi_get(keys)):
+            if not raw:
+                continue
+            try:
+                w = window_from_json(self.nodes[nr], self._open(key, raw))
+            except (ChannelError, ValueError) as exc:
+                log.error("step-time window at %s refused: %s", key, exc)
+                continue
+            if w.generation == gen:
+                out[nr] = w
         return out
 
     # -------------------------------------------------------------- exit barrier

@@ -81,6 +81,8 @@ EVENTS: dict[str, EventSpec] = {
     "requeue_refused": _spec("reason:str", "generation:int failure_requeues:int max_requeues:int "
                                            "excluded:list partition:str? partition_nodes:int? needed:int"),
     "preflight": _spec("node:str verdict:str", "generation:int duration_s:num waited_s:num checks:list"),
+    "straggler": _spec("node:str score:num", "generation:int rank:int own_s:num job_median_s:num "
+                                             "windows:int step:int sections:dict threshold:num action:str"),
     "ledger_write_failed": _spec("failures:int error:str", "errno:str? first_failure_t:num "
                                                             "held:int dropped:int node:str"),
     # --- rank 0 of the trainer

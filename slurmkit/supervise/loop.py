@@ -42,6 +42,7 @@ from slurmkit.supervise.slurmview import (DECISION_RETRY, DECISION_TIMEOUT_S, Sl
 from slurmkit.supervise.succession import (Claim, Done, Watched, clear_done, read_done, succeed,
                                            write_done)
 from slurmkit.supervise.liveness import Liveness, Lost, client_node_states, slurm_says_dead
+from slurmkit.supervise.stragglers import NodeWindow, StragglerDetector
 from slurmkit.supervise.timeouts import beat_interval_s, liveness_deadline_s
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class Node(Protocol):
     def exit_codes(self) -> list[int | None]: ...
     def stop(self) -> list[Evidence]: ...  # kill the ranks at once, return this node's evidence
     def join_output(self) -> None: ...
+    def step_window(self) -> NodeWindow | None: ...  # this node's next step-time window, if complete
 
 
 class Ledger(Protocol):
@@ -138,6 +140,9 @@ class Supervisor:
         self.gen = 0  # the generation under way (for an agent error's report)
         self._stopped_gen: int | None = None  # the last generation this agent posted "stopped" for
         self._failure_requeue = False  # node 0: the requeue it is about to make follows a failure
+        # Straggler detection (health.straggler_*): windows posted and read once per beat interval.
+        self.stragglers: StragglerDetector | None = None  # node 0, one per generation
+        self._windows_at = float("-inf")
 
     @property
     def is_node0(self) -> bool:
@@ -153,6 +158,7 @@ class Supervisor:
         if self.is_node0:
             clear_done(self.run_dir, self.where.attempt)  # one left by an earlier run of this name
             self.channel.seed_beats(range(len(self.where.nodes)))
+            self.channel.seed_step_windows(range(len(self.where.nodes)))
             self.ledger.append("allocation_start", job_id=self.where.job_id, attempt=self.where.attempt,
                                restart_count=self.where.restart_count, nodes=list(self.where.nodes),
                                train_nodes=self.node_map, spares=self.spares, executor=self.where.executor)
@@ -181,6 +187,9 @@ class Supervisor:
         participants = [self._rank_of[n] for n in self.node_map]  # not nodes.index: O(N^2) at 2,048
         if self.sm.state != State.STARTING:
             self.sm.to(State.STARTING, f"generation {gen}")
+        h = self.cfg.health
+        if self.is_node0 and h.straggler_action != "off":
+            self.stragglers = StragglerDetector(threshold=h.straggler_threshold, windows=h.straggler_windows)
         if slot is not None:
             # The ranks' rendezvous follows slot 0: after a replacement it may be a spare's.
             slot0 = self._rank_of[self.node_map[0]]
@@ -257,6 +266,7 @@ class Supervisor:
                     self.channel.post_failure(gen, trigger.node, trigger.rank, trigger.cls)
                 if self.is_node0:
                     self.check_peers(gen)
+                self.exchange_step_windows(gen, has_ranks)
                 if not reported and codes and all(c is not None for c in codes):
                     kind = COMPLETED if all(c == 0 for c in codes) else (
                         SIGNALLED if all(c in (0, EXIT_CHECKPOINTED_ON_SIGNAL) for c in codes) else None)
@@ -286,6 +296,28 @@ class Supervisor:
                     self.node.join_output()
                 return Outcome(COMPLETED if sig == 0 else SIGNALLED, gen)
             self.sleep(self.cfg.supervisor.poll_interval_s)
+
+    def exchange_step_windows(self, gen: int, has_ranks: bool) -> None:
+        """Once per beat interval: post this node's newest step-time window (one set), and on
+        node 0 read every train node's newest (one multi_get) and name the nodes that stay slow
+        (slurmkit.supervise.stragglers): O(1) round trips per agent and interval at any N."""
+        if self.cfg.health.straggler_action == "off" or self.clock() - self._windows_at < self.beat_interval_s:
+            return
+        self._windows_at = self.clock()
+        w = self.node.step_window() if has_ranks else None
+        if w is not None:
+            self.channel.post_step_window(self.where.node_rank, w)
+        if self.stragglers is None:
+            return
+        got = self.channel.step_windows(gen, [self._rank_of[n] for n in self.node_map])
+        for x in self.stragglers.observe({w.node: w for w in got.values()}):
+            log.warning("straggler: %s scores %.2f (rank %d: %.4f s of own work per step, job median "
+                        "%.4f s) for %d windows in a row", x.node, x.score, x.rank, x.own_s, x.job_median_s,
+                        x.windows)
+            self.ledger.append("straggler", node=x.node, score=x.score, generation=gen, rank=x.rank,
+                               own_s=x.own_s, job_median_s=x.job_median_s, windows=x.windows, step=x.step,
+                               sections=dict(x.sections), threshold=self.stragglers.threshold,
+                               action=self.cfg.health.straggler_action)
 
     def _store_ok(self) -> None:
         if self._store_trouble_since is not None:

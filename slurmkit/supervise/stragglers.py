@@ -20,9 +20,11 @@ than the last round's, so every round compares windows of about the same steps.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 SECTIONS = ("data", "compute", "comm", "ckpt")  # seconds per step, as the trainer measures them
 
@@ -37,6 +39,37 @@ class NodeWindow:
     step: int  # the newest step in the window
     ranks: Mapping[int, float]  # global rank -> median own time (data + compute), seconds
     sections: Mapping[str, float] = field(default_factory=dict)  # node medians per section, seconds
+
+
+MAX_RANKS_PER_WINDOW = 1024  # a node's window with more ranks was not written by an agent
+
+
+def window_to_json(w: NodeWindow) -> dict[str, Any]:
+    return {"gen": w.generation, "seq": w.seq, "step": w.step,
+            "ranks": {str(r): t for r, t in w.ranks.items()}, "sections": dict(w.sections)}
+
+
+def _seconds(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{value!r} is not a number of seconds")
+    return float(value)
+
+
+def _count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{value!r} is not a count")
+    return value
+
+
+def window_from_json(node: str, raw: object) -> NodeWindow:
+    """A window read from the agents' store (sealed, yet checked: ValueError when malformed)."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("ranks"), dict) or not isinstance(raw.get("sections"), dict):
+        raise ValueError("not a window (gen, seq, step, ranks, sections)")
+    if len(raw["ranks"]) > MAX_RANKS_PER_WINDOW:
+        raise ValueError(f"{len(raw['ranks'])} ranks in one node's window")
+    ranks = {_count(int(r)): _seconds(t) for r, t in raw["ranks"].items()}
+    sections = {name: _seconds(raw["sections"].get(name, 0.0)) for name in SECTIONS}
+    return NodeWindow(node, _count(raw.get("gen")), _count(raw.get("seq")), _count(raw.get("step")), ranks, sections)
 
 
 @dataclass(frozen=True)

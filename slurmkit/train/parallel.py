@@ -27,7 +27,7 @@ from slurmkit.contract import CUDA_VISIBLE_DEVICES, DEVICE, ContractError, Devic
 from slurmkit.errors import ConfigError
 from slurmkit.train.config import ParallelConfig, TrainConfig
 from slurmkit.train.model import Transformer
-from slurmkit.train.reduce import rank_order_hook
+from slurmkit.train.reduce import CommClock, rank_order_hook, timed_rank_order_hook
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +89,15 @@ def require_supported(parallel: ParallelConfig) -> None:
 
 
 def wrap(model: Transformer, strategy: str, runtime: Runtime, parallel: ParallelConfig, *,
-         rank_order: bool = True) -> nn.Module:
+         rank_order: bool = True, comm_clock: CommClock | None = None) -> nn.Module:
     """DDP (replicated) or FSDP2 (each block sharded, then the root) over all ranks.
 
     ``rank_order``: DDP reduces gradients with ``rank_order_hook``, whose sums do not depend
     on DDP's bucket layout (which changes after a DDP's first iteration, so a resumed run
     would otherwise not be bit-exact with more than two ranks). FSDP2 reduce-scatters each
     parameter group in one fixed layout from its first step on and needs no hook.
+    ``comm_clock``: with ``rank_order``, the hook adds its time there (the step's gradient
+    communication, for straggler scores); elsewhere the reduction is inside the compute.
     """
     if strategy == "ddp":
         ids = [runtime.device.index] if runtime.device.type == "cuda" else None
@@ -104,7 +106,9 @@ def wrap(model: Transformer, strategy: str, runtime: Runtime, parallel: Parallel
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             ddp = DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
-        if rank_order:
+        if rank_order and comm_clock is not None:
+            ddp.register_comm_hook(comm_clock, timed_rank_order_hook)
+        elif rank_order:
             ddp.register_comm_hook(None, rank_order_hook)
         return ddp
     if strategy != "fsdp":

@@ -18,6 +18,8 @@ order could differ between ranks), so backward no longer overlaps with the reduc
 
 # No ``from __future__ import annotations``: DDP checks the hook's annotations at runtime
 # (``bucket`` must be annotated with the class dist.GradBucket, not with a string).
+import time
+
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
@@ -53,4 +55,25 @@ def rank_order_hook(group: ProcessGroup | None,
     """DDP comm hook (``ddp.register_comm_hook(group, rank_order_hook)``): mean gradients."""
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(rank_order_mean(bucket.buffer(), group))
+    return fut
+
+
+class CommClock:
+    """State of :func:`timed_rank_order_hook`: the group, and the seconds this rank has spent in
+    the gradient reduction (waiting for its peers included) since it was made. The trainer
+    reads it once per step: that is the step's gradient communication, kept out of its compute
+    (slurmkit.supervise.stragglers scores a rank by the work it does not spend waiting)."""
+
+    def __init__(self, group: ProcessGroup | None = None) -> None:
+        self.group = group
+        self.seconds = 0.0
+
+
+def timed_rank_order_hook(state: CommClock,
+                          bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """``rank_order_hook`` that adds its time to ``state.seconds`` (two clock reads a bucket)."""
+    began = time.perf_counter()
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(rank_order_mean(bucket.buffer(), state.group))
+    state.seconds += time.perf_counter() - began
     return fut

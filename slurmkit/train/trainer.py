@@ -31,6 +31,7 @@ from slurmkit.train.heartbeat import Heartbeat
 from slurmkit.train.metrics import MetricsWriter, step_metrics
 from slurmkit.train.model import Transformer, loss_fn
 from slurmkit.train.parallel import Runtime, param_digest, require_supported, unwrap, wrap
+from slurmkit.train.reduce import CommClock
 from slurmkit.train.schedule import WarmupCosine
 from slurmkit.train.signals import EXIT_CHECKPOINTED_ON_SIGNAL, StopRequest
 from slurmkit.train.state import apply_state, capture_state
@@ -91,6 +92,11 @@ class Trainer:
         self.dp = ctx.world_size  # data parallel only (tensor = pipeline = 1)
         self.global_batch = train_cfg.global_batch or train_cfg.micro_batch * self.dp
         self.flops_token = flops_per_token(model_cfg, train_cfg.seq_len)
+        # Step-time sections for straggler scores, beaten with the heartbeat (node-local):
+        # seconds of the last step's data wait, compute and communication, and the blocking
+        # part of the last save (slurmkit.supervise.stragglers).
+        self.comm_clock = CommClock()
+        self.sections: dict[str, float] = {"data": 0.0, "compute": 0.0, "comm": 0.0, "ckpt": 0.0}
         self._build()
 
     # ---- construction -------------------------------------------------------------------
@@ -98,7 +104,7 @@ class Trainer:
         torch.manual_seed(self.t.seed)  # identical init on every rank before sharding
         base = Transformer(self.m, activation_checkpointing=self.p.activation_checkpointing)
         self.model: nn.Module = wrap(base.to(self.runtime.device), self.strategy, self.runtime,
-                                     self.p, rank_order=self.t.deterministic)
+                                     self.p, rank_order=self.t.deterministic, comm_clock=self.comm_clock)
         self.optimizer = self._new_optimizer()
         self.scheduler = WarmupCosine(self.optimizer, lr=self.t.lr,
                                       warmup_steps=self.t.warmup_steps,
@@ -174,12 +180,16 @@ class Trainer:
 
     def train_step(self) -> tuple[float, float]:
         """One optimizer step on this rank; returns (local mean loss, lr)."""
+        began, comm_before = self._clock(), self.comm_clock.seconds
         lr = self.scheduler.apply()
         slots = self.loader.next_step()
+        data = self._clock() - began
         total = torch.zeros((), device=self.runtime.device)
         for i, (inputs, targets) in enumerate(slots):
+            t = self._clock()
             inputs = inputs.to(self.runtime.device, non_blocking=True)
             targets = targets.to(self.runtime.device, non_blocking=True)
+            data += self._clock() - t
             with self._grad_sync(i == len(slots) - 1), self._autocast():
                 loss = loss_fn(self.model(inputs), targets) / len(slots)
                 loss.backward()
@@ -189,7 +199,10 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.advance()
-        return float(total), lr
+        local = float(total)  # waits for the device: the compute ends here
+        comm = self.comm_clock.seconds - comm_before
+        self.sections.update(data=data, comm=comm, compute=max(0.0, self._clock() - began - data - comm))
+        return local, lr
 
     def _agree(self, loss: float) -> tuple[float, bool]:
         """All ranks: (mean loss, whether any rank was asked to stop) in one all-reduce."""
@@ -232,9 +245,12 @@ class Trainer:
             self._sleep(self.ctx.step_delay_s)
         began = self._clock()
         local_loss, lr = self.train_step()
+        agree_began = self._clock()
         loss, stop_requested = self._agree(local_loss)
+        self.sections["comm"] += self._clock() - agree_began
         if self.heartbeat is not None:
-            self.heartbeat.beat(step)
+            # ckpt: the previous save's blocking (this step's save comes after the beat)
+            self.heartbeat.beat(step, sections={k: round(v, 6) for k, v in self.sections.items()})
         stop = (stop_requested or step == self.t.stop_at_step) and step < self.t.steps
         interval = self.t.ckpt_interval_steps
         due = (stop or (interval > 0 and step % interval == 0)
@@ -244,6 +260,7 @@ class Trainer:
             # a requeue may land on other nodes: the stop checkpoint goes to the shared tier
             blocking, new_handle = self._save(step, shared=stop)
             handle = new_handle or handle
+        self.sections["ckpt"] = blocking
         if writer is not None:
             writer.write(step_metrics(
                 step=step, loss=loss, lr=lr, step_time_s=self._clock() - began,

@@ -96,6 +96,9 @@ class ScriptedNode:
     def join_output(self) -> None:
         pass
 
+    def step_window(self) -> None:  # no step times: its ranks do not train
+        return None
+
 
 def config(extra: tuple[str, ...] = (), **sup: Any):  # noqa: ANN201 - SlurmkitConfig
     over = [f"supervisor.{k}={v}" for k, v in {"poll_interval_s": 0.01, "node_timeout_s": 1.0, **sup}.items()]

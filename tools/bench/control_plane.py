@@ -233,6 +233,9 @@ class SimNode:
     def join_output(self) -> None:
         return None
 
+    def step_window(self) -> None:  # no step times (node 0 still reads the windows each interval)
+        return None
+
 
 class TimedSupervisor(Supervisor):
     """The real loop; these overrides only record when things happened."""
