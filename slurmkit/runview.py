@@ -189,6 +189,8 @@ class RunView:
     failures: dict[str, int]  # failure class -> count
     goodput: float | None  # None until the ledger holds a whole summary
     report: RunReport | None = field(default=None, compare=False, repr=False)
+    # node -> (score, step) of its newest ``straggler`` event (a node that stayed slow)
+    stragglers: dict[str, tuple[float, int | None]] = field(default_factory=dict)
 
 
 def _int(value: Any) -> int | None:
@@ -261,6 +263,16 @@ def _ledger_step(events: Sequence[Mapping[str, Any]]) -> int | None:
     return None
 
 
+def stragglers_of(events: Iterable[Mapping[str, Any]]) -> dict[str, tuple[float, int | None]]:
+    """node -> (score, step) from the ledger's ``straggler`` events, the newest per node."""
+    out: dict[str, tuple[float, int | None]] = {}
+    for e in events:
+        node, score = e.get("node"), _float(e.get("score"))
+        if e.get("event") == "straggler" and isinstance(node, str) and score is not None:
+            out[node] = (score, _int(e.get("step")))
+    return out
+
+
 def build_view(run_dir: str, events: Sequence[Mapping[str, Any]], *, full: bool,
                config: Mapping[str, Any] | None = None) -> RunView:
     """The view of ``run_dir`` from its ``events`` (all of them when ``full``: then failures and
@@ -290,7 +302,8 @@ def build_view(run_dir: str, events: Sequence[Mapping[str, Any]], *, full: bool,
         tokens_per_s=_float(metrics.get("tokens_per_s")) if metrics else None,
         mfu=_float(metrics.get("mfu")) if metrics else None,
         checkpoints=checkpoints_by_tier(events), failures=failures,
-        goodput=report.goodput if report is not None else None, report=report)
+        goodput=report.goodput if report is not None else None, report=report,
+        stragglers=stragglers_of(events))
 
 
 class RunWatcher:

@@ -75,6 +75,11 @@ def failures_text(v: RunView) -> str:
     return ", ".join(f"{cls} {n}" for cls, n in sorted(v.failures.items())) or "none"
 
 
+def stragglers_text(v: RunView) -> str:
+    return ", ".join(f"{node} (score {score:.2f}" + (f", step {step})" if step is not None else ")")
+                     for node, (score, step) in sorted(v.stragglers.items())) or "none"
+
+
 def state_text(v: RunView, job: JobState | None) -> str:
     slurm = job.state if job is not None else "-"
     return f"{slurm} / {v.phase}"
@@ -103,7 +108,7 @@ def run_table(v: RunView, job: JobState | None) -> Table:
         ("generation", "-" if v.generation is None else str(v.generation)),
         ("step", step_text(v)), ("loss", _num(v.loss, ".4f")), ("tokens/s", tokens_text(v)),
         ("MFU", mfu_text(v)), ("checkpoints", ckpt_text(v)), ("failures", failures_text(v)),
-        ("goodput so far", goodput_text(v)),
+        ("stragglers", stragglers_text(v)), ("goodput so far", goodput_text(v)),
     ]
     for name, value in rows:
         t.add_row(name, clean(value))
