@@ -23,6 +23,7 @@ from slurmkit import contract
 from slurmkit.config import SlurmkitConfig, load_frozen
 from slurmkit.health.preflight import node_preflight
 from slurmkit.launch.context import NodeContext, node_context
+from slurmkit.launch import stackdump
 from slurmkit.launch.ranks import RankProcess, spawn_rank, stop_ranks
 from slurmkit.launch.rendezvous import connect
 from slurmkit.launch.steptimes import StepTimes
@@ -42,6 +43,9 @@ from slurmkit.supervise.spool import SpoolReader
 from slurmkit.supervise.stragglers import NodeWindow
 from slurmkit.supervise.timeouts import beat_interval_s, failure_env
 from slurmkit.train.heartbeat import node_local_dir, private_dir
+from slurmkit.train.signals import STACK_FILE_ENV
+
+NCCL_PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"  # torch reads <value><rank>.pipe
 
 log = logging.getLogger(__name__)
 LEDGER_FLUSH_INTERVAL_S = 2.0  # an agent's ledger events are batched for at most this long
@@ -91,6 +95,8 @@ class NodeAgent:
         # Heartbeats and rank 0's events stay on this node (/dev/shm): nothing on the shared
         # file system per step. The directory is this user's and this run's alone (0700).
         self.local_dir = private_dir(node_local_dir(run_dir, self.env))
+        # torch creates its flight-recorder FIFO here but not the directory (GPU ranks).
+        private_dir(os.path.join(self.local_dir, "nccl_pipe"))
         self._spools: set[str] = set()
         # Heartbeat samples in the ledger: node 0 at the configured interval, the others slower
         # as the job grows, so the shared ledger sees at most ~LEDGER_SAMPLES_PER_S appends/s.
@@ -129,9 +135,39 @@ class NodeAgent:
             "SLURMKIT_ATTEMPT": self.ctx.attempt,
             "SLURMKIT_HEARTBEAT_FILE": os.path.join(self.local_dir, "heartbeat", f"rank{rank}.json"),
             "SLURMKIT_EVENTS_FILE": os.path.join(self.local_dir, "events", f"{self.ctx.attempt}.rank{rank}.jsonl"),
+            STACK_FILE_ENV: self._stack_file(rank),
             "PYTHONUNBUFFERED": "1",
         })
+        # ProcessGroupNCCL's flight-recorder FIFO (slurmkit.launch.stackdump), node-local; a
+        # user's own setting stands.
+        env.setdefault(NCCL_PIPE_ENV, os.path.join(self.local_dir, "nccl_pipe", "rank_"))
         return env
+
+    def _nccl_stems(self) -> tuple[str, str]:
+        """(FIFO stem, dump stem) of the flight recorder, as rank_env gives them to the ranks."""
+        env = {**self.env, **self.cfg.cluster.env, **self.cfg.job.env}
+        env.update(failure_env(self.cfg, self.run_dir, env))
+        return (env.get(NCCL_PIPE_ENV) or os.path.join(self.local_dir, "nccl_pipe", "rank_"),
+                env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", ""))
+
+    def _stack_file(self, rank: int) -> str:
+        return os.path.join(self.local_dir, "stacks", f"rank{rank}.txt")
+
+    def capture_stacks(self, gen: int) -> list[Evidence]:
+        """Before a hung generation is killed: its live ranks' stacks (slurmkit.launch.stackdump)
+        into this node's ledger event, and this node's verdicts (at most two) for node 0."""
+        live = [p for p in self.procs if p.poll() is None]
+        if not live or self.monitor is None:
+            return []
+        pipe, dump = self._nccl_stems()
+        targets = [stackdump.RankTarget(p.rank, p.pid, self._stack_file(p.rank), f"{pipe}{p.rank}.pipe")
+                   for p in live]
+        triggered = stackdump.trigger_nccl_dumps(targets)
+        stacks = stackdump.capture(targets, trainer=stackdump.runs_reference_trainer(self.cfg.job.command),
+                                   pyspy=stackdump.find_pyspy(self.env), proc_state=self.monitor.state_of)
+        if triggered and dump:
+            stackdump.wait_nccl_dumps(triggered, dump)
+        return stackdump.report(stacks, node=self.ctx.node_name, generation=gen, append=self.ledger.append)
 
     # ------------------------------------------------------------------ one generation
     def start(self, gen: int, slot: int, port: int, master_addr: str) -> None:
@@ -245,7 +281,7 @@ class NodeAgent:
     def remove_local_files(self) -> None:
         """The heartbeats and event spools of this node's ranks (node memory, not disk)."""
         paths = list(self._spools) + [os.path.join(self.local_dir, "heartbeat", f"rank{p.rank}.json")
-                                      for p in self.procs]
+                                      for p in self.procs] + [self._stack_file(p.rank) for p in self.procs]
         for path in paths:
             _remove_quietly(path)
 

@@ -2,19 +2,22 @@
 
 Pure and table-driven. Each rank's evidence is reduced to one class; the root cause of a
 failure is the earliest primary evidence in time (peers that fail because a rank died come
-later, and their "peer closed the connection" lines are marked secondary).
+later, and their "peer closed the connection" lines are marked secondary). A hang is the
+exception: every rank's last beat is the same step, so its root is the rank that the stacks
+name (slurmkit.supervise.stacks), and the earliest beat only when they name none.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from slurmkit.contract import CONFIG_ERROR_MARKER
 from slurmkit.health.config import DEFAULT_BAD_XIDS
 from slurmkit.health.kernel_log import HW_RE, XID_RE
 from slurmkit.supervise.classes import CLASS_INFO, FailureClass
+from slurmkit.supervise.stacks import StackPlace, Verdict, evidence_root
 
 F = FailureClass
 
@@ -144,22 +147,26 @@ class Evidence:
     cls: FailureClass
     detail: str  # the log line, "returncode -9", "no step for 12.3 s", ...
     returncode: int | None = None  # kind "exit": the rank's Popen return code
+    place: StackPlace | None = None  # kind "stack": where the rank's stack is (slurmkit.supervise.stacks)
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {"time": self.time, "node": self.node, "rank": self.rank, "kind": self.kind,
                                   "cls": self.cls.value, "detail": printable_detail(self.detail)}
         if self.returncode is not None:
             out["returncode"] = self.returncode
+        if self.place is not None:
+            out["place"] = self.place.value
         return out
 
     @classmethod
     def from_json(cls, d: dict[str, object]) -> "Evidence":
         # JSON gives numbers back as numbers; str() first keeps mypy honest about `object`
         # (repr of a float round-trips exactly).
-        code = d.get("returncode")
+        code, place = d.get("returncode"), d.get("place")
         return cls(float(str(d["time"])), str(d["node"]), int(str(d["rank"])), str(d["kind"]),
                    FailureClass(str(d["cls"])), str(d["detail"]),
-                   int(str(code)) if code is not None else None)
+                   int(str(code)) if code is not None else None,
+                   StackPlace(str(place)) if place is not None else None)
 
 
 @dataclass(frozen=True)
@@ -170,6 +177,8 @@ class Failure:
     time: float
     evidence: str  # the line or observation that decided it
     ranks_affected: tuple[int, ...]
+    stack: str = ""  # a hang: the root's stack excerpt as its node reported it ("" if none)
+    in_collective: bool | None = None  # a hang: whether the root's stack is inside a collective
 
 
 # When one rank shows several kinds of evidence, the most telling wins (lower = stronger).
@@ -216,8 +225,12 @@ def root_cause(evidence: Iterable[Evidence]) -> Failure | None:
 
     A line of CONFIRM_BY_EXIT whose rank did not fail after it is dropped: it was handled."""
     by_rank: dict[tuple[str, int], list[Evidence]] = {}
+    stacks: list[Evidence] = []  # where hung ranks are (slurmkit.supervise.stacks): not a rank's failure
     for e in evidence:
-        by_rank.setdefault((e.node, e.rank), []).append(e)
+        if e.kind == "stack":
+            stacks.append(e)
+        else:
+            by_rank.setdefault((e.node, e.rank), []).append(e)
     for key, items in list(by_rank.items()):
         kept = [e for e in items
                 if not (e.kind == "line" and e.cls in CONFIRM_BY_EXIT) or _confirmed(e, items)]
@@ -238,5 +251,33 @@ def root_cause(evidence: Iterable[Evidence]) -> Failure | None:
                           cls, decisive))
     summaries.sort(key=lambda s: (s[0], s[1], s[2], s[3]))
     secondary, _, first, rank, node, cls, decisive = summaries[0]
-    return Failure(cls=cls, rank=rank, node=node, time=first, evidence=printable_detail(decisive.detail),
-                   ranks_affected=tuple(sorted({s[3] for s in summaries if s[3] >= 0})))
+    failure = Failure(cls=cls, rank=rank, node=node, time=first, evidence=printable_detail(decisive.detail),
+                      ranks_affected=tuple(sorted({s[3] for s in summaries if s[3] >= 0})))
+    return _hang_by_stacks(failure, stacks, by_rank) if cls == F.HANG and stacks else failure
+
+
+def _hang_by_stacks(failure: Failure, stacks: list[Evidence],
+                    by_rank: dict[tuple[str, int], list[Evidence]]) -> Failure:
+    """A hang's root as the ranks' stacks name it (stopped, or outside a collective while a peer
+    waits in one); the earliest beat (``failure``) only when they name none. Every rank's last
+    beat is the same step in a hang, so the earliest beat alone is a random pick."""
+    def seen(e: Evidence) -> float:
+        items = by_rank.get((e.node, e.rank))
+        return min(x.time for x in items) if items else e.time
+
+    placed = {(e.node, e.rank): e for e in stacks if e.place is not None}
+    root = evidence_root([Verdict(e.node, e.rank, e.place, seen(e)) for e in placed.values()
+                          if e.place is not None])
+    if root is None:
+        own = placed.get((failure.node, failure.rank))
+        if own is None:
+            return failure
+        return replace(failure, stack=printable_detail(own.detail),
+                       in_collective=own.place == StackPlace.COLLECTIVE)
+    ev = placed[(root.node, root.rank)]
+    hangs = [e for e in by_rank.get((root.node, root.rank), []) if e.cls == F.HANG]
+    said = f"{min(hangs, key=lambda e: e.time).detail}; " if hangs else ""
+    affected = tuple(sorted({*failure.ranks_affected, root.rank} - {-1}))
+    return Failure(cls=F.HANG, rank=root.rank, node=root.node, time=root.time,
+                   evidence=printable_detail(f"{said}stack {ev.detail}"), ranks_affected=affected,
+                   stack=printable_detail(ev.detail), in_collective=False)

@@ -67,7 +67,10 @@ EVENTS: dict[str, EventSpec] = {
                                              "heartbeat_dir:str"),
     "heartbeat": _spec("generation:int node:str steps:dict"),
     "failure": _spec("cls:str", "generation:int rank:int node:str evidence:str time_of_fault:num "
-                                "ranks_affected:list slurm_view:list"),
+                                "ranks_affected:list slurm_view:list stack:str in_collective:bool?"),
+    # A hung generation's stacks, by the agent of each node with ranks (slurmkit.launch.stackdump):
+    # per rank {rank, pid, place, source, where, wait, lines (at most 40)}.
+    "hang_stacks": _spec("generation:int node:str ranks:list"),
     "decision": _spec("action:str", "generation:int reason:str exclude:list"),
     "exclusion": _spec("nodes:list how:str", "train_nodes:list"),
     "requeue": _spec("reason:str", "job_id:str exclude:list"),

@@ -77,6 +77,7 @@ class Node(Protocol):
     def poll(self, gen: int) -> Evidence | None: ...  # the trigger of a failure seen on this node
     def exit_codes(self) -> list[int | None]: ...
     def stop(self) -> list[Evidence]: ...  # kill the ranks at once, return this node's evidence
+    def capture_stacks(self, gen: int) -> list[Evidence]: ...  # a hang: stacks, before stop()
     def join_output(self) -> None: ...
     def step_window(self) -> NodeWindow | None: ...  # this node's next step-time window, if complete
 
@@ -209,7 +210,9 @@ class Supervisor:
             return self.after_signal(gen)
         self.sm.to(State.STOPPING, f"generation {gen}")
         if slot is not None:
-            self.channel.post_evidence(gen, self.where.node_rank, self.node.stop())
+            # A hang: the ranks' stacks before they are killed (first: the channel keeps 64 items).
+            stacks = self.node.capture_stacks(gen) if self._failed_by(gen) == FailureClass.HANG else []
+            self.channel.post_evidence(gen, self.where.node_rank, stacks + self.node.stop())
             self.channel.post_stopped(gen)
             self._stopped_gen = gen
         if self.is_node0:
@@ -217,6 +220,15 @@ class Supervisor:
             d = self.node0_decide(gen, participants)
             self.channel.post_decision(gen, d)
         return self.apply_decision(self.wait_decision(gen), gen)
+
+    def _failed_by(self, gen: int) -> FailureClass | None:
+        """The class of the failure that ended ``gen`` as posted (one read, on the failure path)."""
+        try:
+            notice = self.channel.failure(gen)
+        except (ChannelError, RuntimeError) as exc:  # forged, or the store is failing: no stacks
+            log.error("%s", exc)
+            return None
+        return notice.cls if notice is not None else None
 
     def wait_decision(self, gen: int) -> Decision:
         """Wait for node 0's decision as long as node 0 beats (a decision may take a while:
@@ -423,7 +435,9 @@ class Supervisor:
         self.ledger.append("failure", generation=gen, cls=failure.cls.value, rank=failure.rank,
                            node=failure.node, evidence=failure.evidence, time_of_fault=failure.time,
                            ranks_affected=list(failure.ranks_affected),
-                           slurm_view=[e.detail for e in slurm_view])
+                           slurm_view=[e.detail for e in slurm_view],
+                           **({"stack": failure.stack, "in_collective": failure.in_collective}
+                              if failure.stack else {}))
         spares = [n for n in self.spares if n not in lost]
         kept = self.agents_lost_on_healthy_nodes(gen, evidence, lost)
         can_requeue = (self.cfg.job.requeue and self.slurm is not None

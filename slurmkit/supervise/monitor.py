@@ -103,6 +103,10 @@ class RankMonitor:
             if trigger and self.triggered is None:
                 self.triggered = ev
 
+    def state_of(self, pid: int) -> str:
+        """The process's one-letter state ('T' = stopped, '' = gone), as the hang checks read it."""
+        return self._proc_state(pid)
+
     def report(self, ev: Evidence) -> None:
         """Evidence the agent found itself (a failed pre-flight): it ends the generation."""
         self._record(ev, True)

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from slurmkit.train.signals import StopRequest
+from slurmkit.train.signals import StopRequest, register_stack_dump
 
 # Installed before torch is imported (seconds on a shared file system, longer with thousands of
 # ranks importing at once): a time-limit warning or SIGTERM that comes while the rank starts up
@@ -24,6 +24,9 @@ from slurmkit.train.signals import StopRequest
 # (SIGUSR1's default action), which the supervisor would have to read as a crash. Only when run
 # as the rank's program: importing this module (tests, tools) leaves the importer's signals alone.
 _EARLY_STOP = StopRequest().install() if __name__ == "__main__" else None
+# The stack dump the agent asks a hung rank for (STACK_SIGNAL): early too, so that a rank stuck
+# anywhere after this line (importing torch on a hung file system included) can say where.
+_STACK_DUMP = register_stack_dump(os.environ) if __name__ == "__main__" else None
 
 import torch  # noqa: E402 - after the stop handlers, on purpose
 import torch.distributed as dist

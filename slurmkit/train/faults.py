@@ -6,6 +6,9 @@
 - ``nccl_abort``: print a realistic NCCL async-error line, then ``os.abort()`` (SIGABRT)
 - ``hang``: stop stepping and heartbeating forever (a silent hang)
 - ``exit``: ``os._exit(1)`` (a rank that dies without a traceback)
+- ``data_stall``: print one line, then sleep inside ``stalled_data_loading`` forever: a data
+  loader stuck on a file system, while the other ranks wait in the step's all-reduce (the hang
+  whose root the node agents find from the ranks' stacks)
 
 ``once`` fires only the first time over the whole run: a marker file under
 ``$SLURMKIT_RUN_DIR/faults/`` survives restarts, so the restarted job runs through.
@@ -21,7 +24,8 @@ from dataclasses import dataclass
 
 from slurmkit.errors import ConfigError
 
-KINDS = ("raise", "nccl_abort", "hang", "exit")
+KINDS = ("raise", "nccl_abort", "hang", "exit", "data_stall")
+DATA_STALL_LINE = "injected fault: data_stall"  # printed before the sleep (tests wait for it)
 
 
 @dataclass(frozen=True)
@@ -110,5 +114,13 @@ class FaultInjector:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(1)
+        if fault.kind == "data_stall":
+            print(f"{DATA_STALL_LINE} on rank {self.rank} before step {step}", flush=True)
+            self.stalled_data_loading()
         while True:  # "hang": no step, no heartbeat, until the supervisor kills us
+            self._sleep(3600.0)
+
+    def stalled_data_loading(self) -> None:
+        """Where a rank whose data loader is stuck sleeps (named so in its stack)."""
+        while True:
             self._sleep(3600.0)
