@@ -279,5 +279,5 @@ def _hang_by_stacks(failure: Failure, stacks: list[Evidence],
     said = f"{min(hangs, key=lambda e: e.time).detail}; " if hangs else ""
     affected = tuple(sorted({*failure.ranks_affected, root.rank} - {-1}))
     return Failure(cls=F.HANG, rank=root.rank, node=root.node, time=root.time,
-                   evidence=printable_detail(f"{said}stack {ev.detail}"), ranks_affected=affected,
+                   evidence=printable_detail(f"{said}stack: {ev.detail}"), ranks_affected=affected,
                    stack=printable_detail(ev.detail), in_collective=False)

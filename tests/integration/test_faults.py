@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
@@ -18,6 +19,7 @@ from tests.integration.faults import (
     COMMON, INTERVAL, diagnose, events, final, finish, kill_node, mark_fault, rank_pid, restore_node, submit,
     wait_for_step,
 )
+from slurmkit.train.faults import DATA_STALL_LINE
 from tests.integration.helpers import slurm_env
 
 pytestmark = pytest.mark.integration
@@ -57,6 +59,35 @@ def test_sigstop_of_one_rank_is_a_hang(env, reference, tmp_path) -> None:
     (failure,) = events(run_dir, "failure")
     assert failure["cls"] == "hang" and failure["rank"] == 1, failure
     assert "stopped" in failure["evidence"]
+
+
+def _wait_for_line(path: str, text: str, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not (os.path.exists(path) and text in open(path, errors="replace").read()):
+        assert time.monotonic() < deadline, f"no {text!r} in {path} after {timeout_s} s"
+        time.sleep(0.1)
+
+
+def test_a_sigstopped_rank_in_a_data_stall_is_the_root_of_the_hang_with_its_stack(env, tmp_path) -> None:
+    # Rank 1 sleeps in data loading before step 6 and is then SIGSTOPped; ranks 0, 2 and 3 wait
+    # in step 6's gradient all-reduce. Every last beat is step 5: the stacks name the root.
+    # Not compared with ``reference``: what is asserted is the verdict, and 16 steps keep it short.
+    job, run_dir = submit([*COMMON, "job.name=f-stall", "train.steps=16",
+                           "+job.env.SLURMKIT_FAULT=data_stall:1:6:once"], env, str(tmp_path))
+    _wait_for_line(os.path.join(run_dir, "logs", "rank1.log"), DATA_STALL_LINE)
+    mark_fault(run_dir, "sigstop", rank=1, step=6)
+    os.kill(rank_pid(run_dir, 1), signal.SIGSTOP)
+    state = finish(job, env)
+    assert state == "COMPLETED", f"job {job} ended {state}\n{diagnose(run_dir, job, env)}"
+    (failure,) = events(run_dir, "failure")
+    assert failure["cls"] == "hang" and failure["rank"] == 1, failure
+    assert failure["in_collective"] is False and "stalled_data_loading" in failure["stack"], failure
+    ranks = {r["rank"]: r for e in events(run_dir, "hang_stacks") for r in e["ranks"]}
+    assert sorted(ranks) == [0, 1, 2, 3], ranks  # each node's agent wrote its own ranks' stacks
+    assert ranks[1]["place"] == "stopped" and ranks[1]["source"] == "faulthandler"
+    assert any("stalled_data_loading" in line for line in ranks[1]["lines"]) and len(ranks[1]["lines"]) <= 40
+    assert all(ranks[r]["place"] == "collective" for r in (0, 2, 3)), ranks
+    assert [d["action"] for d in events(run_dir, "decision")] == ["restart"]
 
 
 def test_nccl_error_line_and_abort(env, reference, tmp_path) -> None:
