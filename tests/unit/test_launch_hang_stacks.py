@@ -21,7 +21,7 @@ import pytest
 from slurmkit.config import compose
 from slurmkit.launch.agent import NodeAgent
 from slurmkit.launch.context import NodeContext
-from slurmkit.launch.stackdump import RankTarget, catches, find_pyspy, trigger_nccl_dumps
+from slurmkit.launch.stackdump import RankTarget, capture, catches, find_pyspy, report, trigger_nccl_dumps
 from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.classify import Evidence, root_cause
 from slurmkit.supervise.ledger import Ledger
@@ -155,3 +155,22 @@ def test_the_flight_recorder_pipe_is_written_only_when_it_is_a_fifo_with_a_reade
     finally:
         os.close(reader)
     assert plain.read_text() == ""
+
+
+def test_without_py_spy_a_user_program_gets_no_signal_and_the_record_says_so(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        target = RankTarget(0, proc.pid, str(tmp_path / "rank0.txt"), "")
+        (got,) = capture([target], trainer=False, pyspy=None, proc_state=lambda pid: "S")
+        assert got.source == "none" and "py-spy is not installed" in got.text and not got.stopped
+        appended: list[tuple[str, dict]] = []
+        verdicts = report([got], node="n0", generation=3, append=lambda e, **f: appended.append((e, f)))
+        assert verdicts == []  # unknown: nothing for node 0 to weigh
+        ((event, fields),) = appended
+        assert event == "hang_stacks" and fields["ranks"][0]["place"] == "unknown"
+        assert proc.poll() is None  # still running: nothing was sent to it
+    finally:
+        proc.kill()
+        proc.wait()

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from slurmkit.supervise.classes import FailureClass
+from slurmkit.supervise.classify import Evidence, root_cause
 from slurmkit.supervise.stacks import (
     STACK_LINES, StackPlace, StackReading, Verdict, bounded_lines, evidence_root, main_thread, node_verdicts,
     parse_stack, read_stack,
@@ -113,3 +115,48 @@ def test_the_root_is_the_rank_the_stacks_name(places: dict[int, StackPlace], roo
     verdicts = [Verdict(f"n{r // 2}", r, p, 100.0 - r) for r, p in places.items()]
     got = evidence_root(verdicts)
     assert (got.rank if got is not None else None) == root
+
+
+# ------------------------------------------------------------------ root_cause with stacks
+def _hang(node: str, rank: int, t: float, detail: str = "no step after step 5 for 8.0 s") -> Evidence:
+    return Evidence(t, node, rank, "heartbeat", FailureClass.HANG, detail)
+
+
+def _stack(node: str, rank: int, place: StackPlace, detail: str) -> Evidence:
+    return Evidence(2000.0, node, rank, "stack", FailureClass.HANG, detail, place=place)
+
+
+def test_root_cause_takes_the_rank_outside_a_collective_not_the_earliest_beat() -> None:
+    evidence = [_hang("n0", 0, 1000.0), _hang("n0", 1, 1000.3), _hang("n1", 2, 1000.1),
+                _stack("n0", 1, P.OUTSIDE, "not inside a collective: load_batch (data.py:14)"),
+                _stack("n1", 2, P.COLLECTIVE, "inside a collective (all_reduce (distributed_c10d.py:3252))")]
+    assert root_cause(evidence[:3]).rank == 0  # by beats alone: the earliest
+    failure = root_cause(evidence)
+    assert failure is not None and (failure.node, failure.rank) == ("n0", 1)
+    assert failure.in_collective is False and failure.stack.endswith("load_batch (data.py:14)")
+    assert failure.evidence == "no step after step 5 for 8.0 s; stack: not inside a collective: load_batch (data.py:14)"
+    assert failure.time == 1000.3 and failure.ranks_affected == (0, 1, 2)
+
+
+def test_root_cause_falls_back_to_the_earliest_beat_when_the_stacks_say_nothing() -> None:
+    evidence = [_hang("n0", 0, 1000.0), _hang("n1", 2, 1000.1),
+                _stack("n0", 0, P.COLLECTIVE, "inside a collective (all_reduce (x.py:1))"),
+                _stack("n1", 2, P.COLLECTIVE, "inside a collective (all_reduce (x.py:1))")]
+    failure = root_cause(evidence)
+    assert failure is not None and failure.rank == 0 and failure.in_collective is True
+    assert failure.evidence == "no step after step 5 for 8.0 s"  # the beat decided, as before
+
+
+def test_stacks_never_turn_another_failure_into_a_hang() -> None:
+    crash = Evidence(1000.0, "n0", 3, "exit", FailureClass.RANK_CRASH, "returncode -9", -9)
+    failure = root_cause([crash, _stack("n0", 1, P.STOPPED, "process stopped (state T): f (x.py:1)")])
+    assert failure is not None and failure.cls == FailureClass.RANK_CRASH and failure.rank == 3
+    assert failure.stack == "" and failure.in_collective is None
+
+
+def test_a_verdict_crosses_the_channel_as_json_and_a_forged_place_is_refused() -> None:
+    ev = _stack("n0", 1, P.STOPPED, "process stopped (state T): f (x.py:1)")
+    assert Evidence.from_json(ev.to_json()) == ev
+    assert "place" not in _hang("n0", 1, 1.0).to_json()
+    with pytest.raises(ValueError):
+        Evidence.from_json({**ev.to_json(), "place": "elsewhere"})
