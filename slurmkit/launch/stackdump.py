@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 STACK_TIMEOUT_S = 5.0  # the whole capture on one node (all ranks in parallel)
 OUTPUT_BYTES = 64 * 1024  # of one rank's dump read back
+FAULTHANDLER_WAIT_S = 2.0  # its dump takes milliseconds; past this, py-spy (if any) is tried
 NCCL_DUMP_WAIT_S = 5.0  # for the flight recorder's files after its pipes were written (GPU)
 TRAINER_MODULE = "slurmkit.train"
 
@@ -135,10 +136,15 @@ def _pyspy(exe: str, t: RankTarget, stopped: bool, deadline: float) -> str:
 
 def _one(t: RankTarget, *, trainer: bool, pyspy: str | None, stopped: bool, deadline: float) -> RankStack:
     try:
+        continued = False
         if trainer and catches(t.pid, STACK_SIGNAL):
-            return RankStack(t.rank, t.pid, stopped, "faulthandler", _faulthandler(t, stopped, deadline))
+            text = _faulthandler(t, stopped, min(deadline, time.monotonic() + FAULTHANDLER_WAIT_S))
+            if text.strip() or pyspy is None:
+                return RankStack(t.rank, t.pid, stopped, "faulthandler",
+                                 text or "no stack: the faulthandler dump stayed empty")
+            continued = stopped  # an empty dump (a file replaced under it): py-spy's turn
         if pyspy is not None:
-            return RankStack(t.rank, t.pid, stopped, "py-spy", _pyspy(pyspy, t, stopped, deadline))
+            return RankStack(t.rank, t.pid, stopped, "py-spy", _pyspy(pyspy, t, stopped and not continued, deadline))
         why = "no stack: py-spy is not installed (pip install py-spy)"
     except OSError as exc:  # the rank exited meanwhile, a file that could not be read
         why = f"no stack: {exc}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -118,19 +118,20 @@ _COLLECTIVE_FUNC = re.compile(
 _NATIVE_COLLECTIVE = re.compile(r"ProcessGroup(?:Gloo|NCCL)|\bgloo::|\bnccl\w*|\bc10d::\w*Work\w*::wait")
 _DISTRIBUTED_FILE = re.compile(r"(?:^|/)torch/(?:distributed/|nn/parallel/distributed\.py)")
 # DDP all-reduces gradients from autograd's engine (C++) while backward runs: a rank waiting for
-# that all-reduce shows only the backward call in Python.
+# that all-reduce shows only the backward call in Python, as its innermost frame. With Python
+# frames above it (a hook, a custom Function) the rank runs code of its own inside backward.
 _BACKWARD = re.compile(r"(?:^|/)torch/autograd/(?:graph|__init__)\.py$")
 
 
-def collective_frame(frames: Iterable[Frame]) -> Frame | None:
-    """The innermost frame that waits inside a collective (or a backward pass, where DDP's
-    gradient all-reduce waits), None if the stack is not inside one."""
+def collective_frame(frames: Sequence[Frame]) -> Frame | None:
+    """The innermost frame that waits inside a collective (or a backward pass with no Python
+    above it, where DDP's gradient all-reduce waits), None if the stack is not inside one."""
+    if frames and _BACKWARD.search(frames[0].file) and frames[0].function in ("_engine_run_backward", "backward"):
+        return frames[0]
     for f in frames:
         if _NATIVE_COLLECTIVE.search(f.function):
             return f
         if _DISTRIBUTED_FILE.search(f.file) and _COLLECTIVE_FUNC.search(f.function):
-            return f
-        if _BACKWARD.search(f.file) and f.function in ("_engine_run_backward", "backward"):
             return f
     return None
 

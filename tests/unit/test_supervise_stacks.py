@@ -37,6 +37,13 @@ TABLE = [
     ("ddp_backward.rank0.faulthandler.txt", P.COLLECTIVE, "_engine_run_backward", "_engine_run_backward"),
     ("ddp_backward.rank0.pyspy.txt", P.COLLECTIVE, "_engine_run_backward", "_engine_run_backward"),
     ("ddp_backward.rank1.pyspy.txt", P.OUTSIDE, "", "load_batch"),
+    # A hook of its own stuck inside backward: Python above autograd's engine, no collective.
+    ("backward_hook.rank0.faulthandler.txt", P.OUTSIDE, "", "slow_hook"),
+    ("backward_hook.rank0.pyspy.txt", P.OUTSIDE, "", "slow_hook"),
+    # The reference trainer under a NodeAgent: rank 0 in its DDP comm hook's all-to-all (under
+    # backward), rank 1 in a data_stall fault.
+    ("trainer.rank0.faulthandler.txt", P.COLLECTIVE, "all_to_all_single", "all_to_all_single"),
+    ("trainer.rank1.faulthandler.txt", P.OUTSIDE, "", "stalled_data_loading"),
 ]
 
 
@@ -52,7 +59,8 @@ def test_every_captured_dump_is_in_the_table() -> None:
     captured = {p.name for p in DATA.glob("*.txt")}
     assert captured == {row[0] for row in TABLE} | {
         "all_reduce.rank1.stopped.pyspy.txt", "barrier.rank1.faulthandler.txt",
-        "broadcast.rank1.pyspy.txt", "ddp_backward.rank1.faulthandler.txt"}
+        "broadcast.rank1.pyspy.txt", "ddp_backward.rank1.faulthandler.txt",
+        "backward_hook.rank1.faulthandler.txt", "backward_hook.rank1.pyspy.txt"}
     for name in captured:
         assert read_stack((DATA / name).read_text(), stopped=False).place in (P.COLLECTIVE, P.OUTSIDE)
 

@@ -3,13 +3,18 @@
 Run from the repository root with the project's virtualenv (py-spy installed in it):
 ``.venv/bin/python tests/data/stacks/capture_stacks.py``. For each scenario two ranks form a
 gloo group on localhost: rank 0 enters a collective (all_reduce, barrier, broadcast, or the
-gradient all-reduce inside a DDP backward) while rank 1 sleeps inside ``load_batch`` (a stand-in
-for a data loader stuck on a file system). Once both are there, it writes each rank's stack as
+gradient all-reduce inside a DDP backward; in ``backward_hook`` it sleeps in a tensor hook of its
+own inside backward, no collective) while rank 1 sleeps inside ``load_batch`` (a stand-in for a
+data loader stuck on a file system). Once both are there, it writes each rank's stack as
 ``faulthandler`` prints it on SIGUSR2 (``<scenario>.rank<N>.faulthandler.txt``) and as
 ``py-spy dump`` prints it (``<scenario>.rank<N>.pyspy.txt``); for ``all_reduce`` also py-spy's
 ``--nonblocking`` dump of rank 1 while it is SIGSTOPped (``all_reduce.rank1.stopped.pyspy.txt``).
 The worker runs from ``worker.py`` in a temporary directory (py-spy's header quotes the
 command line).
+
+``trainer.rank<N>.faulthandler.txt`` are the reference trainer's own dumps (``$SLURMKIT_STACK_FILE``)
+from tests/unit/test_launch_hang_stacks.py under a real NodeAgent: rank 1 in a ``data_stall``
+fault (SIGSTOPped, continued, dumped), rank 0 in the gradient all-reduce of its DDP comm hook.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCENARIOS = ("all_reduce", "barrier", "broadcast", "ddp_backward")
+SCENARIOS = ("all_reduce", "barrier", "broadcast", "ddp_backward", "backward_hook")
 
 WORKER = r"""
 import faulthandler, os, signal, sys, threading, time
@@ -58,10 +63,19 @@ def step(model):
         t = torch.ones(16)
         print("ready", flush=True)
         dist.broadcast(t, src=1)
-    else:
+    elif scenario == "ddp_backward":
         loss = model(x).sum()
         print("ready", flush=True)
         loss.backward()
+    else:  # Python code of its own inside backward (a hook stuck on I/O): not a collective
+        w = torch.ones(8, requires_grad=True)
+        w.register_hook(slow_hook)
+        print("ready", flush=True)
+        (w * 2).sum().backward()
+
+def slow_hook(grad):
+    time.sleep(3600)
+    return grad
 
 threading.Thread(target=metrics_thread, name="metrics", daemon=True).start()
 model = DistributedDataParallel(torch.nn.Linear(8, 8)) if scenario == "ddp_backward" else None
