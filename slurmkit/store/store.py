@@ -91,6 +91,7 @@ class CheckpointStore:
                                        ring=ring if t.name in NODE_TIERS else None, links=links)
                          for t in local]
         self._shared_steps: set[int] = set()  # saves that must reach the shared tier
+        self._final_steps: set[int] = set()  # saves that must reach every slower tier
         self._writer = self._writers[0]
         self._decided: dict[int, list[str]] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slurmkit-ckpt")
@@ -163,15 +164,21 @@ class CheckpointStore:
             log.exception("on_event callback failed for %s", event.get("event"))
 
     # -- save -------------------------------------------------------------------------
-    def save(self, step: int, state: dict[str, Any], *, shared: bool = False) -> SaveHandle:
+    def save(self, step: int, state: dict[str, Any], *, shared: bool = False,
+             final: bool = False) -> SaveHandle:
         """Snapshot ``state`` and return; the write and the promotions run in the background.
 
         ``shared``: this save also goes to the shared tier whatever the promotion interval
-        (the stop checkpoint; see ``wait_shared``)."""
+        (the stop checkpoint; see ``wait_shared``). ``final``: the run's last save (the
+        trained model) goes to every slower tier whatever the intervals: node NVMe does not
+        outlive the job at most sites, and a run that ends between two promotions would
+        otherwise leave its result on node-local disks only."""
         if self._closed:
             raise SlurmkitError("CheckpointStore.save() after close()")
         if shared:
             self._shared_steps.add(step)
+        if final:
+            self._final_steps.add(step)
         t0 = time.perf_counter()
         prev = self._inflight
         if self.fg.any_true(prev is not None and not prev.done()):
@@ -216,13 +223,14 @@ class CheckpointStore:
             dests.append(self.tiers[0].name)
         every = self.cfg.lustre_every_saves
         forced = step in self._shared_steps
+        final = step in self._final_steps
         if "lustre" in names and self.primary.name != "lustre" and (
-                forced or (every and self._saves % every == 0)):
+                forced or final or (every and self._saves % every == 0)):
             dests.append("lustre")
         elif forced and "object" in names and self.primary.name not in SHARED_TIERS:
             dests.append("object")  # no Lustre: the object store is the shared tier
         every, minutes = self.cfg.object_every_saves, self.cfg.object_every_min
-        due = bool(every and self._saves % every == 0) or bool(
+        due = final or bool(every and self._saves % every == 0) or bool(
             minutes and self.clock() - self._last_object >= minutes * 60)
         if "object" in names and self.primary.name != "object" and due \
                 and "object" not in dests:

@@ -51,7 +51,8 @@ class SaveHandle(Protocol):
 class Store(Protocol):
     """The part of slurmkit.store.CheckpointStore the trainer uses."""
 
-    def save(self, step: int, state: dict[str, Any], *, shared: bool = False) -> SaveHandle: ...
+    def save(self, step: int, state: dict[str, Any], *, shared: bool = False,
+             final: bool = False) -> SaveHandle: ...
     def wait_shared(self, step: int) -> bool: ...
     def restore(self, template: dict[str, Any]) -> Any: ...
     def wait(self) -> Any: ...
@@ -148,15 +149,17 @@ class Trainer:
                  getattr(result, "tier", None))
         return step
 
-    def _save(self, step: int, shared: bool = False) -> tuple[float, SaveHandle | None]:
+    def _save(self, step: int, shared: bool = False,
+              final: bool = False) -> tuple[float, SaveHandle | None]:
         """Hand the state to the store; returns (seconds training was blocked, handle).
-        ``shared``: the save must reach the shared tier (the stop checkpoint)."""
+        ``shared``: the save must reach the shared tier (the stop checkpoint); ``final``: the
+        last step's save, promoted to every slower tier (the run's result)."""
         if self.store is None:
             return 0.0, None
         start = self._clock()
         state = capture_state(self.model, self.optimizer, self.scheduler, self.loader,
                               step=step, device=self.runtime.device)
-        handle = self.store.save(step, state, shared=shared)
+        handle = self.store.save(step, state, shared=shared, final=final)
         return self._clock() - start, handle
 
     # ---- one step -----------------------------------------------------------------------
@@ -258,7 +261,7 @@ class Trainer:
         blocking = 0.0
         if due:
             # a requeue may land on other nodes: the stop checkpoint goes to the shared tier
-            blocking, new_handle = self._save(step, shared=stop)
+            blocking, new_handle = self._save(step, shared=stop, final=step == self.t.steps)
             handle = new_handle or handle
         self.sections["ckpt"] = blocking
         if writer is not None:

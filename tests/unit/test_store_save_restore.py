@@ -156,6 +156,31 @@ def test_retention_per_tier(tmp_path: str, events: list[dict[str, Any]]) -> None
     st.close()
 
 
+def test_the_final_save_reaches_every_slower_tier_between_intervals(
+        tmp_path: str, events: list[dict[str, Any]]) -> None:
+    """The run's last save is promoted to Lustre and S3 even when neither interval is due
+    (node NVMe does not outlive the job); an ordinary save at the same count is not."""
+    def opened(where: str) -> CheckpointStore:
+        cfg = StoreConfig(nvme_uri=f"{tmp_path}/{where}/nvme",
+                          lustre_uri=f"{tmp_path}/{where}/lustre",
+                          object_uri=f"memory://final-{uuid.uuid4().hex[:8]}",
+                          lustre_every_saves=4, object_every_saves=4)
+        return CheckpointStore.from_config(cfg, rank=0, world_size=1, node="n0", env={},
+                                           on_event=events.append, sleep=lambda s: None)
+
+    for where, final in (("plain", False), ("final", True)):
+        st = opened(where)
+        state = make_state()
+        save_steps(st, state, [1, 2])
+        st.save(3, state, final=final)
+        st.wait()
+        durable = {(e["step"], e["tier"]) for e in events if e["event"] == "ckpt_durable"}
+        assert ((3, "lustre") in durable and (3, "object") in durable) is final, durable
+        assert not {(s, t) for s, t in durable if s < 3}, durable  # 1, 2: never due
+        events.clear()
+        st.close()
+
+
 def test_busy_policy_skip_and_wait(tmp_path: str, events: list[dict[str, Any]]) -> None:
     for policy in ("skip", "wait"):
         st = open_store(f"{tmp_path}/{policy}", events, busy_policy=policy)

@@ -44,11 +44,15 @@ class MemoryStore:
         self.shared: set[int] = set()  # saves asked to reach the shared tier
         self.shared_ok = shared_ok
         self.waited_shared: list[int] = []
+        self.final: set[int] = set()  # saves asked to reach every slower tier
 
-    def save(self, step: int, state: dict[str, Any], *, shared: bool = False) -> Handle:
+    def save(self, step: int, state: dict[str, Any], *, shared: bool = False,
+             final: bool = False) -> Handle:
         self.saved[step] = copy.deepcopy(state)
         if shared:
             self.shared.add(step)
+        if final:
+            self.final.add(step)
         return Handle(not self.fail)
 
     def wait_shared(self, step: int) -> bool:
@@ -139,6 +143,15 @@ def test_the_stop_checkpoint_is_sent_to_the_shared_tier_and_waited_for(group: No
     assert trainer(store, str(tmp_path), stop_at_step=3).run() == EXIT_CHECKPOINTED_ON_SIGNAL
     assert store.shared == {3}  # the periodic save of step 2 keeps its normal promotion
     assert store.waited_shared == [3]
+
+
+def test_only_the_last_steps_save_is_sent_to_every_tier(group: None, tmp_path: Any) -> None:
+    store = MemoryStore()
+    assert trainer(store, str(tmp_path), steps=5).run() == 0  # saves at 2, 4 and the end, 5
+    assert sorted(store.saved) == [2, 4, 5] and store.final == {5} and not store.shared
+    stopped = MemoryStore()
+    assert trainer(stopped, str(tmp_path / "s"), stop_at_step=3).run() == EXIT_CHECKPOINTED_ON_SIGNAL
+    assert not stopped.final  # a stop save is not the result: the shared tier suffices
 
 
 def test_a_stop_checkpoint_missing_from_the_shared_tier_is_not_exit_95(group: None,
