@@ -1,0 +1,135 @@
+"""A hidden slow node on the real local cluster: one emulated node's ranks are throttled with a
+real cgroup v1 CPU quota mid-run, and node 0 names that node in the ledger (``straggler``)
+within a bounded number of steps; a clean run of the same config and length, at the same time
+names nobody.
+
+The two jobs run side by side to keep CI's wall time at one job's; the throttled one is
+cancelled once named.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests.integration.faults import (diagnose, events, final, finish, heartbeat_step, submit,
+                                      wait_for_step)
+from tests.integration.helpers import read_ledger, slurm_env
+
+pytestmark = pytest.mark.integration
+CPU_CGROUP = "/sys/fs/cgroup/cpu"
+STEPS = 60
+WINDOW, K = 5, 3
+# The throttled node is named within this many steps of the throttle: K windows of WINDOW
+# samples (the agent samples a step per poll or less), one window the throttle fell in, and
+# the agents' posting interval. Far below STEPS: a detector that never fires fails the test.
+MAX_DETECT_STEPS = 35
+CONFIG = ["+exp=tiny", f"train.steps={STEPS}", "train.ckpt_interval_steps=30", "train.micro_batch=1",
+          "train.seq_len=32", "+job.env.SLURMKIT_STEP_DELAY_S=0.1", "supervisor.heartbeat_timeout_s=30",
+          "supervisor.poll_interval_s=0.2", f"health.straggler_window_samples={WINDOW}",
+          f"health.straggler_windows={K}",
+          # Two jobs and a throttled node on two shared cores: an agent may be starved for a few
+          # seconds; that is no node loss here (the default 3 s floor took one for it, twice).
+          "supervisor.node_timeout_s=10"]
+
+
+@pytest.fixture
+def cpu_quota() -> Iterator[str]:
+    """A cgroup v1 CPU group of 10 ms per 100 ms (a tenth of one core for all its processes);
+    its processes go back to the root group and it is removed afterwards."""
+    if not os.access(os.path.join(CPU_CGROUP, "cgroup.procs"), os.W_OK):
+        pytest.skip(f"no writable cgroup v1 cpu controller at {CPU_CGROUP}")
+    path = os.path.join(CPU_CGROUP, f"slurmkit-straggler-{uuid.uuid4().hex[:8]}")
+    os.mkdir(path)
+    try:
+        with open(os.path.join(path, "cpu.cfs_period_us"), "w") as f:
+            f.write("100000")
+        with open(os.path.join(path, "cpu.cfs_quota_us"), "w") as f:
+            f.write("10000")
+        yield path
+    finally:
+        with open(os.path.join(path, "cgroup.procs")) as f:
+            left = [line.strip() for line in f if line.strip()]
+        for pid in left:
+            try:
+                with open(os.path.join(CPU_CGROUP, "cgroup.procs"), "w") as f:
+                    f.write(pid)
+            except OSError:  # exited meanwhile
+                pass
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                os.rmdir(path)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+
+def started(run_dir: str, timeout_s: float = 300) -> list[dict]:
+    """Both nodes' ranks_started events of generation 0 (node rank order)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = [e for e in read_ledger(run_dir) if e["event"] == "ranks_started" and e["generation"] == 0]
+        if len(got) == 2:
+            return sorted(got, key=lambda e: e["slot"])
+        time.sleep(0.2)
+    raise AssertionError(f"the ranks of {run_dir} did not start within {timeout_s:.0f} s")
+
+
+def left_queue(job: str, env: dict[str, str], timeout_s: float = 120) -> None:
+    """Wait until ``job`` is out of squeue (sacct calls it CANCELLED while it still completes)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        res = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i"], env=env, capture_output=True,
+                             text=True, timeout=60, check=False)
+        if (res.returncode == 0 and not res.stdout.strip()) or "Invalid job id" in res.stderr:
+            return
+        time.sleep(0.5)
+
+
+def wait_named(run_dir: str, timeout_s: float) -> list[dict]:
+    """The ledger's straggler events once there is one (node 0's ledger flushes every 2 s)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        named = events(run_dir, "straggler")
+        if named:
+            return named
+        time.sleep(0.5)
+    return []
+
+
+def test_a_throttled_node_is_named_and_a_clean_run_names_nobody(cluster_env, tmp_path, cpu_quota) -> None:
+    env = slurm_env(cluster_env)
+    slow_job, slow_dir = submit([*CONFIG, "job.name=straggler"], env, str(tmp_path))
+    clean_job, clean_dir = submit([*CONFIG, "job.name=straggler-clean"], env, str(tmp_path))
+    try:
+        node0, node1 = started(slow_dir)
+        slow_rank = node1["ranks"][0]
+        wait_for_step(slow_dir, slow_rank, 5)
+        for pid in node1["pids"]:  # every thread of the rank moves with its process
+            with open(os.path.join(cpu_quota, "cgroup.procs"), "w") as f:
+                f.write(str(pid))
+        throttled_at = heartbeat_step(slow_dir, slow_rank)
+        # Throttled, every step of the job takes about a second: once named, the job has shown
+        # what it must; it is cancelled rather than left to finish (CI time).
+        named = wait_named(slow_dir, timeout_s=150)
+    finally:
+        subprocess.run(["scancel", slow_job], env=env, capture_output=True, timeout=60, check=False)
+        left_queue(slow_job, env)
+    assert [e["node"] for e in named] == [node1["node"]], (named, node0["node"], diagnose(slow_dir, slow_job, env))
+    (x,) = named
+    assert x["score"] < 0.7 and x["windows"] == K and x["rank"] in node1["ranks"], x
+    assert 0 < x["step"] - throttled_at <= MAX_DETECT_STEPS, (x, throttled_at)
+    assert x["own_s"] > x["job_median_s"] / 0.7 and x["sections"]["compute"] > 0, x  # its figures
+
+    # The clean run of the same config, as long as the slow one was meant to be: nobody named.
+    assert finish(clean_job, env, timeout_s=300) == "COMPLETED", diagnose(clean_dir, clean_job, env)
+    assert final(clean_dir)["step"] == STEPS
+    assert events(clean_dir, "straggler") == [], events(clean_dir, "straggler")
