@@ -1,7 +1,7 @@
 """A hidden slow node on the real local cluster: one emulated node's ranks are throttled with a
 real cgroup v1 CPU quota mid-run, and node 0 names that node in the ledger (``straggler``)
-within a bounded number of steps; a clean run of the same config and length, at the same time
-names nobody.
+within a bounded number of steps; a clean run of the same config and length, run at the same
+time, names nobody.
 
 The two jobs run side by side to keep CI's wall time at one job's; the throttled one is
 cancelled once named.
