@@ -127,3 +127,30 @@ def test_health_straggler_defaults() -> None:
     h = HealthConfig()
     assert (h.straggler_action, h.straggler_threshold, h.straggler_windows, h.straggler_window_samples) == (
         "report", 0.7, 3, 10)
+
+
+GOOD_JSON = {"gen": 1, "seq": 2, "step": 30, "ranks": {"4": 0.2, "5": 0.21},
+             "sections": {"data": 0.01, "compute": 0.19, "comm": 0.05, "ckpt": 0.0}}
+
+
+@pytest.mark.parametrize("raw", [
+    None, [], "x", {**GOOD_JSON, "ranks": [0.2]}, {**GOOD_JSON, "sections": None},
+    {**GOOD_JSON, "ranks": {"four": 0.2}}, {**GOOD_JSON, "ranks": {"-1": 0.2}},
+    {**GOOD_JSON, "ranks": {"4": -0.2}}, {**GOOD_JSON, "ranks": {"4": True}},
+    {**GOOD_JSON, "ranks": {"4": "0.2"}}, {**GOOD_JSON, "seq": "2"}, {**GOOD_JSON, "gen": None},
+    {**GOOD_JSON, "step": 1.5}, {**GOOD_JSON, "sections": {"compute": -1}},
+    {**GOOD_JSON, "ranks": {str(r): 0.1 for r in range(1025)}},
+])
+def test_a_malformed_window_is_refused(raw) -> None:
+    from slurmkit.supervise.stragglers import window_from_json
+
+    with pytest.raises(ValueError):
+        window_from_json("n1", raw)
+
+
+def test_a_window_round_trips_through_json() -> None:
+    from slurmkit.supervise.stragglers import window_from_json, window_to_json
+
+    w = window_from_json("n1", GOOD_JSON)
+    assert (w.node, w.generation, w.seq, w.step, dict(w.ranks)) == ("n1", 1, 2, 30, {4: 0.2, 5: 0.21})
+    assert window_from_json("n1", window_to_json(w)) == w
