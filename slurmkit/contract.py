@@ -41,6 +41,7 @@ MASTER_PORT = "MASTER_PORT"
 # slurmkit's own.
 RUN_DIR = "SLURMKIT_RUN_DIR"
 CONFIG = "SLURMKIT_CONFIG"  # the frozen config.yaml
+CONFIG_SHA256 = "SLURMKIT_CONFIG_SHA256"  # its sha256, carried by the batch script (rundir.py)
 LEDGER = "SLURMKIT_LEDGER"
 GENERATION = "SLURMKIT_GENERATION"  # restarts inside one allocation count generations
 NODE = "SLURMKIT_NODE"

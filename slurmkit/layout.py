@@ -26,6 +26,7 @@ from slurmkit.errors import ActionableError, ConfigError
 log = logging.getLogger(__name__)
 
 LAYOUT_NAME = "layout.json"
+FROZEN_FILE_MODE = 0o644  # config.yaml and layout.json: the job's user alone writes them
 CONFIG_NAME = "config.yaml"
 LAYOUT_VERSION = 1
 MAX_LAYOUT_BYTES = 64 * 1024  # a layout is a few hundred bytes; anything larger is not one
@@ -167,7 +168,9 @@ def write_layout(run_dir: str, layout: Layout) -> str:
         frozen = Layout(**{**asdict(layout), "config_sha256": config_digest(f.read())})
     path = os.path.join(run_dir, LAYOUT_NAME)
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
+    # 0644 whatever the umask: writable by the job's user only (slurmkit/rundir.py)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FROZEN_FILE_MODE), "w") as f:
+        os.fchmod(f.fileno(), FROZEN_FILE_MODE)
         json.dump(frozen.to_dict(), f, indent=1, sort_keys=True)
         f.write("\n")
         f.flush()

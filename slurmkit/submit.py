@@ -27,7 +27,8 @@ from rich.markup import escape
 
 from slurmkit.config import SlurmkitConfig, compose, config_hash, to_yaml
 from slurmkit.errors import ConfigError, SlurmkitError, SubmissionError, print_error
-from slurmkit.layout import Layout, resolve_layout, write_layout
+from slurmkit.layout import FROZEN_FILE_MODE, Layout, config_digest, resolve_layout, write_layout
+from slurmkit.rundir import RUN_DIR_MODE
 from slurmkit.render import JobSpec, build_jobspec, make_executor, render_standalone, render_submitit_script
 from slurmkit.submit_checks import check_run_root, check_store_backends, make_run_dir, remove_created
 from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
@@ -83,13 +84,20 @@ def freeze(cfg: SlurmkitConfig, run_dir: str, layout: Layout | None = None) -> N
     """Write config.yaml, then layout.json beside it (each atomically; the layout carries the
     config's digest, so an agent never pairs one run's layout with another's config)."""
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
+    os.chmod(run_dir, RUN_DIR_MODE)  # (a sweep's variant directory too) slurmkit/rundir.py
     path = os.path.join(run_dir, "config.yaml")
-    with open(path + ".tmp", "w") as f:
-        f.write(to_yaml(cfg))
+    with os.fdopen(os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FROZEN_FILE_MODE), "wb") as f:
+        os.fchmod(f.fileno(), FROZEN_FILE_MODE)  # whatever the umask (slurmkit/rundir.py)
+        f.write(frozen_text(cfg))
         f.flush()
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
     write_layout(run_dir, resolve_layout(cfg) if layout is None else layout)
+
+
+def frozen_text(cfg: SlurmkitConfig) -> bytes:
+    """The bytes of config.yaml; the batch script carries their sha256 (slurmkit/rundir.py)."""
+    return to_yaml(cfg).encode("utf-8")
 
 
 @dataclasses.dataclass
@@ -215,6 +223,7 @@ def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console)
     run_dir = new_run_dir(cfg)
     spec = build_jobspec(cfg, run_dir, topology_srun_args(cfg) if cfg.cluster.kind == "slurm" else [],
                          layout=layout)
+    spec = dataclasses.replace(spec, config_sha256=config_digest(frozen_text(cfg)))
     if cfg.submit.dry_run:
         if cfg.cluster.kind == "local":
             console.print(f"# local mode: {spec.nodes} agent process(es) x {spec.ranks_per_node} ranks; "

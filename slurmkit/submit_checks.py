@@ -14,6 +14,7 @@ import os
 import shutil
 
 from slurmkit.errors import ConfigError
+from slurmkit.rundir import RUN_DIR_MODE
 from slurmkit.store.config import StoreConfig
 
 _LOCAL = {None, "", "file", "local"}
@@ -110,6 +111,10 @@ def make_run_dir(run_dir: str, run_root: str) -> list[str]:
                     raise
                 continue  # a parent another submission created meanwhile: not ours to remove
             made.append(path)
+        # private: what every allocation runs lives here (slurmkit/rundir.py); chmod, since
+        # mkdir's mode is filtered by the umask
+        if os.path.abspath(run_dir) in made:
+            os.chmod(run_dir, RUN_DIR_MODE)
         os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
     except OSError as exc:
         remove_created(made, run_dir)

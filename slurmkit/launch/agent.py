@@ -28,6 +28,7 @@ from slurmkit.launch.ranks import RankProcess, spawn_rank, stop_ranks
 from slurmkit.launch.rendezvous import connect
 from slurmkit.launch.steptimes import StepTimes
 from slurmkit.layout import load_layout
+from slurmkit.rundir import RunDirError, check_config_digest, check_run_dir
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.runner import SubprocessRunner
 from slurmkit.supervise.channel import Channel, load_token
@@ -338,6 +339,13 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
     """Entry point on every node (submitit callable and `python -m slurmkit.launch RUN_DIR`)."""
     env = dict(os.environ) if env is None else dict(env)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
+    try:  # before anything is read from it: the run directory decides what this job runs
+        check_run_dir(run_dir)
+        if env.get(contract.CONFIG_SHA256):
+            check_config_digest(run_dir, env[contract.CONFIG_SHA256])
+    except RunDirError as exc:
+        log.error("%s", exc)
+        return contract.EXIT_NO_REQUEUE  # a new allocation would find the same directory
     cfg = load_frozen(os.path.join(run_dir, "config.yaml"))
     ctx = node_context(env)
     store = connect(ctx, run_dir)

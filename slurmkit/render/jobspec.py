@@ -54,6 +54,9 @@ class JobSpec:
     wckey: str | None = None
     switches: str | None = None
     segment: int | None = None
+    # sha256 of the frozen config.yaml, exported to the agents ($SLURMKIT_CONFIG_SHA256), which
+    # refuse a changed one (slurmkit/rundir.py); None: not checked (sweeps, a dry run)
+    config_sha256: str | None = None
 
     @property
     def world_size(self) -> int:

@@ -14,6 +14,7 @@ from submitit.slurm.slurm import SlurmExecutor
 
 from slurmkit.render.jobspec import JobSpec, exclude_expr
 from slurmkit.resources import packaged
+from slurmkit.rundir import shell_check
 
 TEMPLATE_DIR = str(packaged("sbatch_templates"))  # shipped as package data (slurmkit/resources.py)
 AGENT_MODULE = "slurmkit.launch"
@@ -27,6 +28,7 @@ def _env(template_dir: str | None = None) -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
     )
     env.filters["q"] = lambda v: shlex.quote(str(v))
+    env.globals["trust_check"] = shell_check()  # setup.sh.j2, in both script kinds
     return env
 
 

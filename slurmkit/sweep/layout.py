@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurmkit.errors import ConfigError
+from slurmkit.rundir import RUN_DIR_MODE
 
 SWEEP_NAME = "sweep.json"
 SUFFIX = "-sweep"
@@ -73,6 +74,7 @@ def new_sweep_dir(run_root: str, name: str, clock: Callable[[], float] = time.ti
             os.mkdir(path)
         except FileExistsError:
             continue
+        os.chmod(path, RUN_DIR_MODE)  # private, like a run directory (slurmkit/rundir.py)
         return path
     raise ConfigError(f"no free sweep directory name under {parent}", "a new directory per sweep",
                       "remove stale directories there or wait a second")

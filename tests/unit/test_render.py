@@ -101,6 +101,7 @@ def test_hostile_values_render_harmless(tmp_path) -> None:
     spec = dataclasses.replace(build_jobspec(cfg, run_dir, []), name=evil, partition=evil,
                                account=evil, gpu_type=evil, reservation=evil, wckey=evil,
                                switches=evil)
+    os.makedirs(run_dir, mode=0o700)  # the script refuses to run from a missing run directory
     for script in (render_submitit_script(spec, python="python3"),
                    render_standalone(spec, str(tmp_path / "job.sbatch"), python="python3")):
         d = tmp_path / f"s{abs(hash(script))}"

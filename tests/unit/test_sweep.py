@@ -183,6 +183,7 @@ def test_each_array_task_logs_into_its_own_variant(tmp_path) -> None:
     path = _fake_bin(tmp_path, "srun", 'echo "SRUN $SLURMKIT_RUN_DIR|$SLURMKIT_CONFIG|$*"\n')
     _fake_bin(tmp_path, "scontrol", "printf 'node1\\nnode2\\n'\n")
     env = dict(os.environ, PATH=f"{path}:{os.environ['PATH']}", SLURM_ARRAY_TASK_ID="2")
+    (sweep_dir / "2").mkdir(parents=True)  # the script runs nothing from a missing variant
     res = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("SRUN ")]
