@@ -64,6 +64,7 @@ SLURM_STEP_NUM_NODES = "SLURM_STEP_NUM_NODES"
 SLURM_NODELIST = "SLURM_NODELIST"  # the rendezvous host (see RankIdentity.slurm_env)
 SLURM_GTIDS = "SLURM_GTIDS"  # the global ranks on this node
 SLURM_CPUS_PER_TASK = "SLURM_CPUS_PER_TASK"  # the rank's share of the agent's CPUs (rank_cpus_env)
+SLURM_CPUS_ON_NODE = "SLURM_CPUS_ON_NODE"  # the job's CPUs on this node (read, never set)
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 CUDA_DEVICE_ORDER = "CUDA_DEVICE_ORDER"
@@ -136,8 +137,12 @@ def rank_cpus_env(inherited: Mapping[str, str], ranks_per_node: int) -> dict[str
 
     The agent's one task holds the node's CPUs for all its ranks; a program that sizes its
     threads or DataLoader workers from SLURM_CPUS_PER_TASK (as Slurm's own documentation
-    suggests) would otherwise take the whole node in every rank. Nothing when Slurm set none."""
-    text = inherited.get(SLURM_CPUS_PER_TASK, "").strip()
+    suggests) would otherwise take the whole node in every rank. An exclusive job submitted
+    without --cpus-per-task (a site with CoreSpecCount refuses the whole node's count) has no
+    SLURM_CPUS_PER_TASK: its step holds the CPUs Slurm gave the job on the node,
+    SLURM_CPUS_ON_NODE. Nothing when Slurm set neither."""
+    text = (inherited.get(SLURM_CPUS_PER_TASK, "").strip()
+            or inherited.get(SLURM_CPUS_ON_NODE, "").strip())
     if not text.isdigit() or ranks_per_node < 1:
         return {}
     return {SLURM_CPUS_PER_TASK: str(max(1, int(text) // ranks_per_node))}

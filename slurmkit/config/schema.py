@@ -76,7 +76,9 @@ class JobConfig:
     nodes: int = 1
     ranks_per_node: int | None = None  # None: the GPUs per node (1 on a CPU-only job)
     gpus_per_node: int | None = None  # None: all of the cluster's GPUs per node
-    cpus_per_task: int | None = None  # the node agent's CPUs; None: the cluster's cpus_per_node
+    # the node agent's CPUs; None: the cluster's cpus_per_node, or with cluster.exclusive none
+    # asked (the job holds the whole node; --cpus-per-task=<all> fails with CoreSpecCount)
+    cpus_per_task: int | None = None
     mem_gb: float | None = None  # per node; None: Slurm's default (or all with exclusive)
     time: str = "01:00:00"  # Slurm time limit: MM, HH:MM:SS, D-HH:MM:SS
     signal_lead_s: int = 120  # --signal=B:USR1@lead: warning before the time limit

@@ -109,7 +109,10 @@ def build_jobspec(cfg: SlurmkitConfig, run_dir: str, srun_args: list[str] | None
                           "a time limit longer than the warning lead",
                           "raise job.time or lower job.signal_lead_s")
     nodes = layout.nodes
-    cpus = j.cpus_per_task if j.cpus_per_task is not None else (c.cpus_per_node or None)
+    # An exclusive job already holds every CPU of its nodes and its steps use them all; asking
+    # for the whole node with --cpus-per-task fails where the site reserves cores (CoreSpecCount).
+    cpus = j.cpus_per_task if j.cpus_per_task is not None else (
+        None if c.exclusive else (c.cpus_per_node or None))
     _check_resources(cfg, nodes, cpus)
     exclude: list[str] = []
     for expr in j.exclude:

@@ -107,6 +107,9 @@ def test_slurm_task_view_shapes(rpn: int, nodes: int, tasks_per_node: str) -> No
     ({"SLURM_CPUS_PER_TASK": "3"}, 8, {"SLURM_CPUS_PER_TASK": "1"}),  # never 0
     ({"SLURM_CPUS_PER_TASK": "96"}, 8, {"SLURM_CPUS_PER_TASK": "12"}),
     ({}, 2, {}), ({"SLURM_CPUS_PER_TASK": "x"}, 2, {}),  # nothing Slurm did not set
+    # an exclusive job without --cpus-per-task: the step's CPUs on the node
+    ({"SLURM_CPUS_ON_NODE": "224"}, 8, {"SLURM_CPUS_PER_TASK": "28"}),
+    ({"SLURM_CPUS_PER_TASK": "8", "SLURM_CPUS_ON_NODE": "224"}, 2, {"SLURM_CPUS_PER_TASK": "4"}),
 ])
 def test_rank_cpus_env(inherited: dict[str, str], rpn: int, want: dict[str, str]) -> None:
     assert contract.rank_cpus_env(inherited, rpn) == want

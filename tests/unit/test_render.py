@@ -56,12 +56,23 @@ def test_standalone_script_matches_golden(name: str, overrides: list[str]) -> No
 def test_llama70b_script_has_every_multinode_option() -> None:
     text = render_submitit_script(_spec(["+exp=llama70b", "cluster=dgx_h100", "job.exclude=['gpu[001-003]',gpu010]",
                                          "supervisor.spare_nodes=1"]), python="python3")
-    for flag in ("--nodes=9", "--ntasks-per-node=1", "--gpus-per-node=8", "--cpus-per-task=224",
+    for flag in ("--nodes=9", "--ntasks-per-node=1", "--gpus-per-node=8",
                  "--time=2-00:00:00", "--signal=B:USR1@300", "--requeue", "--open-mode=append",
                  "--exclusive", "--exclude='gpu[001-003,010]'", "--dependency=singleton",
                  "--job-name=llama70b", "--partition=batch", "--account=llm-pretrain", "--qos=normal",
                  "--cpu-bind=none", "module load cuda/12.4 nccl/2.21"):
         assert flag in text, flag
+    # exclusive: the job holds whole nodes; --cpus-per-task=224 would fail with CoreSpecCount
+    assert "--cpus-per-task" not in text
+
+
+def test_cpus_per_task_only_where_asked_or_sharing_nodes() -> None:
+    given = render_submitit_script(_spec(["+exp=llama70b", "cluster=dgx_h100", "job.cpus_per_task=200"]),
+                                   python="python3")
+    assert "--cpus-per-task=200" in given
+    shared = render_submitit_script(_spec(["+exp=llama70b", "cluster=dgx_h100", "cluster.exclusive=false"]),
+                                    python="python3")
+    assert "--cpus-per-task=224" in shared  # a shared node: ask for the CPUs the ranks need
 
 
 def test_container_profile_passes_pyxis_flags() -> None:
