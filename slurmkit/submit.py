@@ -187,8 +187,14 @@ def print_submitted(console: Console, s: Submitted, spec: JobSpec) -> None:
     console.print(f"  cancel        : slurmkit cancel --checkpoint {shlex.quote(s.run_dir)}")
 
 
-def wait_job(s: Submitted, env: Mapping[str, str], timeout_s: float) -> int:
-    """Block until the job ends; 0 when it completed."""
+def wait_job(s: Submitted, env: Mapping[str, str], timeout_s: float, *,
+             clock: Callable[[], float] = time.monotonic,
+             sleep: Callable[[float], None] = time.sleep) -> int:
+    """Block until the job ends; 0 when it completed.
+
+    sacct is polled after 1 s, then at intervals doubling to 30 s: a job waited on for a day
+    costs slurmdbd a few thousand queries, not 86,400.
+    """
     if s.executor == "local":
         try:
             s.job.wait()  # type: ignore[attr-defined]
@@ -198,10 +204,11 @@ def wait_job(s: Submitted, env: Mapping[str, str], timeout_s: float) -> int:
     from slurmkit.slurm.client import SlurmClient
     from slurmkit.slurm.runner import SubprocessRunner
 
-    client = SlurmClient(SubprocessRunner(env=env))
+    client = SlurmClient(SubprocessRunner(env=env), clock=clock, sleep=sleep)
     terminal = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                 "PREEMPTED", "BOOT_FAIL", "DEADLINE"]
-    state = client.wait_for_state(s.job_id, terminal, timeout_s or 10 ** 9, poll_s=1.0, source="sacct")
+    state = client.wait_for_state(s.job_id, terminal, timeout_s or 10 ** 9, poll_s=1.0, max_poll_s=30.0,
+                                  source="sacct")
     return 0 if state == "COMPLETED" else 1
 
 

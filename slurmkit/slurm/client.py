@@ -248,20 +248,31 @@ class SlurmClient:
         timeout_s: float,
         *,
         poll_s: float = 1.0,
+        max_poll_s: float | None = None,
         source: Literal["auto", "scontrol", "sacct"] = "auto",
         clock: Callable[[], float] | None = None,
         sleep: Callable[[float], None] | None = None,
     ) -> str:
         """Poll until the job is in one of ``states``; returns that state.
 
+        ``poll_s`` is the first wait between polls, in seconds. With ``max_poll_s`` the wait
+        doubles after each poll up to ``max_poll_s`` (a long wait then costs the controller
+        and slurmdbd a query every ``max_poll_s`` rather than every second); without it every
+        wait is ``poll_s``. The last wait is cut short at the deadline.
+
         Raises SlurmJobStateError if the job ends in another terminal state (it cannot get
         there any more) and SlurmWaitTimeout after ``timeout_s`` seconds of ``clock``.
         """
+        if poll_s <= 0 or (max_poll_s is not None and max_poll_s < poll_s):
+            raise ValueError(f"Detected: poll_s={poll_s:g}, max_poll_s={max_poll_s}. Requirement: "
+                             "0 < poll_s <= max_poll_s. Fix: pass a positive poll_s and a max_poll_s "
+                             "no smaller than it (or none, for a fixed interval).")
         clock = clock or self.clock
         sleep = sleep or self.sleep
         wanted = set(states)
         deadline = clock() + timeout_s
         seen = "UNKNOWN"
+        wait_s = poll_s
         while True:
             seen = self._poll_state(job_id, source, default=seen)
             if seen in wanted:
@@ -272,7 +283,9 @@ class SlurmClient:
             if clock() >= deadline:
                 raise SlurmWaitTimeout(
                     f"job {job_id} still {seen} after {timeout_s:g} s, expected {sorted(wanted)}")
-            sleep(poll_s)
+            sleep(min(wait_s, deadline - clock()))
+            if max_poll_s is not None:
+                wait_s = min(wait_s * 2, max_poll_s)
 
     def _poll_state(self, job_id: str, source: Literal["auto", "scontrol", "sacct"],
                     default: str) -> str:

@@ -256,3 +256,45 @@ def test_state_falls_back_to_sacct_once_controller_forgot(fake: FakeSlurm, scrip
     assert client.wait_for_state(job_id, {"TIMEOUT"}, 1) == "TIMEOUT"
     with pytest.raises(SlurmJobStateError):
         client.job_state("999")
+
+
+def test_wait_for_state_backs_off_to_max_poll(fake: FakeSlurm, script: str) -> None:
+    t = FakeTime()
+    client = make_client(fake, t)
+    job_id = client.submit(script)
+
+    def sleep(seconds: float) -> None:
+        t.sleep(seconds)
+        if len(t.sleeps) == 8:
+            fake.start(job_id)
+
+    assert client.wait_for_state(job_id, {"RUNNING"}, 600, poll_s=1, max_poll_s=30,
+                                 sleep=sleep) == "RUNNING"
+    assert t.sleeps == [1, 2, 4, 8, 16, 30, 30, 30]
+
+
+def test_wait_for_state_backoff_stops_at_the_deadline(fake: FakeSlurm, script: str) -> None:
+    t = FakeTime()
+    client = make_client(fake, t)
+    job_id = client.submit(script)
+    with pytest.raises(SlurmWaitTimeout, match="still PENDING after 20 s"):
+        client.wait_for_state(job_id, {"RUNNING"}, 20, poll_s=1, max_poll_s=30)
+    assert t.sleeps == [1, 2, 4, 8, 5]  # the last wait cut short at the deadline, not 16 s
+
+
+def test_wait_for_state_without_max_poll_keeps_a_fixed_interval(fake: FakeSlurm, script: str) -> None:
+    t = FakeTime()
+    client = make_client(fake, t)
+    job_id = client.submit(script)
+    with pytest.raises(SlurmWaitTimeout):
+        client.wait_for_state(job_id, {"RUNNING"}, 6, poll_s=1.5)
+    assert t.sleeps == [1.5] * 4
+
+
+@pytest.mark.parametrize("poll_s,max_poll_s", [(0, None), (-1, 5), (10, 5)])
+def test_wait_for_state_refuses_nonsense_intervals(fake: FakeSlurm, script: str, poll_s: float,
+                                                   max_poll_s: float | None) -> None:
+    client = make_client(fake)
+    job_id = client.submit(script)
+    with pytest.raises(ValueError, match="Detected: poll_s="):
+        client.wait_for_state(job_id, {"RUNNING"}, 6, poll_s=poll_s, max_poll_s=max_poll_s)
