@@ -29,6 +29,7 @@ from slurmkit.errors import SlurmkitError
 from slurmkit.launch.cancel_request import read_cancel_request
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.errors import SlurmError
+from slurmkit.store.config import run_identity
 from slurmkit.slurm.hostlist import expand_hostlist
 from slurmkit.supervise.channel import COMPLETED, SIGNALLED, Channel, ChannelError
 from slurmkit.supervise.classes import FailureClass
@@ -36,7 +37,7 @@ from slurmkit.supervise.classify import Evidence, root_cause
 from slurmkit.supervise.monitor import EXIT_CHECKPOINTED_ON_SIGNAL
 from slurmkit.supervise.policy import (Action, Decision, History, Limits, State, StateMachine, after_warning,
                                        decide, requeue_refusal)
-from slurmkit.supervise.requeue import job_ref, requeue_now
+from slurmkit.supervise.requeue import job_ref, refused_by_slurm, requeue_now
 from slurmkit.supervise.slurmview import (DECISION_RETRY, DECISION_TIMEOUT_S, SlurmdProbe, node_health,
                                           slurmd_answers)
 from slurmkit.supervise.succession import (Claim, Done, Watched, clear_done, read_done, succeed,
@@ -542,13 +543,25 @@ class Supervisor:
             if name in self.spares:
                 self.spares.remove(name)
 
-    def requeue(self, reason: str, exclude: tuple[str, ...]) -> None:
-        """Node 0: requeue this job without the bad nodes and make it eligible at once."""
+    def requeue(self, reason: str, exclude: tuple[str, ...]) -> int:
+        """Node 0: requeue this job without the bad nodes and make it eligible at once. Returns
+        the agent's exit code: 0, or 93 when Slurm refused the requeue (said, never a crash)."""
         self.ledger.append("requeue", job_id=self.where.job_id, reason=reason, exclude=list(exclude))
         if self._failure_requeue:
             self._mark_failure_requeue()
-        if self.slurm is not None:
+        if self.slurm is None:
+            return 0
+        try:
             requeue_now(self.slurm, self.where.job_id, exclude, env=self.env, run_dir=self.run_dir)
+        except SlurmError as exc:
+            run_id = run_identity(self.cfg.store, {**self.env, "SLURMKIT_RUN_DIR": self.run_dir})
+            why = refused_by_slurm(self.where.job_id, exc, run_id)
+            self.ledger.append("requeue_refused", reason=why, generation=self.gen)
+            print(f"slurmkit supervisor: stopping, exit {EXIT_NO_REQUEUE} (not requeued): {why}",
+                  file=sys.stderr, flush=True)
+            self.ledger.append("end", status="stopped", exit_code=EXIT_NO_REQUEUE, reason=why)
+            return EXIT_NO_REQUEUE
+        return 0
 
     def apply_decision(self, d: Decision, gen: int) -> int | None:
         self.decisions.append((gen, d))
@@ -569,7 +582,7 @@ class Supervisor:
             if self.is_node0:
                 if d.exclude:
                     self.ledger.append("exclusion", nodes=list(d.exclude), how="requeue")
-                self.requeue(d.reason, d.exclude)
+                return self.requeue(d.reason, d.exclude)
             return 0
         self.sm.to(State.STOPPED, d.reason)
         print(f"slurmkit supervisor: stopping, exit {EXIT_NO_REQUEUE} (do not requeue): {d.reason}",
@@ -589,7 +602,7 @@ class Supervisor:
         if kind == "time_limit" and self.cfg.job.requeue and self.slurm is not None:
             self.sm.to(State.REQUEUEING, "time limit")
             if self.is_node0:
-                self.requeue("time limit warning: final checkpoint saved", ())
+                return self.requeue("time limit warning: final checkpoint saved", ())
             return 0
         # Preemption: Slurm requeues a preempted job itself. Local mode: nothing to requeue.
         self.sm.to(State.COMPLETED, "left on signal")
@@ -665,9 +678,9 @@ class Supervisor:
         self.ledger.append("decision", generation=gen, action=Action.REQUEUE.value, reason=reason, exclude=[node0])
         self.ledger.append("exclusion", nodes=[node0], how="requeue")
         self._failure_requeue = True
-        self.requeue(reason, (node0,))
-        self._leave_done(State.REQUEUEING.value, 0)
-        return 0
+        code = self.requeue(reason, (node0,))
+        self._leave_done(State.REQUEUEING.value if code == 0 else State.STOPPED.value, code)
+        return code
 
     def _requeued_in_slurm(self) -> bool:
         """One bounded query: has Slurm requeued this job past this attempt (or is it pending)?
@@ -749,9 +762,9 @@ class Supervisor:
                            why=f"node 0's own agent failed ({detail}): the node is not to blame: not excluded")
         self.ledger.append("decision", generation=gen, action=Action.REQUEUE.value, reason=reason, exclude=[])
         self._failure_requeue = True
-        self.requeue(reason, ())
-        self._leave_done(State.REQUEUEING.value, 0)
-        return 0
+        code = self.requeue(reason, ())
+        self._leave_done(State.REQUEUEING.value if code == 0 else State.STOPPED.value, code)
+        return code
 
     def finish(self, code: int) -> int:
         """Leave together: node 0 keeps the store alive until every agent has read what it needs,

@@ -273,3 +273,30 @@ def test_a_spares_agent_error_fails_no_generation(tmp_path: Path) -> None:
     assert [e["node"] for e in c.ledger.of("agent_error")] == ["n2"]
     assert c.decisions() == [] and not c.ledger.of("failure")
     assert [e["status"] for e in c.ledger.of("end")] == ["completed"]
+
+
+def test_a_requeue_slurm_refuses_stops_with_93_and_says_how_to_resume(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A site whose QOS or job_submit plugin forbids `scontrol requeue` (here: the fake
+    controller refuses it, as Slurm does for a job it will not requeue): node 0 stops with 93
+    and says so, instead of dying on the exception (the job ended FAILED with exit 1)."""
+    fake = FakeSlurm({"debug": "n[0-1]"})  # job 7 unknown to it: scontrol's own refusal text
+    calls: list[str] = []
+
+    def refusing(slurm: SlurmClient, job_id: str, exclude: tuple[str, ...], **kw: object) -> None:
+        calls.append(job_id)
+        slurm.requeue(job_id, hold=bool(exclude))  # the real client: raises SlurmCommandError
+
+    monkeypatch.setattr("slurmkit.supervise.loop.requeue_now", refusing)
+    c = guarded(Cluster(tmp_path, [Script(), Script()], node_timeout_s=120.0,
+                        slurm=client(fake)))
+    with_failing(c, 1)
+    slurmd(c, answers=False)
+    assert c.run() == {0: EXIT_NO_REQUEUE, 1: 1}
+    assert calls == ["7"] and not c.errors
+    (refused,) = c.ledger.of("requeue_refused")
+    assert "Detected: Slurm refused `scontrol requeue 7`" in refused["reason"]
+    assert "Invalid job id" in refused["reason"] and "store.run_id=" in refused["reason"]
+    (end,) = c.ledger.of("end")
+    assert end["exit_code"] == EXIT_NO_REQUEUE and end["reason"] == refused["reason"]
+    assert "Slurm refused" in capsys.readouterr().err  # and in the job's log
