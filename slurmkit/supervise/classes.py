@@ -28,6 +28,9 @@ class FailureClass(str, Enum):
     # A fatal CUDA error that a bug can cause as well as a GPU (an illegal memory access, an
     # unspecified launch failure): the node is suspect, excluded when it happens there again.
     CUDA_ERROR = "cuda_error"
+    # Node 0 stopped the generation itself, right after a checkpoint newer than the naming was
+    # committed, to move a node that stays slow onto a spare (health.straggler_action=replace).
+    STRAGGLER = "straggler"
 
 
 @dataclass(frozen=True)
@@ -56,4 +59,7 @@ CLASS_INFO: dict[FailureClass, ClassInfo] = {
     FailureClass.PREFLIGHT: ClassInfo(True, True, bad_node=True),
     FailureClass.GPU_FAULT: ClassInfo(True, True, bad_node=True),  # out on the first one
     FailureClass.CUDA_ERROR: ClassInfo(True, True),
+    # Not bad_node: slow is not broken (its own load, a neighbour's job), so it never leaves a
+    # requeue's node list; it only gives its slot to a spare when one is there (policy.decide).
+    FailureClass.STRAGGLER: ClassInfo(True, False),
 }

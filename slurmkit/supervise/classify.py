@@ -186,7 +186,7 @@ class Failure:
 # may follow at interpreter exit is how.
 _STRENGTH = {F.NODE_LOSS: 0, F.PREFLIGHT: 0, F.GPU_FAULT: 0, F.CUDA_ERROR: 1, F.GPU_OOM: 1, F.HOST_OOM: 1, F.CONFIG_ERROR: 1, F.NCCL_TIMEOUT: 2,
              F.WATCHDOG_STUCK: 2, F.NCCL_SYNC: 3, F.NCCL_ERROR: 3, F.HANG: 4, F.TIME_LIMIT: 4,
-             F.PREEMPTION: 4, F.USER_ERROR: 5, F.RANK_CRASH: 6, F.PEER_FAILURE: 9}
+             F.PREEMPTION: 4, F.USER_ERROR: 5, F.RANK_CRASH: 6, F.STRAGGLER: 7, F.PEER_FAILURE: 9}
 
 
 def _rank_class(items: list[Evidence]) -> tuple[FailureClass, Evidence]:
@@ -254,6 +254,13 @@ def root_cause(evidence: Iterable[Evidence]) -> Failure | None:
     failure = Failure(cls=cls, rank=rank, node=node, time=first, evidence=printable_detail(decisive.detail),
                       ranks_affected=tuple(sorted({s[3] for s in summaries if s[3] >= 0})))
     return _hang_by_stacks(failure, stacks, by_rank) if cls == F.HANG and stacks else failure
+
+
+def bad_nodes(evidence: Iterable[Evidence]) -> list[str]:
+    """Every node the evidence proves bad at once (its pre-flight failed, its hardware faulted:
+    classes.ClassInfo.bad_node), whichever failure is the root: several nodes failing their
+    pre-flight in one generation all leave in one decision, not one per generation."""
+    return sorted({e.node for e in evidence if e.node and e.kind != "stack" and CLASS_INFO[e.cls].bad_node})
 
 
 def _hang_by_stacks(failure: Failure, stacks: list[Evidence],

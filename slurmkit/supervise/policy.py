@@ -130,8 +130,14 @@ class Limits:
 def decide(failure: Failure, history: History, ckpt_step: int | None, limits: Limits,
            spare_nodes: list[str], lost_nodes: list[str],
            agent_lost: Collection[str] = (), *, warned: str | None = None,
-           can_requeue: bool = True) -> tuple[Decision, History]:
+           can_requeue: bool = True, bad_nodes: Collection[str] = ()) -> tuple[Decision, History]:
     """What to do about ``failure``, and the history after it (progress is checkpoint progress).
+
+    ``bad_nodes``: every node this generation's evidence proves bad at once (its pre-flight
+    failed, its GPU faulted: classify.bad_nodes), whichever failure is the root. One decision
+    moves all of them and every lost node out: a spare each, or, when the spares run out, a
+    requeue without them all (a generation cannot run with a slot empty). A failure that moves
+    a node out is the node's, not the program's: it does not count toward the crash loop.
 
     ``agent_lost`` are lost nodes whose agent is gone while Slurm still calls the node healthy
     (SIGKILLed, or it reported its own error): the node is not to blame, so it is never
@@ -139,6 +145,10 @@ def decide(failure: Failure, history: History, ckpt_step: int | None, limits: Li
     agent it cannot run this allocation's next generation: a spare takes its slot, else the job
     requeues with the node kept (a relaunch of one node's agent inside the allocation is not
     built: a new agent cannot join generations already under way).
+
+    A ``straggler`` (node 0 stopped the generation at a checkpoint to move a slow node out:
+    health.straggler_action=replace) takes a spare, or restarts with the node kept when none is
+    left; it never requeues and never counts as a crash (``_move_straggler``).
 
     ``warned``: the stop signal this allocation got (the agent's ``signal_kind``; pass the
     failure through ``after_warning`` first). The allocation is ending, so no new generation
@@ -166,19 +176,16 @@ def decide(failure: Failure, history: History, ckpt_step: int | None, limits: Li
     if not info.restartable:
         return Decision(Action.STOP, f"{where}; restarting cannot fix {failure.cls.value}: fix the "
                         "configuration (memory, batch size, layout) and resubmit"), history
-    progressed = ckpt_step is not None and (history.ckpt_step_at_last_failure is None
-                                            or ckpt_step > history.ckpt_step_at_last_failure)
+    if failure.cls == FailureClass.STRAGGLER and warned is None:
+        return _move_straggler(failure, history, ckpt_step, spare_nodes, where)
     kept = set(agent_lost) & set(lost_nodes)
-    per_node = Counter(dict(history.failures_per_node))
-    if info.suspect_node and failure.node and failure.node not in kept:
-        per_node[failure.node] += 1
-    h = replace(history, restarts_without_progress=0 if progressed else history.restarts_without_progress + 1,
-                ckpt_step_at_last_failure=ckpt_step, failures_per_node=tuple(sorted(per_node.items())))
-    at_once = {failure.node} if info.bad_node and failure.node else set()  # e.g. a failed pre-flight
+    at_once = ({failure.node} if info.bad_node and failure.node else set()) | (set(bad_nodes) - kept)
     # A node that is lost or proven bad (a GPU fault, a failed pre-flight) is not the program's
-    # crash loop: it leaves (spare or requeue without it) however many failures came before.
-    hardware = ((set(lost_nodes) - kept) | at_once) - h.retired
-    repeated = {n for n, k in per_node.items() if k >= 2}
+    # crash loop: it leaves (spare or requeue without it) however many failures came before,
+    # and its failure is not one more toward the limit.
+    hardware = ((set(lost_nodes) - kept) | at_once) - history.retired
+    h = _after_failure(failure, history, ckpt_step, counts=not hardware, kept=kept)
+    repeated = {n for n, k in h.failures_per_node if k >= 2}
     bad = sorted(((set(lost_nodes) - kept) | repeated | at_once) - h.retired)
     if warned is not None:  # the time-limit warning came: nothing more runs in this allocation
         tail = f" without {','.join(bad)}" if bad else ""
@@ -189,22 +196,59 @@ def decide(failure: Failure, history: History, ckpt_step: int | None, limits: Li
                         f"without checkpoint progress (last checkpoint step {ckpt_step}): a crash loop"), h
     gone = sorted(kept - h.retired - set(bad))  # healthy nodes without an agent
     if bad or gone:
-        out = bad + gone
-        if len(spare_nodes) >= len(out):
-            why = f"replacing {','.join(out)} with a spare" + (
-                f" ({','.join(gone)}: agent lost, node healthy, kept for later allocations)" if gone else "")
-            return (Decision(Action.REPLACE_NODE, f"{where}; {why}", tuple(out)),
-                    replace(h, retired=h.retired | frozenset(out)))
-        if not bad:
-            return Decision(Action.REQUEUE, f"{where}; agent lost on {','.join(gone)} while Slurm calls "
-                            "the node healthy and no spare is left: requeue keeping the node"), h
-        kept_note = f" (keeping {','.join(gone)}: agent lost, node healthy)" if gone else ""
-        return Decision(Action.REQUEUE, f"{where}; no spare node left for {','.join(bad)}: requeue "
-                        f"without it{kept_note}", tuple(bad)), h
+        return _move_out(where, h, bad, gone, spare_nodes)
     if h.restarts >= limits.max_restarts:
         return Decision(Action.REQUEUE, f"{where}; {h.restarts} restarts in this allocation"), h
     h = h.restarted()
     return Decision(Action.RESTART, f"{where}; restart {h.restarts} in the allocation"), h
+
+
+def _after_failure(failure: Failure, history: History, ckpt_step: int | None, *, counts: bool,
+                   kept: Collection[str]) -> History:
+    """The history once ``failure`` happened: checkpoint progress resets the crash-loop count,
+    a failure without progress adds one when it ``counts`` (not when it moves a node out), and
+    a suspect class counts against its node (not one whose agent alone was lost)."""
+    progressed = ckpt_step is not None and (history.ckpt_step_at_last_failure is None
+                                            or ckpt_step > history.ckpt_step_at_last_failure)
+    per_node = Counter(dict(history.failures_per_node))
+    if CLASS_INFO[failure.cls].suspect_node and failure.node and failure.node not in kept:
+        per_node[failure.node] += 1
+    without = 0 if progressed else history.restarts_without_progress + (1 if counts else 0)
+    return replace(history, restarts_without_progress=without, ckpt_step_at_last_failure=ckpt_step,
+                   failures_per_node=tuple(sorted(per_node.items())))
+
+
+def _move_out(where: str, h: History, bad: list[str], gone: list[str],
+              spare_nodes: list[str]) -> tuple[Decision, History]:
+    """Every bad node and every healthy node without an agent leaves in this one decision."""
+    out = bad + gone
+    if len(spare_nodes) >= len(out):
+        why = f"replacing {','.join(out)} with {'a spare' if len(out) == 1 else f'{len(out)} spares'}" + (
+            f" ({','.join(gone)}: agent lost, node healthy, kept for later allocations)" if gone else "")
+        return (Decision(Action.REPLACE_NODE, f"{where}; {why}", tuple(out)),
+                replace(h, retired=h.retired | frozenset(out)))
+    if not bad:
+        return Decision(Action.REQUEUE, f"{where}; agent lost on {','.join(gone)} while Slurm calls "
+                        "the node healthy and no spare is left: requeue keeping the node"), h
+    kept_note = f" (keeping {','.join(gone)}: agent lost, node healthy)" if gone else ""
+    short = f"{len(spare_nodes)} spare(s) for {len(out)} nodes" if spare_nodes else "no spare node left"
+    return Decision(Action.REQUEUE, f"{where}; {short} ({','.join(bad)}): requeue "
+                    f"without {'it' if len(bad) == 1 else 'them'}{kept_note}", tuple(bad)), h
+
+
+def _move_straggler(failure: Failure, history: History, ckpt_step: int | None, spare_nodes: list[str],
+                    where: str) -> tuple[Decision, History]:
+    """Node 0 stopped the generation right after a checkpoint newer than the naming committed,
+    to move the slow node onto a spare. Neither a crash nor a restart is counted: the training
+    lost only the steps since that checkpoint. Without a spare left (lost since node 0 chose to
+    stop) the node stays and the generation restarts from the checkpoint; never a requeue."""
+    h = _after_failure(failure, history, ckpt_step, counts=False, kept=())
+    if failure.node and failure.node not in history.retired and spare_nodes:
+        return (Decision(Action.REPLACE_NODE, f"{where}; moving the straggler {failure.node} onto a spare "
+                         f"at checkpoint step {ckpt_step}", (failure.node,)),
+                replace(h, retired=h.retired | {failure.node}))
+    return Decision(Action.RESTART, f"{where}; no spare node left: {failure.node} stays (reported only), "
+                    f"restart from checkpoint step {ckpt_step}"), h
 
 
 def requeue_refusal(*, failure_requeues: int | None, max_requeues: int, excluded: Collection[str],

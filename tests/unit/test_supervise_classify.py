@@ -21,8 +21,9 @@ def captured(name: str) -> list[str]:
         return [ln.rstrip("\n") for ln in f if ln.strip() and not ln.startswith("# ")]
 
 
-# These print nothing: a hang and a crash are seen from outside, a pre-flight by the agent itself.
-LINE_CLASSES = [c for c in FailureClass if c not in (F.HANG, F.RANK_CRASH, F.PREFLIGHT)]
+# These print nothing: a hang and a crash are seen from outside, a pre-flight by the agent itself,
+# a straggler by node 0 from the step times.
+LINE_CLASSES = [c for c in FailureClass if c not in (F.HANG, F.RANK_CRASH, F.PREFLIGHT, F.STRAGGLER)]
 TABLE = [(cls, line) for cls in LINE_CLASSES for line in captured(cls.value)]
 
 
