@@ -24,6 +24,7 @@ import logging
 import os
 import stat
 import time
+from collections.abc import Callable
 from typing import Literal
 
 log = logging.getLogger(__name__)
@@ -351,13 +352,30 @@ def skip_message(rec: PidRecord, why: str) -> str:
             "and stop it by hand (kill -TERM -- -<its pgid>)")
 
 
-def record(name: str, pid: int, proc_root: str = "/proc") -> PidRecord | None:
-    """The record of a process just started (its program and start time read from /proc now);
-    None when it is already gone."""
-    ident = proc_identity(pid, proc_root)
-    if ident is None:
-        return None
-    return PidRecord(name, pid, ident.program, ident.start_ticks, time.time())
+def _running(pid: int, proc_root: str) -> bool:
+    """A process (not a zombie) holds ``pid`` now."""
+    try:
+        with open(f"{proc_root}/{pid}/stat", "rb") as f:
+            return f.read().decode("ascii", "replace").rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def record(name: str, pid: int, proc_root: str = "/proc", *, wait_s: float = 5.0,
+           sleep: Callable[[float], None] = time.sleep,
+           clock: Callable[[], float] = time.monotonic) -> PidRecord | None:
+    """The record of a process just started (its program and start time read from /proc);
+    None when it is gone. A process that has just exec'd shows an empty cmdline for a moment
+    (the kernel sets the new argument area after the exec is visible; seen with slurmd, whose
+    record then failed while it ran on, holding its port): it is read again until ``wait_s``."""
+    deadline = clock() + wait_s
+    while True:
+        ident = proc_identity(pid, proc_root)
+        if ident is not None:
+            return PidRecord(name, pid, ident.program, ident.start_ticks, time.time())
+        if not _running(pid, proc_root) or clock() >= deadline:
+            return None
+        sleep(0.01)
 
 
 def dump_pids(records: dict[str, PidRecord]) -> str:

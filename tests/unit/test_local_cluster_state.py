@@ -314,3 +314,33 @@ def test_spawn_records_program_and_start_time_that_down_checks(lc: ModuleType, t
             os.waitpid(pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
+
+
+def _fake_proc(root: Path, pid: int, state: str, cmdline: bytes) -> None:
+    d = root / str(pid)
+    d.mkdir(parents=True, exist_ok=True)
+    fields = [state, "1", str(pid), str(pid)] + ["0"] * 15 + ["424242"] + ["0"] * 10
+    (d / "stat").write_text(f"{pid} (slurmd) " + " ".join(fields) + "\n")
+    (d / "cmdline").write_bytes(cmdline)
+
+
+def test_record_waits_out_the_empty_cmdline_of_a_process_that_just_execd(tmp_path: Path) -> None:
+    """Right after exec the kernel shows an empty cmdline for a moment (seen with slurmd: `up`
+    said it had exited while it ran on, holding its port); the record is read again."""
+    from slurmkit.testing import cluster_state as cs
+
+    _fake_proc(tmp_path, 4242, "S", b"")
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:  # the argument area appears while the tool waits
+        slept.append(s)
+        _fake_proc(tmp_path, 4242, "S", b"slurmd\0-D\0-N\0node1\0")
+
+    rec = cs.record("slurmd-node1", 4242, str(tmp_path), sleep=sleep)
+    assert rec is not None and rec.program == "slurmd" and rec.start_ticks == 424242 and slept
+    _fake_proc(tmp_path, 4243, "Z", b"")  # a zombie: gone at once, no wait
+    assert cs.record("x", 4243, str(tmp_path), sleep=lambda s: pytest.fail("waited")) is None
+    _fake_proc(tmp_path, 4244, "S", b"")  # never fills: given up at the deadline
+    t = iter(range(100))
+    assert cs.record("x", 4244, str(tmp_path), wait_s=3, sleep=lambda s: None,
+                     clock=lambda: float(next(t))) is None
