@@ -43,6 +43,19 @@ class HealthConfig:
     shared_timeout_s: float = 5.0  # the shared tiers (lustre, object) answer within this, or: wait
     wait_max_s: float = 120.0  # re-check "wait" verdicts this long, then start the ranks anyway
     wait_retry_s: float = 5.0  # between those re-checks
+    # Clock offset to node 0 (slurmkit.health.clock): beyond this many seconds, even at the edge of
+    # the measurement's uncertainty, the node is bad. 1 s: nodes under NTP/chrony agree within
+    # milliseconds, so a second means the node's time sync is broken, and the run's ledger, whose
+    # events from every node are merged by time, would misorder failures. 0 = off.
+    max_clock_offset_s: float = 1.0
+    # Bandwidth among the train nodes (slurmkit.health.links): each exchanges link_probe_mb both
+    # ways with its two ring neighbours; a node whose best link is below min_link_ratio times
+    # the median of all is bad. Off for a single-node job. A missed link_timeout_s is "wait".
+    links: bool = True
+    link_timeout_s: float = 5.0
+    link_probe_mb: float = 4.0
+    min_link_ratio: float = 0.5
+    link_backend: str = "auto"  # auto (nccl when CUDA is there, else gloo), gloo or nccl
     # Site health commands, each an argv list run without a shell (exit 0 = healthy node), e.g.
     # [[/opt/site/nodecheck, --quick]]. Their output is captured (the last output_max_bytes).
     extra_commands: list[list[str]] = field(default_factory=list)
@@ -59,6 +72,7 @@ class HealthConfig:
 
     def __post_init__(self) -> None:
         self._check_stragglers()
+        self._check_network()
         for name in ("timeout_s", "shared_timeout_s", "wait_retry_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"health.{name}={getattr(self, name)}", "a positive number of seconds",
@@ -101,3 +115,18 @@ class HealthConfig:
             raise ConfigError(f"health.straggler_window_samples={self.straggler_window_samples}",
                               "at least 3 samples (a median of fewer follows one slow step)",
                               "set health.straggler_window_samples=10")
+
+    def _check_network(self) -> None:
+        if self.max_clock_offset_s < 0:
+            raise ConfigError(f"health.max_clock_offset_s={self.max_clock_offset_s}", "a value >= 0 (0: off)",
+                              "set health.max_clock_offset_s=1")
+        if self.link_timeout_s <= 0 or self.link_probe_mb <= 0:
+            raise ConfigError(f"health.link_timeout_s={self.link_timeout_s}, health.link_probe_mb={self.link_probe_mb}",
+                              "positive numbers", "set health.link_timeout_s=5 and health.link_probe_mb=4")
+        if not 0 < self.min_link_ratio < 1:
+            raise ConfigError(f"health.min_link_ratio={self.min_link_ratio}",
+                              "a ratio between 0 and 1 (a node's best link / the median of all)",
+                              "set health.min_link_ratio=0.5")
+        if self.link_backend not in ("auto", "gloo", "nccl"):
+            raise ConfigError(f"health.link_backend={self.link_backend!r}", "one of auto, gloo, nccl",
+                              "set health.link_backend=auto")

@@ -20,13 +20,16 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from slurmkit.errors import ConfigError
 from slurmkit.health.config import HealthConfig
+from slurmkit.health.clock import ClockCheck, injected_offset_s
 from slurmkit.health.extra import check_name, run_site_command
 from slurmkit.health.gpus import check_gpus
 from slurmkit.health.kernel_log import KernelLogCheck, open_source
+from slurmkit.health.links import LinkCheck, Round
 from slurmkit.health.result import CheckResult, Verdict, overall, skipped
 from slurmkit.health.runner import Check, Timeout, run_checks
 from slurmkit.health.storage import MIB, GIB, check_nvme, check_remote, check_shared_path
@@ -47,15 +50,27 @@ class Ledger(Protocol):
     def append(self, event: str, **fields: Any) -> Any: ...
 
 
+@dataclass(frozen=True)
+class Peers:
+    """How this node's checks among nodes (clock, links) reach the others: ``connect`` gives the
+    agents' channel over a new store connection (each such check makes its own)."""
+
+    connect: Callable[[], Any]
+    node_rank: int
+    num_nodes: int
+    train_nodes: int
+    round: Round = field(default_factory=Round)
+
+
 def _fixed(result: CheckResult) -> Callable[[float], CheckResult]:
     return lambda _deadline_s: result
 
 
 def build_checks(health: HealthConfig, store: Any, *, gpus_planned: int, node: str,
-                 env: Mapping[str, str]) -> list[Check]:
+                 env: Mapping[str, str], peers: Peers | None = None) -> list[Check]:
     """The checks of ``node`` for a run with store config ``store`` (a StoreConfig) and
     ``gpus_planned`` GPUs per node. ``env`` expands the tier URIs and the kernel log path
-    ($SLURMKIT_RUN_DIR, $SLURMKIT_NODE, ...)."""
+    ($SLURMKIT_RUN_DIR, $SLURMKIT_NODE, ...). ``peers``: the checks among nodes too (the agent)."""
     from slurmkit.store.config import store_env
     from slurmkit.store.tier import expand_env, make_tier
 
@@ -95,10 +110,28 @@ def build_checks(health: HealthConfig, store: Any, *, gpus_planned: int, node: s
         def run(_deadline_s: float, name: str = name, path: str | None = path, tier: Any = tier) -> CheckResult:
             return check_shared_path(name, path) if path is not None else check_remote(name, tier)
         checks.append(Check(name, run, health.shared_timeout_s, _SHARED_TIMEOUT))
+    if peers is not None:
+        checks += network_checks(health, peers, node, env)
     for argv in health.extra_commands:
         def site(deadline_s: float, argv: list[str] = argv) -> CheckResult:
             return run_site_command(argv, env, deadline_s, health.output_max_bytes)
         checks.append(Check(check_name(argv), site, t, _NODE_TIMEOUT))
+    return checks
+
+
+def network_checks(health: HealthConfig, peers: Peers, node: str, env: Mapping[str, str]) -> list[Check]:
+    """The clock offset to node 0 and the link test, each on its own store connection."""
+    checks = []
+    if health.max_clock_offset_s > 0:
+        shift = injected_offset_s(env, node)  # a test hook (README "Pre-flight"); 0 otherwise
+        clock = ClockCheck(peers.connect, node_rank=peers.node_rank, num_nodes=peers.num_nodes,
+                           max_offset_s=health.max_clock_offset_s, now=lambda: time.time() + shift)
+        checks.append(Check("clock", clock, health.timeout_s, _NODE_TIMEOUT))
+    if health.links:
+        links = LinkCheck(peers.connect, peers.round, node=node, train_nodes=peers.train_nodes,
+                          probe_bytes=int(health.link_probe_mb * MIB), min_ratio=health.min_link_ratio,
+                          backend=health.link_backend)
+        checks.append(Check("links", links, health.link_timeout_s, _NODE_TIMEOUT, rerun=False))
     return checks
 
 
@@ -108,8 +141,9 @@ class Preflight:
 
     def __init__(self, checks: list[Check], node: str, ledger: Ledger, *, wait_max_s: float,
                  wait_retry_s: float, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, round: Round | None = None) -> None:
         self.checks, self.node, self.ledger = checks, node, ledger
+        self.round = round or Round()  # shared with the checks among nodes
         self.wait_max_s, self.wait_retry_s = wait_max_s, wait_retry_s
         self.clock, self.sleep = clock, sleep
         self.last: list[CheckResult] = []
@@ -122,12 +156,13 @@ class Preflight:
             if r.verdict in (Verdict.BAD_NODE, Verdict.WAIT):
                 log.warning("pre-flight %s on %s: %s: %s", r.name, self.node, r.verdict.value, r.message)
 
-    def run(self, gen: int) -> Any:
-        """Run the checks (re-checking ``wait`` ones); the Evidence of a bad node, or None when
-        the ranks may start."""
+    def run(self, gen: int, slot: int | None = None) -> Any:
+        """Run the checks (re-checking ``wait`` ones) for generation ``gen`` on train slot
+        ``slot``; the Evidence of a bad node, or None when the ranks may start."""
         from slurmkit.supervise.classes import FailureClass
         from slurmkit.supervise.classify import Evidence
 
+        self.round.generation, self.round.slot = gen, slot
         t0 = self.clock()
         checks = self.checks
         results: dict[str, CheckResult] = {}
@@ -144,23 +179,25 @@ class Preflight:
                 worst = [r for r in got if r.verdict == Verdict.BAD_NODE]
                 detail = "; ".join(f"pre-flight {r.name}: {r.message}" for r in worst)
                 return Evidence(time.time(), self.node, -1, "agent", FailureClass.PREFLIGHT, detail)
-            if verdict != Verdict.WAIT:
+            again = [c for c in self.checks if results[c.name].verdict == Verdict.WAIT and c.rerun]
+            if verdict != Verdict.WAIT or not again:
                 return None
             if self.clock() - t0 >= self.wait_max_s:
                 log.warning("pre-flight on %s: still waiting after %.0f s; starting the ranks anyway",
                             self.node, self.clock() - t0)
                 return None
             self.sleep(self.wait_retry_s)
-            checks = [c for c in self.checks if results[c.name].verdict == Verdict.WAIT]
+            checks = again
             scale = min(2 * scale, _MAX_SCALE)
 
 
 def node_preflight(cfg: Any, layout: Any, run_dir: str, node: str, env: Mapping[str, str],
-                   ledger: Ledger) -> Preflight | None:
+                   ledger: Ledger, peers: Peers | None = None) -> Preflight | None:
     """The agent's pre-flight for ``node`` of the run in ``run_dir`` (None: health.enabled=false)."""
     health: HealthConfig = cfg.health
     if not health.enabled:
         return None
     checks = build_checks(health, cfg.store, gpus_planned=layout.gpus_per_node, node=node,
-                          env={**env, "SLURMKIT_RUN_DIR": run_dir})
-    return Preflight(checks, node, ledger, wait_max_s=health.wait_max_s, wait_retry_s=health.wait_retry_s)
+                          env={**env, "SLURMKIT_RUN_DIR": run_dir}, peers=peers)
+    return Preflight(checks, node, ledger, wait_max_s=health.wait_max_s, wait_retry_s=health.wait_retry_s,
+                     round=peers.round if peers is not None else None)

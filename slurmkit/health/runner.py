@@ -39,6 +39,9 @@ class Check:
     run: Callable[[float], CheckResult]  # called with its deadline in seconds (for its own subprocesses)
     timeout_s: float
     on_timeout: Timeout
+    # False: a check among nodes (the link test), run once per generation; its "wait" does not
+    # hold the node for re-checks (alone, it would find no peers).
+    rerun: bool = True
     _thread: threading.Thread | None = field(default=None, repr=False)
     _started: float = field(default=0.0, repr=False)
 

@@ -21,7 +21,8 @@ import torch.distributed as dist
 
 from slurmkit import contract
 from slurmkit.config import SlurmkitConfig, load_frozen
-from slurmkit.health.preflight import node_preflight
+from slurmkit.health.clock import ClockTicker, injected_offset_s
+from slurmkit.health.preflight import Peers, node_preflight
 from slurmkit.launch.context import NodeContext, node_context
 from slurmkit.launch import stackdump
 from slurmkit.launch.ranks import RankProcess, spawn_rank, stop_ranks
@@ -78,7 +79,7 @@ class NodeAgent:
 
     def __init__(self, run_dir: str, cfg: SlurmkitConfig, ctx: NodeContext, env: Mapping[str, str],
                  ledger: Ledger, *, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, peers: Peers | None = None) -> None:
         self.run_dir, self.cfg, self.ctx = run_dir, cfg, ctx
         self.env = dict(env)
         self.clock, self.sleep = clock, sleep
@@ -104,7 +105,8 @@ class NodeAgent:
         sample_s = cfg.supervisor.heartbeat_ledger_interval_s
         self.sample_interval_s = sample_s if ctx.node_rank == 0 else max(sample_s, ctx.num_nodes / LEDGER_SAMPLES_PER_S)
         # This node's pre-flight checks before each generation's ranks start (slurmkit.health).
-        self.preflight = node_preflight(cfg, self.layout, run_dir, ctx.node_name, self.env, ledger)
+        # ``peers``: how its clock and link checks reach the other agents (none: not checked).
+        self.preflight = node_preflight(cfg, self.layout, run_dir, ctx.node_name, self.env, ledger, peers)
 
     def _plans(self) -> list[object] | None:
         if not self.cfg.topology.enabled:
@@ -188,7 +190,7 @@ class NodeAgent:
                                     f"{self.signal_kind} signal came before generation {gen}: no ranks started"))
             self.procs = []
             return
-        failed = self.preflight.run(gen) if self.preflight is not None else None
+        failed = self.preflight.run(gen, slot) if self.preflight is not None else None
         if failed is not None:  # a bad node: no ranks here; the supervisor replaces or excludes it
             monitor.report(failed)
             self.procs = []
@@ -323,6 +325,20 @@ def start_alive_thread(ctx: NodeContext, channel: Channel, port: int, interval_s
                   interval_s=interval_s).start()
 
 
+def peer_checks(ctx: NodeContext, channel: Channel, port: int, cfg: SlurmkitConfig, train_nodes: int,
+                env: Mapping[str, str]) -> Peers:
+    """How this agent's clock and link checks reach the others (each check connects on first use);
+    node 0 also starts posting its clock ticks (slurmkit.health.clock) when the job has peers."""
+    def connect() -> Channel:
+        return channel.on(dist.TCPStore(ctx.master_addr, port, ctx.num_nodes, False,
+                                        timeout=timedelta(seconds=30), use_libuv=True))
+
+    if ctx.node_rank == 0 and ctx.num_nodes > 1 and cfg.health.enabled and cfg.health.max_clock_offset_s > 0:
+        shift = injected_offset_s(env, ctx.node_name)  # a test hook (README "Pre-flight")
+        ClockTicker(connect, now=lambda: time.time() + shift).start()
+    return Peers(connect, ctx.node_rank, ctx.num_nodes, train_nodes)
+
+
 def own_address(master_addr: str, port: int) -> str:
     """This host's address on the route to node 0: how the other nodes reach it too (a
     connected UDP socket sends nothing; it only picks the interface)."""
@@ -352,7 +368,8 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
     channel = Channel(store, ctx.attempt, load_token(run_dir, create=ctx.node_rank == 0), ctx.nodes)
     ledger = Ledger(os.path.join(run_dir, LEDGER_NAME), source=f"agent:{ctx.node_name}",
                     flush_interval_s=LEDGER_FLUSH_INTERVAL_S)
-    node = NodeAgent(run_dir, cfg, ctx, env, ledger)
+    peers = peer_checks(ctx, channel, store.port, cfg, load_layout(run_dir, cfg).train_nodes, env)
+    node = NodeAgent(run_dir, cfg, ctx, env, ledger, peers=peers)
     node.install_signal_handlers()
     start_alive_thread(ctx, channel, store.port, beat_interval_s(ctx.num_nodes, cfg.supervisor.poll_interval_s))
     progress = CheckpointProgress(tier_readers(cfg.store, {**env, "SLURMKIT_RUN_DIR": run_dir},
