@@ -61,6 +61,9 @@ EVENTS: dict[str, EventSpec] = {
     # --- node agents (the supervisor)
     "allocation_start": _spec("", "job_id:str attempt:str restart_count:int nodes:list "
                                   "train_nodes:list spares:list executor:str"),
+    # what ended a requeued job's previous attempt (slurmkit.supervise.previous), at its next start
+    "previous_attempt": _spec("attempt:str handled_by:str outcome:str",
+                              "nodes:list ended:num queued_s:num held_s:num"),
     "config_warning": _spec("message:str"),
     "state": _spec("old:str new:str", "why:str"),
     "ranks_started": _spec("generation:int", "node:str slot:int ranks:list pids:list "

@@ -37,6 +37,7 @@ from slurmkit.supervise.classify import Evidence, root_cause
 from slurmkit.supervise.monitor import EXIT_CHECKPOINTED_ON_SIGNAL
 from slurmkit.supervise.policy import (Action, Decision, History, Limits, State, StateMachine, after_warning,
                                        decide, requeue_refusal)
+from slurmkit.supervise.previous import previous_attempt, record_previous
 from slurmkit.supervise.requeue import job_ref, refused_by_slurm, requeue_now
 from slurmkit.supervise.slurmview import (DECISION_RETRY, DECISION_TIMEOUT_S, SlurmdProbe, node_health,
                                           slurmd_answers)
@@ -161,6 +162,9 @@ class Supervisor:
             clear_done(self.run_dir, self.where.attempt)  # one left by an earlier run of this name
             self.channel.seed_beats(range(len(self.where.nodes)))
             self.channel.seed_step_windows(range(len(self.where.nodes)))
+            # a requeued job: what ended the previous attempt, Slurm's own requeues included
+            record_previous(self.ledger, previous_attempt(self.run_dir, self.where.job_id,
+                                                          self.where.restart_count, self.slurm), time.time())
             self.ledger.append("allocation_start", job_id=self.where.job_id, attempt=self.where.attempt,
                                restart_count=self.where.restart_count, nodes=list(self.where.nodes),
                                train_nodes=self.node_map, spares=self.spares, executor=self.where.executor)

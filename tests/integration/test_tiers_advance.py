@@ -126,6 +126,9 @@ def test_shared_and_object_tiers_advance_after_a_spare_and_a_requeue_onto_other_
     assert state == "COMPLETED", (state, diagnose(run_dir, job, env))
     assert final(run_dir)["step"] == STEPS
 
+    # the next allocation says what ended the previous one, and how long the job waited
+    (prev,) = events(run_dir, "previous_attempt")
+    assert prev["attempt"] == f"{job}-0" and prev.get("queued_s") is not None, prev
     restored = [e for e in events(run_dir, "ckpt_restored") if float(e["t"]) > t_requeue]
     assert restored and int(restored[0]["step"]) >= before_requeue, (restored, before_requeue)
     resumed = int(restored[0]["step"])

@@ -1,0 +1,100 @@
+"""What ended a requeued job's previous attempt (slurmkit/supervise/previous.py): the fake
+Slurm controller (22.05's text formats) behind the real client, real done markers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from slurmkit.slurm.client import SlurmClient
+from slurmkit.slurm.retry import RetryPolicy
+from slurmkit.supervise.events import validate
+from slurmkit.supervise.previous import previous_attempt, record_previous
+from slurmkit.supervise.succession import Done, write_done
+from slurmkit.testing.fakeslurm import FakeSlurm
+
+T0 = 1_700_000_000.0
+
+
+class Events:
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def append(self, event: str, **fields: object) -> None:
+        validate(event, fields)  # the ledger's typed schema
+        self.rows.append({"event": event, "t": T0, **fields})
+
+    def of(self, name: str) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r["event"] == name]
+
+
+def requeued_job(tmp_path: Path, by_node_failure: bool) -> tuple[FakeSlurm, SlurmClient, str]:
+    """A job that ran on node1-node2 and was requeued: by Slurm (node2 failed) or by an
+    admin's scontrol requeue; then started again on node3-node4."""
+    now = [T0]
+    fake = FakeSlurm({"debug": "node[1-4]"}, clock=lambda: now[0])
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --requeue\n#SBATCH -N 2\nx\n")
+    job = fake.run(["sbatch", "--parsable", str(script)]).stdout.strip()
+    fake.start(job, ["node1", "node2"])
+    now[0] += 600
+    if by_node_failure:
+        fake.fail_node("node2")
+    else:
+        fake.run(["scontrol", "requeue", job])
+    now[0] += 130
+    fake.start(job, ["node3", "node4"])
+    return fake, SlurmClient(fake, retry=RetryPolicy(max_attempts=1, jitter_s=0)), job
+
+
+def test_a_first_allocation_has_no_previous_attempt(tmp_path: Path) -> None:
+    assert previous_attempt(str(tmp_path), "12", 0, None) is None
+
+
+def test_a_node_failure_slurm_requeued_alone_becomes_a_failure_and_its_decision(tmp_path: Path) -> None:
+    fake, client, job = requeued_job(tmp_path, by_node_failure=True)
+    prev = previous_attempt(str(tmp_path), job, 1, client)
+    assert prev is not None
+    assert (prev.attempt, prev.handled_by, prev.outcome) == (f"{job}-0", "slurm", "NODE_FAIL")
+    assert prev.nodes == ["node1", "node2"] and prev.dead == ["node2"]
+    assert prev.ended == T0 + 600
+    ev = Events()
+    record_previous(ev, prev, now=T0 + 730)
+    (p,) = ev.of("previous_attempt")
+    assert p["handled_by"] == "slurm" and p["outcome"] == "NODE_FAIL"
+    (failure,) = ev.of("failure")
+    assert failure["cls"] == "node_loss" and failure["node"] == "node2"
+    assert failure["time_of_fault"] == T0 + 600 and "NODE_FAIL" in failure["evidence"]
+    (decision,) = ev.of("decision")
+    assert decision["action"] == "requeue" and decision["exclude"] == ["node2"]
+    assert [r["event"] for r in ev.rows] == ["previous_attempt", "failure", "decision"]
+
+
+def test_an_admin_requeue_is_recorded_without_a_failure(tmp_path: Path) -> None:
+    fake, client, job = requeued_job(tmp_path, by_node_failure=False)
+    prev = previous_attempt(str(tmp_path), job, 1, client)
+    assert prev is not None and (prev.handled_by, prev.outcome) == ("slurm", "REQUEUED")
+    assert prev.dead == []
+    ev = Events()
+    record_previous(ev, prev, now=T0)
+    assert [r["event"] for r in ev.rows] == ["previous_attempt"]
+
+
+def test_an_attempt_slurmkit_ended_itself_is_not_a_slurm_loss(tmp_path: Path) -> None:
+    fake, client, job = requeued_job(tmp_path, by_node_failure=True)
+    write_done(str(tmp_path), f"{job}-0", Done("requeueing", 0, "node1", 0))
+    prev = previous_attempt(str(tmp_path), job, 1, client)
+    assert prev is not None and (prev.handled_by, prev.outcome) == ("slurmkit", "requeueing")
+    ev = Events()
+    record_previous(ev, prev, now=T0)
+    assert [r["event"] for r in ev.rows] == ["previous_attempt"]
+
+
+def test_slurm_unreachable_leaves_what_it_could_not_ask_unknown(tmp_path: Path) -> None:
+    fake, client, job = requeued_job(tmp_path, by_node_failure=True)
+    fake.fail_next(10)
+    prev = previous_attempt(str(tmp_path), job, 1, client)
+    assert prev is not None and prev.outcome == "unknown" and prev.queued_s is None
+    ev = Events()
+    record_previous(ev, prev, now=T0)
+    assert [r["event"] for r in ev.rows] == ["previous_attempt"]  # no guess at a failure
