@@ -185,8 +185,10 @@ class LinkCheck:
 
     def __init__(self, connect: Callable[[], Any], round: Round, *, node: str, train_nodes: int,
                  probe_bytes: int, min_ratio: float, backend: str,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 exchange: Callable[..., float] = exchange_mib_s) -> None:
         self.connect, self.round, self.node, self.train_nodes = connect, round, node, train_nodes
+        self.exchange = exchange  # one edge's measurement (exchange_mib_s; tests wrap it)
         self.probe_bytes, self.min_ratio, self.backend = probe_bytes, min_ratio, backend
         self.clock, self.sleep = clock, sleep
         self._channel: Any = None
@@ -219,8 +221,8 @@ class LinkCheck:
             end = t0 + (e.phase + 1) * span
             try:
                 pg = pair_group(ch.store, ch.link_prefix(gen, e.a, e.b), me, end - self.clock(), backend)
-                out[peer] = round(exchange_mib_s(pg, 1 - me, self.probe_bytes, backend, end - self.clock(),
-                                                 self.clock), 2)
+                out[peer] = round(self.exchange(pg, 1 - me, self.probe_bytes, backend, end - self.clock(),
+                                                self.clock), 2)
             except RuntimeError as exc:  # a neighbour that did not come in time, or left
                 log.warning("link test of generation %d with slot %d: %s", gen, peer, str(exc)[:300])
                 out[peer] = None

@@ -19,7 +19,7 @@ from slurmkit.errors import ConfigError
 from slurmkit.health.clock import (TEST_OFFSET_ENV, ClockCheck, ClockTicker, Sample, best_sample,
                                    injected_offset_s, judge_offset)
 from slurmkit.health.config import HealthConfig
-from slurmkit.health.links import LinkCheck, NodeLinks, Round, judge, phases, ring_edges
+from slurmkit.health.links import LinkCheck, NodeLinks, Round, exchange_mib_s, judge, phases, ring_edges
 from slurmkit.health.result import CheckResult, Verdict
 from slurmkit.supervise.channel import Channel
 
@@ -197,6 +197,22 @@ def test_four_agents_measure_their_ring_links_and_the_judge_names_nobody(store_p
         assert {f"slot{(i - 1) % 4}_mib_s", f"slot{(i + 1) % 4}_mib_s"} <= set(f) and f["links_missed"] == 0
         assert float(f["best_mib_s"]) > 0 and float(f["median_mib_s"]) > 0
     assert got["n0"].figures["judged"] == 4 and got["n0"].figures["named"] == ""
+
+
+def test_a_node_with_a_slow_nic_is_named_bad_by_the_judge_and_told_so(store_port: int) -> None:
+    # CPU quotas do not slow gloo over loopback (measured: a node held to 10% of a core still
+    # moved ~1 GB/s; README "Pre-flight"), so the slow NIC is n2's own report: its real
+    # exchanges, each figure a tenth of what it measured. Its neighbours' figures stay real.
+    def slow_nic(*args, **kwargs) -> float:  # noqa: ANN002, ANN003
+        return exchange_mib_s(*args, **kwargs) / 10
+
+    checks = link_checks(store_port, 4, 4, {n: i for i, n in enumerate(NODES)})
+    checks["n2"].exchange = slow_nic  # type: ignore[attr-defined]
+    got = run_all(checks, 8.0)
+    assert got["n2"].verdict == Verdict.BAD_NODE, got["n2"]
+    assert "health.min_link_ratio=0.5" in got["n2"].message and float(got["n2"].figures["ratio"]) < 0.5
+    assert {n: r.verdict for n, r in got.items() if n != "n2"} == dict.fromkeys(("n0", "n1", "n3"), Verdict.OK)
+    assert got["n0"].figures["named"] == "n2"
 
 
 def test_a_neighbour_that_never_comes_is_wait_and_the_others_are_judged(store_port: int) -> None:
