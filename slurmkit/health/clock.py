@@ -105,10 +105,10 @@ class ClockCheck:
 
     def __init__(self, connect: Callable[[], Any], *, node_rank: int, num_nodes: int, max_offset_s: float,
                  samples: int = 4, now: Callable[[], float] = time.time,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
         self.connect, self.node_rank, self.num_nodes = connect, node_rank, num_nodes
         self.max_offset_s, self.samples = max_offset_s, samples
-        self.now, self.clock = now, clock
+        self.now, self.clock, self.sleep = now, clock, sleep
         self._channel: Any = None
 
     def __call__(self, deadline_s: float) -> CheckResult:
@@ -129,7 +129,13 @@ class ClockCheck:
 
     def measure(self, channel: Any, until: float) -> list[Sample]:
         out: list[Sample] = []
-        while len(out) < self.samples and self.clock() < until:
+        for i in range(self.samples):
+            if self.clock() >= until:
+                break
+            # Each sample starts later after the last tick than the one before, so the samples
+            # wait different fractions of a tick period and one of them has a short round trip
+            # (back to back, each would wait one whole period).
+            self.sleep(TICK_S * 0.9 * i / self.samples)
             sent = self.now()
             tick = channel.clock_seq()
             node0 = channel.wait_clock_tick(tick + 1, min(1.0, until - self.clock()))

@@ -101,3 +101,34 @@ def test_nodes_failing_preflight_are_replaced_before_training(env, tmp_path) -> 
     started = events(run_dir, "ranks_started")
     assert started and {(e["generation"], e["node"]) for e in started} == {(2, healthy)}, started
     assert not events(run_dir, "requeue")
+
+
+def test_a_node_whose_clock_is_off_is_replaced_and_the_links_are_measured(env, tmp_path) -> None:
+    """Two train nodes and a spare: node rank 1's clock is 5 s off through the clock check's test
+    hook (SLURMKIT_TEST_CLOCK_OFFSET_S, read by the agents only), so it fails generation 0's
+    pre-flight and the spare takes its slot. Both generations' link tests run between the two
+    train nodes (two nodes: measured, never judged) and their figures are in the ledger."""
+    first, skewed, spare, *others = cluster_nodes(env)
+    job, run_dir = submit(["+exp=tiny", "job.name=h-clock", "job.nodes=2", "job.ranks_per_node=1",
+                           f"train.steps={STEPS}", "train.ckpt_interval_steps=3", "supervisor.spare_nodes=1",
+                           "health.kernel_log=", f'+job.env.SLURMKIT_TEST_CLOCK_OFFSET_S="{skewed}:5"',
+                           f"job.exclude=[{','.join(others)}]" if others else "job.exclude=[]"],
+                          env, str(tmp_path))
+    try:
+        state = finish(job, env, timeout_s=900)
+    finally:
+        subprocess.run(["scancel", job], env=env, capture_output=True, timeout=60, check=False)
+    assert state == "COMPLETED", f"job {job} ended {state}\n{diagnose(run_dir, job, env)}"
+    pre = {(e["generation"], e["node"]): {c["name"]: c for c in e["checks"]} for e in events(run_dir, "preflight")}
+    clock = pre[(0, skewed)]["clock"]
+    assert clock["verdict"] == "bad_node" and abs(clock["figures"]["offset_s"] + 5.0) < 0.5, clock
+    assert clock["message"].startswith("Detected: this node's clock is ") and "s ahead of node 0's" in clock["message"]
+    assert clock["figures"]["uncertainty_s"] < 0.5, clock
+    for key in ((0, first), (1, first), (1, spare)):
+        assert pre[key]["clock"]["verdict"] == "ok", pre[key]
+        links = pre[key]["links"]
+        assert links["verdict"] == "ok" and links["figures"]["best_mib_s"] > 0, links
+    assert pre[(0, skewed)]["links"]["figures"]["best_mib_s"] > 0  # measured although its clock is off
+    assert [(f["generation"], f["cls"], f["node"]) for f in events(run_dir, "failure")] == [(0, "preflight", skewed)]
+    started = {(e["generation"], e["node"]) for e in events(run_dir, "ranks_started")}
+    assert {(1, first), (1, spare)} <= started and all(node != skewed for _, node in started), started
