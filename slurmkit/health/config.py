@@ -12,9 +12,8 @@ from slurmkit.errors import ConfigError
 # uncontained ECC errors (94, 95), GSP errors (119, 120), unrecovered ECC (140). Xids from an
 # application's own bugs (13, 31, 43, ...) are counted in the figures but fail nothing.
 DEFAULT_BAD_XIDS = [48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140]
-# health.straggler_action. "replace" (move a slow node onto a spare at the next durable
-# checkpoint) is not built yet: it is refused, never silently run as "report".
-STRAGGLER_ACTIONS = ("report", "off")
+# health.straggler_action (see HealthConfig.straggler_action).
+STRAGGLER_ACTIONS = ("report", "replace", "off")
 
 
 @dataclass
@@ -64,7 +63,10 @@ class HealthConfig:
     # per step (data wait + compute, the time it does not spend waiting for its peers) against
     # the job's median. "report": a node whose score (job median / own time, of its slowest
     # rank) stays below straggler_threshold for straggler_windows windows in a row is named in
-    # the ledger (``straggler``) and in `slurmkit status`. "off": not measured.
+    # the ledger (``straggler``) and in `slurmkit status`. "replace": named the same way, then
+    # moved onto a spare at the next checkpoint committed after the naming (the generation stops
+    # there and resumes from it on the spare; slurmkit.supervise.straggler_move); without a spare
+    # it is reported only, never requeued for. "off": not measured.
     straggler_action: str = "report"
     straggler_threshold: float = 0.7  # relative score below which a window counts as slow
     straggler_windows: int = 3  # consecutive slow windows before a node is named
@@ -95,12 +97,6 @@ class HealthConfig:
                                   "plain arguments", "remove the control characters from the command")
 
     def _check_stragglers(self) -> None:
-        if self.straggler_action == "replace":
-            raise ConfigError("health.straggler_action=replace",
-                              "an action slurmkit implements (moving a slow node onto a spare at "
-                              "the next durable checkpoint is not built yet)",
-                              "set health.straggler_action=report (names the node in the ledger and "
-                              "`slurmkit status`), then exclude it by hand")
         if self.straggler_action not in STRAGGLER_ACTIONS:
             raise ConfigError(f"health.straggler_action={self.straggler_action!r}",
                               f"one of {', '.join(STRAGGLER_ACTIONS)}", "set health.straggler_action=report")

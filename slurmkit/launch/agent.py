@@ -384,7 +384,7 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
                   executor=ctx.executor, master_addr=ctx.master_addr, restart_count=ctx.restart_count,
                   addr=ctx.master_addr if ctx.node_rank == 0 else own_address(ctx.master_addr, store.port))
     sup = Supervisor(cfg, where, channel, node, ledger, train_nodes=node.train_nodes, run_dir=run_dir, env=env,
-                     slurm=slurm, ckpt_step=progress.latest,
+                     slurm=slurm, ckpt_step=progress.latest, ckpt_seen=progress.peek,
                      free_port=free_port)
     try:
         # On an unexpected exception its ranks are stopped (never orphaned) and node 0 hears

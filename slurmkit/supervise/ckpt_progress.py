@@ -64,6 +64,16 @@ class CheckpointProgress:
         with self._lock:
             return self._best
 
+    def peek(self) -> int | None:
+        """The newest committed step read so far, without waiting (a fresh read is asked for,
+        and the next call sees it): for a loop that must not block on a slow tier."""
+        if self._thread is None:
+            self._read_once()
+        else:
+            self._wanted.set()
+        with self._lock:
+            return self._best
+
 
 def tier_readers(store_cfg: object, env: dict[str, str], node_name: str) -> list[StepReader]:
     """``latest.json`` readers of the run's tiers as node 0 sees them: its own NVMe directory,

@@ -74,7 +74,8 @@ EVENTS: dict[str, EventSpec] = {
     # A hung generation's stacks, by the agent of each node with ranks (slurmkit.launch.stackdump):
     # per rank {rank, pid, place, source, where, wait, lines (at most 40)}.
     "hang_stacks": _spec("generation:int node:str ranks:list"),
-    "decision": _spec("action:str", "generation:int reason:str exclude:list"),
+    # straggler: the figures of a straggler moved onto a spare (slurmkit.supervise.straggler_move).
+    "decision": _spec("action:str", "generation:int reason:str exclude:list straggler:dict"),
     "exclusion": _spec("nodes:list how:str", "train_nodes:list"),
     "requeue": _spec("reason:str", "job_id:str exclude:list"),
     "checkpointed_on_signal": _spec("", "generation:int signal:str? step:int?"),
@@ -88,7 +89,8 @@ EVENTS: dict[str, EventSpec] = {
                                            "excluded:list partition:str? partition_nodes:int? needed:int"),
     "preflight": _spec("node:str verdict:str", "generation:int duration_s:num waited_s:num checks:list"),
     "straggler": _spec("node:str score:num", "generation:int rank:int own_s:num job_median_s:num "
-                                             "windows:int step:int sections:dict threshold:num action:str"),
+                                             "windows:int step:int sections:dict threshold:num action:str "
+                                             "plan:str"),
     "ledger_write_failed": _spec("failures:int error:str", "errno:str? first_failure_t:num "
                                                             "held:int dropped:int node:str"),
     # --- rank 0 of the trainer

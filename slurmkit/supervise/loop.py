@@ -33,7 +33,7 @@ from slurmkit.store.config import run_identity
 from slurmkit.slurm.hostlist import expand_hostlist
 from slurmkit.supervise.channel import COMPLETED, SIGNALLED, Channel, ChannelError
 from slurmkit.supervise.classes import FailureClass
-from slurmkit.supervise.classify import Evidence, root_cause
+from slurmkit.supervise.classify import Evidence, bad_nodes, root_cause
 from slurmkit.supervise.monitor import EXIT_CHECKPOINTED_ON_SIGNAL
 from slurmkit.supervise.policy import (Action, Decision, History, Limits, State, StateMachine, after_warning,
                                        decide, requeue_refusal)
@@ -44,6 +44,7 @@ from slurmkit.supervise.slurmview import (DECISION_RETRY, DECISION_TIMEOUT_S, Sl
 from slurmkit.supervise.succession import (Claim, Done, Watched, clear_done, read_done, succeed,
                                            write_done)
 from slurmkit.supervise.liveness import Liveness, Lost, client_node_states, slurm_says_dead
+from slurmkit.supervise.straggler_move import StragglerActions
 from slurmkit.supervise.stragglers import NodeWindow, StragglerDetector
 from slurmkit.supervise.timeouts import beat_interval_s, liveness_deadline_s
 
@@ -111,6 +112,7 @@ class Supervisor:
                  train_nodes: int, run_dir: str, env: Mapping[str, str] | None = None,
                  slurm: SlurmClient | None = None,
                  ckpt_step: Callable[[], int | None] = lambda: None,
+                 ckpt_seen: Callable[[], int | None] | None = None,
                  free_port: Callable[[], int] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep,
@@ -145,6 +147,9 @@ class Supervisor:
         self._failure_requeue = False  # node 0: the requeue it is about to make follows a failure
         # Straggler detection (health.straggler_*): windows posted and read once per beat interval.
         self.stragglers: StragglerDetector | None = None  # node 0, one per generation
+        # ckpt_seen: the newest committed step without waiting (CheckpointProgress.peek).
+        self.straggler_actions = StragglerActions(cfg.health.straggler_action, ledger,
+                                                  committed=ckpt_seen or ckpt_step)
         self._windows_at = float("-inf")
 
     @property
@@ -328,13 +333,10 @@ class Supervisor:
             return
         got = self.channel.step_windows(gen, [self._rank_of[n] for n in self.node_map])
         for x in self.stragglers.observe({w.node: w for w in got.values()}):
-            log.warning("straggler: %s scores %.2f (rank %d: %.4f s of own work per step, job median "
-                        "%.4f s) for %d windows in a row", x.node, x.score, x.rank, x.own_s, x.job_median_s,
-                        x.windows)
-            self.ledger.append("straggler", node=x.node, score=x.score, generation=gen, rank=x.rank,
-                               own_s=x.own_s, job_median_s=x.job_median_s, windows=x.windows, step=x.step,
-                               sections=dict(x.sections), threshold=self.stragglers.threshold,
-                               action=self.cfg.health.straggler_action)
+            self.straggler_actions.named(x, gen, threshold=self.stragglers.threshold, spares=len(self.spares))
+        move = self.straggler_actions.due(gen, spares=len(self.spares))
+        if move is not None:  # its checkpoint is committed: stop here, the decision moves it out
+            self.channel.post_failure(gen, move.named.node, -1, FailureClass.STRAGGLER)
 
     def _store_ok(self) -> None:
         if self._store_trouble_since is not None:
@@ -425,6 +427,7 @@ class Supervisor:
 
     def node0_decide(self, gen: int, participants: list[int]) -> Decision:
         evidence, lost = self.gather_evidence(gen, participants)
+        evidence += self.straggler_actions.evidence(gen)  # a straggler node 0 stopped it to move
         # What Slurm said about them came with the liveness confirmation: never asked again here.
         slurm_view = [Evidence(time.time(), self.where.nodes[nr], -1, "slurm", FailureClass.NODE_LOSS,
                                f"slurm: {self.where.nodes[nr]} state={x.slurm_state}")
@@ -443,12 +446,14 @@ class Supervisor:
                            slurm_view=[e.detail for e in slurm_view],
                            **({"stack": failure.stack, "in_collective": failure.in_collective}
                               if failure.stack else {}))
+        self.straggler_actions.decided(gen, failure)
         spares = [n for n in self.spares if n not in lost]
         kept = self.agents_lost_on_healthy_nodes(gen, evidence, lost)
         can_requeue = (self.cfg.job.requeue and self.slurm is not None
                        and (warned is None or read_cancel_request(self.run_dir) is None))
         decision, self.history = decide(failure, self.history, self._ckpt_step(), self.limits, spares, lost,
-                                        agent_lost=kept, warned=warned, can_requeue=can_requeue)
+                                        agent_lost=kept, warned=warned, can_requeue=can_requeue,
+                                        bad_nodes=bad_nodes(evidence))
         if decision.action == Action.REQUEUE and self.slurm is None:
             decision = Decision(Action.STOP, decision.reason + "; no Slurm to requeue with (local mode)")
         if decision.action == Action.REQUEUE:
@@ -571,7 +576,7 @@ class Supervisor:
         self.decisions.append((gen, d))
         if self.is_node0:
             self.ledger.append("decision", generation=gen, action=d.action.value, reason=d.reason,
-                               exclude=list(d.exclude))
+                               exclude=list(d.exclude), **self.straggler_actions.decision_fields(gen))
         if d.action == Action.RESTART:
             self.sm.to(State.RESTARTING, d.reason)
             return None

@@ -109,7 +109,8 @@ class Cluster:
     """N supervisors over one store; ``beating[nr]`` stops an agent's beats when cleared."""
 
     def __init__(self, tmp_path: Path, scripts: list[Script], *, train_nodes: int | None = None,
-                 executor: str = "local", slurm: Any = None, extra: tuple[str, ...] = (), **sup: Any) -> None:
+                 executor: str = "local", slurm: Any = None, extra: tuple[str, ...] = (),
+                 ckpt: Callable[[], int | None] | None = None, **sup: Any) -> None:
         self.store = dist.HashStore()
         self.cfg = config(extra, **sup)
         self.names = tuple(f"n{i}" for i in range(len(scripts)))
@@ -127,7 +128,8 @@ class Cluster:
             ch = Channel(self.store, where.attempt, TOKEN, self.names)
             self.sups.append(Supervisor(self.cfg, where, ch, self.nodes[nr], self.ledger,
                                         train_nodes=train_nodes or len(scripts), run_dir=str(tmp_path),
-                                        slurm=slurm, free_port=lambda nr=nr: 12345 + 100 * nr))
+                                        slurm=slurm, free_port=lambda nr=nr: 12345 + 100 * nr,
+                                        ckpt_step=ckpt or (lambda: None), ckpt_seen=ckpt))
         self._stop = threading.Event()
 
     def _beat(self, nr: int) -> None:

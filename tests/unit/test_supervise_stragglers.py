@@ -107,8 +107,7 @@ def test_bad_settings_are_refused(threshold, k) -> None:
 
 
 @pytest.mark.parametrize("fields, fragment", [
-    ({"straggler_action": "replace"}, "not built yet"),
-    ({"straggler_action": "kill"}, "one of report, off"),
+    ({"straggler_action": "kill"}, "one of report, replace, off"),
     ({"straggler_threshold": 1.0}, "between 0 and 1"),
     ({"straggler_windows": 0}, "at least 1 window"),
     ({"straggler_window_samples": 2}, "at least 3 samples"),
@@ -119,6 +118,12 @@ def test_health_straggler_settings_are_checked(fields, fragment) -> None:
 
     with pytest.raises(ConfigError, match=fragment):
         HealthConfig(**fields)
+
+
+def test_health_straggler_replace_is_accepted() -> None:
+    from slurmkit.health.config import HealthConfig
+
+    assert HealthConfig(straggler_action="replace").straggler_action == "replace"
 
 
 def test_health_straggler_defaults() -> None:
