@@ -7,6 +7,6 @@ not the node's fault: its verdict is ``wait``, never ``bad_node``.
 
 Modules, one concept each: ``result`` (verdicts and results), ``runner`` (every check at once,
 each with its own deadline), one module per check (``gpus``, ``kernel_log``, ``storage``,
-``extra``), ``preflight`` (the checks of one node of a run, the ledger record and the evidence
+``extra``; ``clock`` and ``links`` measure against the job's other agents), ``preflight`` (the checks of one node of a run, the ledger record and the evidence
 the supervisor acts on) and ``__main__`` (the operator's CLI).
 """

@@ -7,9 +7,11 @@ attempt is one ``preflight`` ledger event with each check's verdict, figures and
 starts no ranks, the generation fails through the usual path, and node 0's policy marks the
 node bad at once (slurmkit.supervise.classes: ``bad_node``), so a spare takes its place or the
 job is requeued without it before any training step. Only what a check found does that (no
-space, a failed write, an Xid line, a GPU missing, a site command's non-zero exit). A ``wait``
-verdict (a shared tier that does not answer, or any check that missed its deadline: a loaded
-node is slow, not bad) is re-checked, each time with twice the deadline, for
+space, a failed write, an Xid line, a GPU missing, a site command's non-zero exit, a clock
+beyond the bound, a best link far below the train nodes' median). A ``wait`` verdict (a shared
+tier that does not answer, or any check that missed its deadline: a loaded node is slow, not
+bad) is re-checked, each time with twice the deadline (not the link test: alone, a node would
+find no peers), for
 ``health.wait_max_s``; then the ranks start anyway, the verdict in the ledger: the store copes
 with a shared tier that is down, and the ranks' own failures catch a device that really hangs.
 """
