@@ -236,3 +236,34 @@ def test_single_node_jobs_and_spares_skip_the_link_test(store_port: int) -> None
     spare = LinkCheck(connector(store_port), Round(0, None), node="n3", train_nodes=3, probe_bytes=1,
                       min_ratio=0.5, backend="gloo")
     assert one(1.0).verdict == Verdict.SKIPPED and spare(1.0).verdict == Verdict.SKIPPED
+
+
+# ------------------------------------------------------------------ in the node's pre-flight
+class Events:
+    def __init__(self) -> None:
+        self.got: list[dict] = []
+
+    def append(self, event: str, **fields: object) -> None:
+        self.got.append({"event": event, **fields})
+
+
+def test_the_link_tests_wait_is_recorded_but_not_rechecked_and_sees_its_generation_and_slot() -> None:
+    from slurmkit.health.preflight import Preflight
+    from slurmkit.health.result import wait
+    from slurmkit.health.runner import Check, Timeout
+
+    calls: list[tuple[int, int | None]] = []
+    rnd = Round()
+
+    def links(_deadline_s: float) -> CheckResult:
+        calls.append((rnd.generation, rnd.slot))
+        return wait("links", "no verdict", "a verdict", "wait")
+
+    led = Events()
+    sleeps: list[float] = []
+    pf = Preflight([Check("links", links, 1.0, Timeout(Verdict.WAIT, "r", "f"), rerun=False)], "n1", led,
+                   wait_max_s=60, wait_retry_s=5, sleep=sleeps.append, round=rnd)
+    assert pf.run(7, 2) is None  # the ranks start: alone, the node would find no peers to re-check with
+    assert calls == [(7, 2)] and sleeps == []
+    (e,) = led.got
+    assert e["event"] == "preflight" and e["verdict"] == "wait" and e["checks"][0]["name"] == "links"
