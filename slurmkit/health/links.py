@@ -212,7 +212,8 @@ class LinkCheck:
         verdict = ch.wait_link_verdict(gen, t0 + 0.9 * deadline_s - self.clock())
         return self.result(mine, verdict, backend, deadline_s)
 
-    def measure(self, ch: Any, gen: int, slot: int, backend: str, t0: float, budget_s: float) -> dict[int, float | None]:
+    def measure(self, ch: Any, gen: int, slot: int, backend: str, t0: float,
+                budget_s: float) -> dict[int, float | None]:
         span = budget_s / phases(self.train_nodes)
         out: dict[int, float | None] = {}
         for e in ring_edges(self.train_nodes, slot):

@@ -267,3 +267,25 @@ def test_the_link_tests_wait_is_recorded_but_not_rechecked_and_sees_its_generati
     assert calls == [(7, 2)] and sleeps == []
     (e,) = led.got
     assert e["event"] == "preflight" and e["verdict"] == "wait" and e["checks"][0]["name"] == "links"
+
+
+# ------------------------------------------------------------------ the channel's messages
+def test_forged_ticks_figures_and_verdicts_are_refused() -> None:
+    from slurmkit.supervise.channel import ChannelError
+
+    store = dist.HashStore()
+    ch = Channel(store, "9-0", TOKEN, NODES)
+    ch.post_clock_tick(1, 1234.5)
+    assert ch.clock_seq() == 1 and ch.wait_clock_tick(1, 0.1) == 1234.5
+    assert ch.wait_clock_tick(2, 0.05) is None  # not posted (yet): no answer, no error
+    stranger = Channel(store, "9-0", b"x" * 32, NODES)
+    store.set(ch._tick_key(2), stranger._seal(ch._tick_key(2), 99.0))
+    with pytest.raises(ChannelError):
+        ch.wait_clock_tick(2, 0.1)
+    ch.post_link_figure(0, 0, NodeLinks("n0", 0, {1: 10.0}).to_json())
+    store.set(ch._link_key(0, 1), "not sealed")
+    ch.post_link_figure(0, 2, {"node": "intruder", "slot": 2, "links": {}})  # sealed, but no such node
+    assert set(ch.link_figures(0, [0, 1, 2, 3], all_posted=False)) == {0}
+    ch.post_link_verdict(0, {"named": ["intruder"], "median_mib_s": 1.0})
+    with pytest.raises(ChannelError):
+        ch.wait_link_verdict(0, 0.1)
