@@ -1,10 +1,11 @@
 """A hidden slow node on the real local cluster: one emulated node's ranks are throttled with a
 real cgroup v1 CPU quota mid-run, and node 0 names that node in the ledger (``straggler``)
-within a bounded number of steps; a clean run of the same config and length, run at the same
-time, names nobody.
+within a bounded number of steps; with health.straggler_action=replace and a spare, it is moved
+onto the spare at the next checkpoint committed after the naming, and the run finishes
+bit-exact with a clean run of the same config and length, run at the same time, which names
+nobody.
 
-The two jobs run side by side to keep CI's wall time at one job's; the throttled one is
-cancelled once named.
+The two jobs run side by side to keep CI's wall time at one job's.
 """
 
 from __future__ import annotations
@@ -29,13 +30,19 @@ WINDOW, K = 5, 3
 # samples (the agent samples a step per poll or less), one window the throttle fell in, and
 # the agents' posting interval. Far below STEPS: a detector that never fires fails the test.
 MAX_DETECT_STEPS = 35
-CONFIG = ["+exp=tiny", f"train.steps={STEPS}", "train.ckpt_interval_steps=30", "train.micro_batch=1",
+# A checkpoint every CKPT steps: the throttled node (about a second a step) runs at most CKPT
+# more steps after it is named before it is moved out.
+CKPT = 10
+CONFIG = ["+exp=tiny", f"train.steps={STEPS}", f"train.ckpt_interval_steps={CKPT}", "train.micro_batch=1",
           "train.seq_len=32", "+job.env.SLURMKIT_STEP_DELAY_S=0.1", "supervisor.heartbeat_timeout_s=30",
           "supervisor.poll_interval_s=0.2", f"health.straggler_window_samples={WINDOW}",
           f"health.straggler_windows={K}",
           # Two jobs and a throttled node on two shared cores: an agent may be starved for a few
           # seconds; that is no node loss here (the default 3 s floor took one for it, twice).
           "supervisor.node_timeout_s=10"]
+# The slow job's own settings: what to do about a straggler and a spare to do it with (neither
+# changes a parameter: both jobs train the same model the same way).
+REPLACE = ["health.straggler_action=replace", "supervisor.spare_nodes=1"]
 
 
 @pytest.fixture
@@ -105,9 +112,9 @@ def wait_named(run_dir: str, timeout_s: float) -> list[dict]:
     return []
 
 
-def test_a_throttled_node_is_named_and_a_clean_run_names_nobody(cluster_env, tmp_path, cpu_quota) -> None:
+def test_a_throttled_node_is_named_then_moved_onto_the_spare_bit_exact(cluster_env, tmp_path, cpu_quota) -> None:
     env = slurm_env(cluster_env)
-    slow_job, slow_dir = submit([*CONFIG, "job.name=straggler"], env, str(tmp_path))
+    slow_job, slow_dir = submit([*CONFIG, *REPLACE, "job.name=straggler"], env, str(tmp_path))
     clean_job, clean_dir = submit([*CONFIG, "job.name=straggler-clean"], env, str(tmp_path))
     try:
         node0, node1 = started(slow_dir)
@@ -117,9 +124,8 @@ def test_a_throttled_node_is_named_and_a_clean_run_names_nobody(cluster_env, tmp
             with open(os.path.join(cpu_quota, "cgroup.procs"), "w") as f:
                 f.write(str(pid))
         throttled_at = heartbeat_step(slow_dir, slow_rank)
-        # Throttled, every step of the job takes about a second: once named, the job has shown
-        # what it must; it is cancelled rather than left to finish (CI time).
         named = wait_named(slow_dir, timeout_s=150)
+        slow_end = finish(slow_job, env, timeout_s=240) if named else "never named"
     finally:
         subprocess.run(["scancel", slow_job], env=env, capture_output=True, timeout=60, check=False)
         left_queue(slow_job, env)
@@ -128,8 +134,27 @@ def test_a_throttled_node_is_named_and_a_clean_run_names_nobody(cluster_env, tmp
     assert x["score"] < 0.7 and x["windows"] == K and x["rank"] in node1["ranks"], x
     assert 0 < x["step"] - throttled_at <= MAX_DETECT_STEPS, (x, throttled_at)
     assert x["own_s"] > x["job_median_s"] / 0.7 and x["sections"]["compute"] > 0, x  # its figures
+    assert x["action"] == "replace" and "moved onto a spare" in x["plan"], x
+
+    # Moved out at the first checkpoint committed after the naming: one decision, the spare in
+    # its slot, training resumed from that checkpoint, and the run completes.
+    assert slow_end == "COMPLETED", diagnose(slow_dir, slow_job, env)
+    (d,) = events(slow_dir, "decision")
+    assert (d["action"], d["exclude"], d["generation"]) == ("replace_node", [node1["node"]], 0), d
+    s = d["straggler"]
+    assert s["node"] == node1["node"] and s["ckpt_step"] % CKPT == 0, s
+    assert x["step"] <= s["ckpt_step"] <= x["step"] + CKPT, (x, s)
+    (f,) = events(slow_dir, "failure")
+    assert f["cls"] == "straggler" and f["node"] == node1["node"], f
+    gen1 = [e for e in events(slow_dir, "ranks_started") if e["generation"] == 1]
+    assert [e["node"] for e in gen1 if e["slot"] == 1] not in ([], [node1["node"]]), gen1
+    resumed = [e for e in events(slow_dir, "train_resumed") if e.get("generation") == 1]
+    assert resumed and resumed[0]["step"] == s["ckpt_step"], resumed
+    assert final(slow_dir)["step"] == STEPS
 
     # The clean run of the same config, as long as the slow one was meant to be: nobody named.
     assert finish(clean_job, env, timeout_s=300) == "COMPLETED", diagnose(clean_dir, clean_job, env)
     assert final(clean_dir)["step"] == STEPS
     assert events(clean_dir, "straggler") == [], events(clean_dir, "straggler")
+    # Bit-exact: the moved run trained exactly what the uninterrupted one did.
+    assert final(slow_dir)["param_sha256"] == final(clean_dir)["param_sha256"]
