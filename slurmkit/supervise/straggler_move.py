@@ -61,6 +61,7 @@ class _Pending:
     named: Named
     generation: int
     baseline: int | None  # the newest committed step node 0 had seen at the naming
+    threshold: float
 
 
 class StragglerActions:
@@ -84,11 +85,14 @@ class StragglerActions:
         if self.action == "replace":
             if spares > 0:
                 baseline = self._committed()
-                self._pending.append(_Pending(x, generation, baseline))
+                self._pending.append(_Pending(x, generation, baseline, threshold))
                 plan["plan"] = (f"moved onto a spare at the first checkpoint committed after step {x.step} "
                                 f"(newest committed now: {baseline})")
             else:
                 plan["plan"] = "reported only: no spare node left to move it onto"
+        self._record(x, generation, threshold, **plan)
+
+    def _record(self, x: Named, generation: int, threshold: float, **plan: str) -> None:
         self.ledger.append("straggler", node=x.node, score=x.score, generation=generation, rank=x.rank,
                            own_s=x.own_s, job_median_s=x.job_median_s, windows=x.windows, step=x.step,
                            sections=dict(x.sections), threshold=threshold, action=self.action, **plan)
@@ -105,9 +109,11 @@ class StragglerActions:
             if step is None or step < p.named.step or (p.baseline is not None and step <= p.baseline):
                 continue
             self._pending.remove(p)
-            if spares <= 0:
+            if spares <= 0:  # the spare was lost since the naming
                 log.warning("straggler %s: no spare node left at checkpoint step %d: reported only",
                             p.named.node, step)
+                self._record(p.named, generation, p.threshold,
+                             plan=f"reported only: no spare node left at checkpoint step {step}")
                 return None
             move = Move(p.named, generation, step, self._wall())
             self._moves[generation] = move

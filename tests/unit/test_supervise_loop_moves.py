@@ -182,3 +182,33 @@ def test_peek_never_waits_for_a_slow_tier() -> None:
     assert p.peek() == 10  # asks for a read that hangs; the value read before comes back at once
     release.set()
     wait_until(lambda: p.peek() == 20)
+
+
+def test_a_spare_lost_before_the_checkpoint_leaves_the_straggler_reported_only() -> None:
+    from slurmkit.supervise.straggler_move import StragglerActions
+    from slurmkit.supervise.stragglers import Named
+    from tests.unit.test_supervise_loop import Ledger
+
+    ledger, committed = Ledger(), Committed(10)
+    actions = StragglerActions("replace", ledger, committed=committed, wall=lambda: 5.0)
+    x = Named("n2", 0.4, 4, 0.25, 0.1, 3, 12, dict(SECTIONS))
+    actions.named(x, 0, threshold=0.7, spares=1)
+    assert actions.due(0, spares=1) is None  # step 10 is older than the naming
+    committed.step = 20
+    assert actions.due(1, spares=1) is None  # another generation: the move was dropped with its own
+    actions.named(x, 2, threshold=0.7, spares=1)
+    assert actions.due(2, spares=1) is None  # 20 was committed before this naming: not newer
+    committed.step = 30
+    assert actions.due(2, spares=0) is None
+    first, again, last = ledger.of("straggler")
+    assert first["plan"].startswith("moved onto a spare") and again["generation"] == 2
+    assert last["plan"] == "reported only: no spare node left at checkpoint step 30", last
+    assert actions.evidence(2) == [] and actions.decision_fields(2) == {}
+    # With the spare there: the move, its evidence and (once it is the root cause) its figures
+    actions.named(x, 3, threshold=0.7, spares=1)
+    committed.step = 40
+    move = actions.due(3, spares=1)
+    assert move is not None and move.ckpt_step == 40 and move.at == 5.0
+    (ev,) = actions.evidence(3)
+    assert ev.cls == F.STRAGGLER and ev.node == "n2" and ev.rank == -1 and ev.time == 5.0
+    assert actions.due(3, spares=1) is None  # one move per generation
