@@ -37,6 +37,7 @@ from slurmkit.supervise.classify import Evidence, bad_nodes, root_cause
 from slurmkit.supervise.monitor import EXIT_CHECKPOINTED_ON_SIGNAL
 from slurmkit.supervise.policy import (Action, Decision, History, Limits, State, StateMachine, after_warning,
                                        decide, requeue_refusal)
+from slurmkit.supervise.preemption import requeue_after_preemption
 from slurmkit.supervise.previous import previous_attempt, record_previous
 from slurmkit.supervise.requeue import job_ref, refused_by_slurm, requeue_now
 from slurmkit.supervise.slurmview import (DECISION_RETRY, DECISION_TIMEOUT_S, SlurmdProbe, node_health,
@@ -613,7 +614,13 @@ class Supervisor:
             if self.is_node0:
                 return self.requeue("time limit warning: final checkpoint saved", ())
             return 0
-        # Preemption: Slurm requeues a preempted job itself. Local mode: nothing to requeue.
+        if kind == "preemption" and self.is_node0 and self.cfg.job.requeue and self.slurm is not None:
+            # a job that ends inside GraceTime is not requeued by Slurm: requeue it now
+            why = requeue_after_preemption(self.slurm, self.where.job_id)
+            if why is not None:
+                self.sm.to(State.REQUEUEING, "preempted")
+                return self.requeue(why, ())
+        # scancel, an admin or PreemptMode=CANCEL: the SIGTERM ends the run. Local: nothing to requeue.
         self.sm.to(State.COMPLETED, "left on signal")
         if self.is_node0:
             cancelled = kind == "cancel"

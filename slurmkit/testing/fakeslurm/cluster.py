@@ -99,6 +99,13 @@ class FakeSlurm(FakeController):
         job.end_time = self.clock()
         self._free(job)
 
+    def preempt(self, job_id: str) -> None:
+        """A higher-priority job preempts a running one: PreemptTime is set and its steps get
+        SIGTERM; what follows (requeue or end) is up to the test, as GraceTime would be."""
+        job = self.jobs[job_id]
+        job.preempt_time = self.clock()
+        job.signals.append("TERM")
+
     def fail_node(self, name: str, reason: str = "Not responding") -> None:
         """A node stops responding: its jobs end NODE_FAIL; requeueable ones go back to PENDING."""
         self._node_down(name, reason)

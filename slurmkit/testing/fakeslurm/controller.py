@@ -107,6 +107,7 @@ class FakeController:
         job.nodes, job.start_time, job.end_time = [], None, None
         job.exit_code = job.exit_signal = 0
         job.by_uid = None
+        job.preempt_time = None  # a new run: not preempted (yet)
 
     # --- squeue / sacct / scancel ----------------------------------------------------------
 

@@ -62,6 +62,7 @@ class FakeJob:
     by_uid: int | None = None
     history: list[FakeRun] = field(default_factory=list)
     signals: list[str] = field(default_factory=list)
+    preempt_time: float | None = None  # when Slurm preempted it (FakeSlurm.preempt)
     env: dict[str, str] = field(default_factory=dict)
     sbatch_args: list[str] = field(default_factory=list)
 
@@ -87,6 +88,8 @@ class FakeJob:
             ("SubmitTime", fmt_time(self.submit_time)),
             ("EligibleTime", fmt_time(self.eligible_time)),
             ("StartTime", fmt_time(self.start_time)), ("EndTime", fmt_time(self.end_time)),
+            # captured from 22.05: "PreemptTime=None" until Slurm preempts the job
+            ("PreemptTime", fmt_time(self.preempt_time) if self.preempt_time else "None"),
             ("Partition", self.partition), ("AllocNode:Sid", "localhost:1"),
             ("ReqNodeList", "(null)"),
             ("ExcNodeList", compress_hostlist(self.exc_nodes) if self.exc_nodes else "(null)"),
