@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from slurmkit.submit import Submitted, wait_job
+from tests.unit.test_slurm_client import FakeTime
 
 # Prints PENDING for the first 9 calls, then COMPLETED (SACCT_FIELDS order, --parsable2).
 FAKE_SACCT = """#!/bin/sh
@@ -21,17 +22,6 @@ echo "4242|unit|$state|0:0|||00:00:00||"
 """
 
 
-class FakeTime:
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.sleeps: list[float] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
 
 
 def test_wait_job_polls_sacct_with_backoff(tmp_path: Path) -> None:
