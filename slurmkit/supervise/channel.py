@@ -359,6 +359,24 @@ class Channel:
         """(slots that completed, slots that left on a signal) in ``gen``."""
         return self._count(self._gen(gen, COMPLETED)), self._count(self._gen(gen, SIGNALLED))
 
+    # -------------------------------------------------------------- a hang's stacks
+    def stacks_taken(self, gen: int, expected: int, timeout_s: float) -> bool:
+        """Say this agent has its ranks' stacks, then wait until ``expected`` agents have
+        (one store wait, woken by the last one's post: no polling), at most ``timeout_s``.
+        No node may kill its ranks while another still reads its own: the killed ranks' peers
+        fail out of the collective they waited in, and their stacks then show the crash, not
+        the wait (seen on the local cluster: two ranks blamed as 'outside' a collective in
+        their exit handlers). True when all arrived in time; a lost agent costs the timeout."""
+        done = self._gen(gen, "stacks_all")
+        if int(self.store.add(self._gen(gen, "stacks"), 1)) >= expected:
+            self.store.set(done, "1")
+            return True
+        try:
+            self.store.wait([done], timedelta(seconds=timeout_s))
+        except RuntimeError:  # a timeout (or a failing store: the stop goes ahead either way)
+            return bool(self.store.check([done]))
+        return True
+
     # -------------------------------------------------------------- the decision
     def post_decision(self, gen: int, d: Decision) -> None:
         """Set once: a second decider (a successor of node 0) never overwrites the first."""

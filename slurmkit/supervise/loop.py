@@ -58,6 +58,9 @@ REQUEUE_MARKS = "requeues"
 #: How long node 0 keeps its store up at the end for agents that have not seen the end yet.
 #: One that comes later finds the store gone and node 0's done marker (succession.py).
 EXIT_WAIT_S = 10.0
+#: How long a node waits, on a hang, for every node to take its ranks' stacks before it kills its
+#: own (each capture is bounded by a few seconds: slurmkit.launch.stackdump).
+STACKS_BARRIER_S = 15.0
 #: Classes that end the allocation, not the run: their requeues are the plan, not failures.
 _PLANNED_REQUEUE = frozenset({FailureClass.TIME_LIMIT, FailureClass.PREEMPTION})
 
@@ -221,8 +224,13 @@ class Supervisor:
             return self.after_signal(gen)
         self.sm.to(State.STOPPING, f"generation {gen}")
         if slot is not None:
-            # A hang: the ranks' stacks before they are killed (first: the channel keeps 64 items).
-            stacks = self.node.capture_stacks(gen) if self._failed_by(gen) == FailureClass.HANG else []
+            # A hang: the ranks' stacks before they are killed (first: the channel keeps 64 items),
+            # and no node kills its ranks before every node has its own ranks' stacks.
+            stacks: list[Evidence] = []
+            if self._failed_by(gen) == FailureClass.HANG:
+                stacks = self.node.capture_stacks(gen)
+                if not self.channel.stacks_taken(gen, len(self.node_map), STACKS_BARRIER_S):
+                    log.warning("not every node took its ranks' stacks within %.0f s", STACKS_BARRIER_S)
             self.channel.post_evidence(gen, self.where.node_rank, stacks + self.node.stop())
             self.channel.post_stopped(gen)
             self._stopped_gen = gen

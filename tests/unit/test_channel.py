@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -323,3 +324,38 @@ def test_a_forged_value_cleared_by_one_agent_never_blocks_another_reading_it() -
     b.store = store
     a.post_failure(0, "node2", 3, FailureClass.RANK_CRASH)
     assert b.failure(0).node == "node2"  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------------------ a hang's stacks
+def test_no_agent_passes_the_stacks_barrier_before_the_last_one_took_its_stacks() -> None:
+    """On a hang every node takes its ranks' stacks, then kills them: a node that killed its
+    ranks while another still read its own made that node's ranks crash out of the collective
+    (their stacks showed the exit handlers: a CI failure on the local cluster)."""
+    store = dist.HashStore()
+    passed: list[int] = []
+    gate = threading.Event()
+
+    def agent(nr: int) -> None:
+        if nr == 2:
+            gate.wait(30)  # the slow node, still taking its stacks
+        assert channel(store).stacks_taken(0, 3, 30)
+        passed.append(nr)
+
+    threads = [threading.Thread(target=agent, args=(nr,)) for nr in range(3)]
+    for t in threads:
+        t.start()
+    ch = channel(store)
+    deadline = time.monotonic() + 30
+    while ch._count(ch._gen(0, "stacks")) < 2:  # noqa: SLF001 - the two fast ones arrived
+        assert time.monotonic() < deadline
+        threads[0].join(0.01)
+    assert passed == []  # both wait for the slow one
+    gate.set()
+    for t in threads:
+        t.join(30)
+    assert sorted(passed) == [0, 1, 2]
+
+
+def test_a_lost_agent_costs_the_stacks_barrier_its_timeout_only() -> None:
+    ch = channel(dist.HashStore())
+    assert ch.stacks_taken(0, 2, 0.05) is False  # the other never comes: the stop goes ahead
