@@ -27,7 +27,15 @@ REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "local-cluster"
 NOBODY = 65534
 
-as_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root (CI runs as root)")
+@pytest.fixture
+def root() -> None:
+    """chown to another uid needs root: the suite runs as root (CI does); elsewhere it fails
+    and says so rather than skip."""
+    if os.geteuid() != 0:
+        pytest.fail("chown to another uid needs root: run the suite as root (CI does)")
+
+
+as_root = pytest.mark.usefixtures("root")
 
 
 def load_tool() -> ModuleType:
