@@ -6,13 +6,26 @@ not by parsing the ledger: at 2,048 nodes the ledger is large and shared, and a 
 not wait on it. A background thread refreshes the value; ``latest`` asks for a fresh read and
 waits for it at most ``wait_s``, so a slow file system or object store delays a decision by at
 most that bound (the last value read is used then).
+
+A program that saves its own checkpoints (``job.command=[...]``, slurmkit.userapi) reports
+each one on rank 0 in a small marker in the run directory; :class:`UserCheckpointReader` is one
+more reader, beside the tiers'. The file is input from the ranks, so it is checked as such: a
+link, someone else's file, anything but a small regular file or a JSON object with a
+non-negative integer ``step`` gives no progress and one warning in the log, never an exception.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import stat
 import threading
 from collections.abc import Callable, Sequence
+
+from slurmkit.contract import RUN_DIR
+from slurmkit.errors import SlurmkitError
+from slurmkit.userapi import MARKER_MAX_BYTES, marker_path
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +88,95 @@ class CheckpointProgress:
             return self._best
 
 
+class UntrustedMarker(SlurmkitError):
+    """A checkpoint marker that cannot be taken as progress (why, in words)."""
+
+
+def _read_marker_bytes(path: str) -> bytes | None:
+    """The marker's bytes; None when it does not exist (yet). Neither the marker nor its
+    directory is followed when it is a link; only a small regular file of this user is read."""
+    try:
+        dfd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP/ENOTDIR: a link or a file where the directory should be
+        raise UntrustedMarker(f"cannot open its directory: {exc}") from None
+    try:
+        dst = os.fstat(dfd)
+        if dst.st_uid != os.getuid():
+            raise UntrustedMarker(f"its directory is owned by uid {dst.st_uid}, not {os.getuid()}")
+        try:  # O_NONBLOCK: a FIFO planted there must not block the reader
+            fd = os.open(os.path.basename(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise UntrustedMarker(f"cannot open it: {exc}") from None
+    finally:
+        os.close(dfd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UntrustedMarker("not a regular file")
+        if st.st_uid != os.getuid():
+            raise UntrustedMarker(f"owned by uid {st.st_uid}, not by this user ({os.getuid()})")
+        if st.st_mode & 0o022:
+            raise UntrustedMarker(f"writable by others (mode {stat.S_IMODE(st.st_mode):o})")
+        if st.st_size > MARKER_MAX_BYTES:
+            raise UntrustedMarker(f"{st.st_size} bytes, more than {MARKER_MAX_BYTES}")
+        data = os.read(fd, MARKER_MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MARKER_MAX_BYTES:  # grew between the fstat and the read
+        raise UntrustedMarker(f"more than {MARKER_MAX_BYTES} bytes")
+    return data
+
+
+def parse_marker(data: bytes) -> int:
+    """The ``step`` of a marker's bytes; UntrustedMarker unless it is a JSON object whose step
+    is a non-negative integer (not a bool, a float or a string)."""
+    try:
+        record = json.loads(data)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise UntrustedMarker("not JSON") from None
+    if not isinstance(record, dict):
+        raise UntrustedMarker(f"a JSON {type(record).__name__}, not an object")
+    step = record.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise UntrustedMarker(f"step {str(step)[:40]!r} is not a non-negative integer")
+    return step
+
+
+class UserCheckpointReader:
+    """A StepReader of the program's own checkpoints: the step in rank 0's marker
+    (slurmkit.userapi.marker_path), None when there is none or it is refused. A refusal is
+    logged as a warning once per distinct reason (the reader runs every few seconds)."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.path = marker_path(run_dir)
+        self._last_refusal: str | None = None
+
+    def __call__(self) -> int | None:
+        try:
+            data = _read_marker_bytes(self.path)
+            step = None if data is None else parse_marker(data)
+        except (UntrustedMarker, OSError) as exc:
+            reason = str(exc)
+            if reason != self._last_refusal:
+                self._last_refusal = reason
+                log.warning("Detected: the checkpoint marker %s was refused: %s. Requirement: a regular "
+                            "file of this user, at most %d bytes, a JSON object with a non-negative "
+                            "integer step, as slurmkit.userapi.report_checkpoint writes it. Fix: remove "
+                            "it and report checkpoints with report_checkpoint(step)",
+                            self.path, reason, MARKER_MAX_BYTES)
+            return None
+        self._last_refusal = None
+        return step
+
+
 def tier_readers(store_cfg: object, env: dict[str, str], node_name: str) -> list[StepReader]:
     """``latest.json`` readers of the run's tiers as node 0 sees them: its own NVMe directory,
-    the shared file system and the object store (slurmkit.store builds the same URIs)."""
+    the shared file system and the object store (slurmkit.store builds the same URIs); with
+    ``SLURMKIT_RUN_DIR`` in ``env``, also the program's own checkpoint marker there."""
     from slurmkit.store.catalog import read_latest
     from slurmkit.store.config import StoreConfig, store_env
     from slurmkit.store.tier import make_tier
@@ -96,4 +195,6 @@ def tier_readers(store_cfg: object, env: dict[str, str], node_name: str) -> list
         def read(name: str = name, uri: str = uri, profile: str = profile) -> int | None:
             return read_latest(make_tier(name, uri, env, profile))
         readers.append(read)
+    if env.get(RUN_DIR):
+        readers.append(UserCheckpointReader(env[RUN_DIR]))
     return readers

@@ -1,0 +1,226 @@
+"""Progress and checkpoints for any program slurmkit runs (``job.command=[...]``), one call each.
+
+    from slurmkit import userapi
+
+    userapi.report_step(step)                   # after every step, on every rank
+    userapi.report_checkpoint(step, path=ckpt)  # after the program's own save completed
+
+``report_step`` beats the rank's node-local heartbeat (:mod:`slurmkit.train.heartbeat`): a few
+system calls on the node's memory, nothing on the shared file system, read by that node's agent
+for hangs and the ledger's heartbeat samples. ``report_checkpoint`` counts on rank 0 only (the
+other ranks' calls return False): it replaces one small marker in the run directory,
+:func:`marker_path`, atomically (a temporary file, fsync, rename), once per checkpoint, never
+per step. Node 0's crash-loop rule reads it with the checkpoint tiers' ``latest.json``
+(:mod:`slurmkit.supervise.ckpt_progress`), so a program that checkpoints on its own is not
+stopped as a crash loop after ``supervisor.max_restarts_without_progress`` failures, as long
+as it saves something newer between them. The same call hands a ``ckpt_saved`` event
+(``tier="user"``) to the node's agent, which writes it into the ledger.
+
+Both are no-ops outside slurmkit (no ``$SLURMKIT_RUN_DIR`` / heartbeat file): the program runs
+unchanged under torchrun or alone. A failure to write (a full /dev/shm or file system) is
+reported on stderr and never raised into training; a step that is not a non-negative integer is
+a bug in the caller and raises :class:`ReportError`.
+
+The exit codes of the contract (:mod:`slurmkit.contract`) are re-exported for such programs:
+exit ``EXIT_CHECKPOINTED_ON_SIGNAL`` (95) after saving on SIGUSR1 (the time-limit warning) or
+SIGTERM, ``EXIT_CONFIG_ERROR`` (2) after printing ``CONFIG_ERROR_MARKER`` and a message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from slurmkit import contract
+from slurmkit.contract import CONFIG_ERROR_MARKER, EXIT_CHECKPOINTED_ON_SIGNAL, EXIT_CONFIG_ERROR
+from slurmkit.errors import ActionableError
+from slurmkit.train.heartbeat import Heartbeat
+
+__all__ = ["CONFIG_ERROR_MARKER", "EXIT_CHECKPOINTED_ON_SIGNAL", "EXIT_CONFIG_ERROR", "MARKER_MAX_BYTES",
+           "ReportError", "Reporter", "marker_path", "report_checkpoint", "report_step"]
+
+# The marker's place in the run directory and its size bound: the one definition the writer
+# (here) and node 0's reader (slurmkit.supervise.ckpt_progress) share.
+MARKER_DIR = "progress"
+MARKER_NAME = "user_checkpoint.json"
+MARKER_MAX_BYTES = 8192
+MAX_PATH_CHARS = 4096  # PATH_MAX: the path is for people reading the ledger, never opened by slurmkit
+USER_TIER = "user"  # the tier name of a program's own checkpoints in the ledger
+
+
+class ReportError(ActionableError):
+    """A report the program made that cannot be right (a bug in the caller, not in the run)."""
+
+
+def marker_path(run_dir: str) -> str:
+    """``RUN_DIR/progress/user_checkpoint.json``: rank 0's newest reported checkpoint."""
+    return os.path.join(run_dir, MARKER_DIR, MARKER_NAME)
+
+
+def check_step(step: object, call: str) -> int:
+    """``step`` when it is a non-negative int (bool is not a step), else ReportError."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ReportError(f"{call}({step!r}): a {type(step).__name__}",
+                          "a non-negative integer step (optimizer steps completed)",
+                          f"call {call}(int(step)) with the count of completed steps")
+    return step
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ReportError(f"{name}={text!r}", f"an integer {name}, as the node agent or torchrun sets it",
+                          f"start the program through slurmkit (job.command=[...]) or unset {name}") from None
+
+
+def write_marker(run_dir: str, record: Mapping[str, Any]) -> str:
+    """Replace the marker with ``record`` (JSON): the reader sees the old or the new one, never
+    a torn one, and the new one survives a crash of this node once this returns."""
+    path = marker_path(run_dir)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    data = json.dumps(dict(record), sort_keys=True).encode()
+    if len(data) > MARKER_MAX_BYTES:  # cannot happen for the record report_checkpoint builds
+        raise ReportError(f"a checkpoint marker of {len(data)} bytes", f"at most {MARKER_MAX_BYTES} bytes",
+                          "pass a shorter path to report_checkpoint")
+    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    try:
+        fd = os.open(tmp, flags, 0o644)
+    except FileExistsError:  # left by a killed process that had our pid: ours to replace
+        os.unlink(tmp)
+        fd = os.open(tmp, flags, 0o644)
+    try:
+        try:
+            os.fchmod(fd, 0o644)  # whatever the umask: the marker is read by node 0's agent (same user)
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:  # the rename itself durable; some file systems refuse a directory's fsync (still atomic)
+        dfd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+    return path
+
+
+class Reporter:
+    """One rank's reports, from its environment (the agent's or torchrun's variables).
+
+    ``report_step`` and ``report_checkpoint`` below use one built from ``os.environ``; build
+    your own to pass another environment or clock (tests do)."""
+
+    def __init__(self, env: Mapping[str, str], *, clock: Callable[[], float] = time.time) -> None:
+        self.env = dict(env)
+        self.rank = _env_int(self.env, contract.RANK, _env_int(self.env, contract.SLURM_PROCID, 0))
+        self.generation = _env_int(self.env, contract.GENERATION, 0)
+        self.run_dir = self.env.get(contract.RUN_DIR) or None
+        self._clock = clock
+        self._heartbeat: Heartbeat | None = None
+        self._no_heartbeat = False
+        self._warned: set[str] = set()
+
+    def _warn_once(self, what: str, exc: BaseException) -> None:
+        if what not in self._warned:  # once per kind: a full disk must not flood the rank's log
+            self._warned.add(what)
+            print(f"slurmkit: {what}: {exc}", file=sys.stderr, flush=True)
+
+    def step(self, step: int) -> bool:
+        """Beat the heartbeat with ``step``; False when there is none (not under slurmkit) or the
+        beat could not be written."""
+        check_step(step, "report_step")
+        if self._heartbeat is None and not self._no_heartbeat:
+            try:
+                self._heartbeat = Heartbeat.from_env(self.env, self.rank)
+            except (OSError, ActionableError) as exc:
+                self._warn_once("no heartbeat for this rank", exc)
+            self._no_heartbeat = self._heartbeat is None
+        if self._heartbeat is None:
+            return False
+        try:
+            self._heartbeat.beat(step)
+        except OSError as exc:
+            self._warn_once(f"cannot write the heartbeat {self._heartbeat.path}", exc)
+            return False
+        return True
+
+    def checkpoint(self, step: int, path: str | os.PathLike[str] | None = None) -> bool:
+        """Record that the program's checkpoint of ``step`` is complete (at ``path``, for people);
+        True when the marker was written (rank 0 under slurmkit)."""
+        check_step(step, "report_checkpoint")
+        where = None if path is None else os.fspath(path)
+        if where is not None and (not isinstance(where, str) or len(where) > MAX_PATH_CHARS):
+            raise ReportError(f"report_checkpoint(path={where!r:.80})",
+                              f"a str path of at most {MAX_PATH_CHARS} characters, or None",
+                              "pass the checkpoint's path as a str")
+        if self.rank != 0 or self.run_dir is None:
+            return False
+        record: dict[str, Any] = {
+            "step": step, "path": where, "rank": self.rank, "generation": self.generation,
+            "attempt": self.env.get(contract.ATTEMPT, ""), "node": self.env.get(contract.NODE, ""),
+            "pid": os.getpid(), "time": round(self._clock(), 6),
+        }
+        try:
+            write_marker(self.run_dir, record)
+        except OSError as exc:
+            self._warn_once(f"cannot record checkpoint step {step} in {marker_path(self.run_dir)} "
+                            "(node 0 will not count it as progress)", exc)
+            return False
+        self._ledger_event(step, where)
+        return True
+
+    def _ledger_event(self, step: int, where: str | None) -> None:
+        spool = self.env.get("SLURMKIT_EVENTS_FILE")
+        if not spool:
+            return
+        from slurmkit.supervise.spool import SpoolWriter  # only rank 0 of a run under an agent needs it
+
+        try:
+            SpoolWriter(spool, source=f"rank{self.rank}", clock=self._clock).append(
+                "ckpt_saved", step=step, tier=USER_TIER, rank=self.rank, uri=where,
+                node=self.env.get(contract.NODE, ""), generation=self.generation)
+        except OSError as exc:  # the spool's directory could not be made: the marker still counts
+            self._warn_once("cannot hand the checkpoint event to the node agent", exc)
+
+
+_default: Reporter | None = None
+_default_lock = threading.Lock()
+
+
+def default_reporter() -> Reporter:
+    """The process's reporter, built from ``os.environ`` at the first report."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Reporter(os.environ)
+        return _default
+
+
+def report_step(step: int) -> bool:
+    """After each training step, on every rank: ``step`` steps are complete (the heartbeat)."""
+    return default_reporter().step(step)
+
+
+def report_checkpoint(step: int, path: str | os.PathLike[str] | None = None) -> bool:
+    """After the program's own checkpoint of ``step`` is completely written (rank 0's call
+    counts): node 0 counts it as progress. Call it once the save is durable, not before."""
+    return default_reporter().checkpoint(step, path)
