@@ -326,7 +326,7 @@ class DyingStore:
 def test_node0_lost_the_successor_records_it_and_requeues_without_node0(
         tmp_path: Path, with_slurm: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     requeued: list[tuple[str, tuple[str, ...]]] = []
-    monkeypatch.setattr("slurmkit.supervise.loop.requeue_now",
+    monkeypatch.setattr("slurmkit.supervise.endings.requeue_now",
                         lambda client, job, exclude, **kw: requeued.append((job, tuple(exclude))))
     gate = threading.Event()
     c = Cluster(tmp_path, [Script(gate=gate), Script(gate=gate), Script(gate=gate)], node_timeout_s=0.3,
@@ -360,7 +360,7 @@ def test_a_rank_that_dies_after_the_time_limit_warning_requeues_instead_of_resta
     # Under load a rank can get the SIGUSR1 before it installed its handler (returncode -10):
     # restarting in an allocation that ends in a minute would only crash-loop into exit 93.
     requeued: list[tuple[str, ...]] = []
-    monkeypatch.setattr("slurmkit.supervise.loop.requeue_now",
+    monkeypatch.setattr("slurmkit.supervise.endings.requeue_now",
                         lambda client, job, exclude, **kw: requeued.append(tuple(exclude)))
     c = Cluster(tmp_path, [Script(), Script(fail={0: F.RANK_CRASH})], extra=("job.requeue=true",),
                 slurm=SlurmClient(FakeSlurm({"debug": "n[0-1]"})))
@@ -378,7 +378,7 @@ def test_a_gpu_fault_after_the_time_limit_warning_requeues_without_its_node_even
     # The warning leaves a minute: a spare brought in now could not finish a generation, and a
     # plain time-limit requeue (no exclusion) would bring the faulty GPU back.
     requeued: list[tuple[str, ...]] = []
-    monkeypatch.setattr("slurmkit.supervise.loop.requeue_now",
+    monkeypatch.setattr("slurmkit.supervise.endings.requeue_now",
                         lambda client, job, exclude, **kw: requeued.append(tuple(exclude)))
     c = Cluster(tmp_path, [Script(), Script(fail={0: F.GPU_FAULT}), Script()], extra=("job.requeue=true",),
                 train_nodes=2, spare_nodes=1, slurm=SlurmClient(FakeSlurm({"debug": "n[0-3]"})))

@@ -78,7 +78,7 @@ def with_failing(c: Cluster, nr: int, gen: int = 0) -> FailingAgentNode:
 @pytest.fixture
 def requeued(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[str, ...]]]:
     calls: list[tuple[str, tuple[str, ...]]] = []
-    monkeypatch.setattr("slurmkit.supervise.loop.requeue_now",
+    monkeypatch.setattr("slurmkit.supervise.endings.requeue_now",
                         lambda client, job, exclude, **kw: calls.append((job, tuple(exclude))))
     return calls
 
@@ -287,7 +287,7 @@ def test_a_requeue_slurm_refuses_stops_with_93_and_says_how_to_resume(
         calls.append(job_id)
         slurm.requeue(job_id, hold=bool(exclude))  # the real client: raises SlurmCommandError
 
-    monkeypatch.setattr("slurmkit.supervise.loop.requeue_now", refusing)
+    monkeypatch.setattr("slurmkit.supervise.endings.requeue_now", refusing)
     c = guarded(Cluster(tmp_path, [Script(), Script()], node_timeout_s=120.0,
                         slurm=client(fake)))
     with_failing(c, 1)

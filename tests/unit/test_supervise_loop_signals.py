@@ -21,7 +21,7 @@ F = FailureClass
 
 def _requeues(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
     requeued: list[tuple[str, ...]] = []
-    monkeypatch.setattr("slurmkit.supervise.loop.requeue_now",
+    monkeypatch.setattr("slurmkit.supervise.endings.requeue_now",
                         lambda client, job, exclude, **kw: requeued.append(tuple(exclude)))
     return requeued
 

@@ -58,9 +58,9 @@ def test_slurm_unreachable_is_no_requeue(tmp_path: Path) -> None:
 def test_node0_requeues_after_every_rank_saved_on_a_preemption(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     requeued: list[tuple[str, tuple[str, ...]]] = []
-    monkeypatch.setattr("slurmkit.supervise.loop.requeue_now",
+    monkeypatch.setattr("slurmkit.supervise.endings.requeue_now",
                         lambda client, job, exclude, **kw: requeued.append((job, tuple(exclude))))
-    monkeypatch.setattr("slurmkit.supervise.loop.requeue_after_preemption",
+    monkeypatch.setattr("slurmkit.supervise.endings.requeue_after_preemption",
                         lambda client, job: f"preempted (job {job})")
     saved = [Script(exit_code=EXIT_CHECKPOINTED_ON_SIGNAL) for _ in range(2)]  # every rank: 95
     c = Cluster(tmp_path, saved, extra=("job.requeue=true",),

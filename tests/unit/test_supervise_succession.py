@@ -78,7 +78,7 @@ def test_a_requeued_attempt_elects_again(tmp_path: Path) -> None:
 def test_node0_and_node_rank_1_lost_together_node_rank_2_records_and_requeues(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     requeued: list[tuple[str, tuple[str, ...]]] = []
-    monkeypatch.setattr("slurmkit.supervise.loop.requeue_now",
+    monkeypatch.setattr("slurmkit.supervise.endings.requeue_now",
                         lambda client, job, exclude, **kw: requeued.append((job, tuple(exclude))))
     gate = threading.Event()
     c = Cluster(tmp_path, [Script(gate=gate) for _ in range(4)], node_timeout_s=0.3,

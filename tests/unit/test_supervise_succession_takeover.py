@@ -186,7 +186,7 @@ def test_the_successor_dies_after_claiming_and_the_next_agent_takes_over(
         requeued.append((job, tuple(exclude)))
         client.requeue(job, hold=bool(exclude))
 
-    monkeypatch.setattr("slurmkit.supervise.loop.requeue_now", requeue_now)
+    monkeypatch.setattr("slurmkit.supervise.endings.requeue_now", requeue_now)
     names = ["n0", "n1", "n2", "n3"]
     fake = fake_slurm_running_job_7(names)
     c = Cluster(tmp_path, [Script(gate=threading.Event()) for _ in names], node_timeout_s=0.3,
@@ -217,7 +217,7 @@ def test_a_successor_whose_requeue_landed_before_it_died_is_not_requeued_again(
         client.requeue(job, hold=bool(exclude))
         raise OSError(5, "Input/output error")  # n1 dies before its done marker
 
-    monkeypatch.setattr("slurmkit.supervise.loop.requeue_now", requeue_then_die)
+    monkeypatch.setattr("slurmkit.supervise.endings.requeue_now", requeue_then_die)
     names = ["n0", "n1", "n2"]
     fake = fake_slurm_running_job_7(names)
     c = Cluster(tmp_path, [Script(gate=threading.Event()) for _ in names], node_timeout_s=0.3,
@@ -234,7 +234,7 @@ def test_a_successor_whose_requeue_landed_before_it_died_is_not_requeued_again(
 def test_an_agent_later_than_node0s_exit_barrier_does_not_requeue_the_finished_job(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     requeued: list[tuple[str, ...]] = []
-    monkeypatch.setattr("slurmkit.supervise.loop.requeue_now",
+    monkeypatch.setattr("slurmkit.supervise.endings.requeue_now",
                         lambda client, job, exclude, **kw: requeued.append(tuple(exclude)))
     monkeypatch.setattr(loop, "EXIT_WAIT_S", 0.2)  # node 0 waits this long for a slow agent, then leaves
     fake = fake_slurm_running_job_7(["n0", "n1", "n2"])

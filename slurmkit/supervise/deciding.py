@@ -1,0 +1,212 @@
+"""Node 0's part of the supervisor: which agents are lost, the evidence, the decision, and the
+caps a requeue is checked against (a part of slurmkit.supervise.loop.Supervisor)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from slurmkit.launch.cancel_request import read_cancel_request
+from slurmkit.slurm.errors import SlurmError
+from slurmkit.slurm.hostlist import expand_hostlist
+from slurmkit.supervise.channel import ChannelError
+from slurmkit.supervise.classes import FailureClass
+from slurmkit.supervise.classify import Evidence, bad_nodes, root_cause
+from slurmkit.supervise.policy import Action, Decision, after_warning, decide, requeue_refusal
+from slurmkit.supervise.requeue import job_ref
+from slurmkit.supervise.slurmview import DECISION_RETRY, DECISION_TIMEOUT_S, node_health
+from slurmkit.supervise.liveness import Lost, slurm_says_dead
+from slurmkit.supervise.loopbase import PLANNED_REQUEUE, REQUEUE_MARKS, SupervisorBase
+from slurmkit.supervise.timeouts import liveness_deadline_s
+
+log = logging.getLogger(__name__)
+
+
+class Deciding(SupervisorBase):
+    """Node 0: lost agents, the evidence, the decision, the requeue caps."""
+
+    # ------------------------------------------------------------------ liveness (node 0)
+    def lost_agents(self) -> list[Lost]:
+        """Agents (train nodes and spares) confirmed lost since the last call."""
+        members = {*self.node_map, *self.spares}  # a set: this runs every poll, over N agents
+        watched = [nr for nr, name in enumerate(self.where.nodes)
+                   if nr != 0 and nr not in self._lost and name in members]
+        self.liveness.observe(self.channel.beats(watched))
+        new = [x for x in self.liveness.lost() if x.node_rank in watched]
+        for x in new:
+            self._lost[x.node_rank] = x
+        return new
+
+    def check_peers(self, gen: int) -> None:
+        for x in self.lost_agents():
+            name = self.where.nodes[x.node_rank]
+            if name in self.spares:  # a lost spare ends nothing; it is no longer a spare
+                self.spares.remove(name)
+                self.ledger.append("spare_lost", node=name, why=x.why, silent_s=round(x.silent_s, 1))
+                continue
+            ev = Evidence(time.time(), name, -1, "agent", FailureClass.NODE_LOSS,
+                          f"agent on {name} silent for {x.silent_s:.1f} s ({x.why})")
+            self.channel.post_evidence(gen, x.node_rank, [ev])
+            self.channel.post_failure(gen, name, -1, FailureClass.NODE_LOSS)
+
+    # ------------------------------------------------------------------ deciding (node 0)
+    def gather_evidence(self, gen: int, participants: list[int]) -> tuple[list[Evidence], list[str]]:
+        """Wait for every participating agent's evidence, then read it all in one round trip.
+        Each poll costs node 0 a fixed number of round trips whatever N: its liveness scan (one
+        multi_get), the stopped counter, and once that counter says every live agent has
+        stopped, one check of all evidence keys. A slow agent that still beats is waited for (up
+        to a bound); one that stops beating is lost, confirmed as in watch (node 0 posts its
+        evidence). Only past the bound are the missing keys looked up one by one."""
+        bound = self.clock() + max(60.0, 4 * liveness_deadline_s(self.beat_interval_s,
+                                                                 self.cfg.supervisor.node_timeout_s))
+        me = self.where.node_rank
+        others = [nr for nr in participants if nr != me]
+        present = list(participants)
+        while True:
+            lost_here = sum(1 for nr in others if nr in self._lost)
+            if (self.channel.stopped(gen) + lost_here >= len(participants)
+                    and self.channel.has_all_evidence(gen, participants)):
+                break
+            if self.clock() >= bound:
+                present = [nr for nr in participants if self.channel.has_evidence(gen, nr)]
+                break
+            self.check_peers(gen)
+            self.sleep(min(self.cfg.supervisor.poll_interval_s, 0.05))
+        got = self.channel.all_evidence(gen, present)
+        evidence: list[Evidence] = []
+        lost: list[str] = []
+        for nr in participants:
+            name = self.where.nodes[nr]
+            ev = got.get(nr)
+            if isinstance(ev, ChannelError):  # refused, not believed: the node counts as silent
+                log.error("%s", ev)
+                self.ledger.append("channel_refused", generation=gen, node=name, detail=str(ev))
+                ev = None
+            if ev is not None:
+                evidence += ev
+                if any(e.cls == FailureClass.NODE_LOSS for e in ev):
+                    lost.append(name)
+            else:
+                lost.append(name)
+                evidence.append(Evidence(time.time(), name, -1, "agent", FailureClass.NODE_LOSS,
+                                         f"agent on {name} did not answer the stop request"))
+        return evidence, sorted(set(lost))
+
+    def node0_decide(self, gen: int, participants: list[int]) -> Decision:
+        evidence, lost = self.gather_evidence(gen, participants)
+        evidence += self.straggler_actions.evidence(gen)  # a straggler node 0 stopped it to move
+        # What Slurm said about them came with the liveness confirmation: never asked again here.
+        slurm_view = [Evidence(time.time(), self.where.nodes[nr], -1, "slurm", FailureClass.NODE_LOSS,
+                               f"slurm: {self.where.nodes[nr]} state={x.slurm_state}")
+                      for nr, x in self._lost.items() if x.slurm_state and self.where.nodes[nr] in lost]
+        failure = root_cause(evidence + slurm_view)
+        if failure is None:
+            self.history = self.history.restarted()
+            return Decision(Action.RESTART, "generation stopped without evidence")
+        # After a warning or a SIGTERM the allocation is ending: a rank that died of it, or any
+        # failure a restart could fix, is the allocation's end, not a crash (policy.after_warning).
+        warned = self.node.signal_kind
+        failure = after_warning(failure, warned)
+        self.ledger.append("failure", generation=gen, cls=failure.cls.value, rank=failure.rank,
+                           node=failure.node, evidence=failure.evidence, time_of_fault=failure.time,
+                           ranks_affected=list(failure.ranks_affected),
+                           slurm_view=[e.detail for e in slurm_view],
+                           **({"stack": failure.stack, "in_collective": failure.in_collective}
+                              if failure.stack else {}))
+        self.straggler_actions.decided(gen, failure)
+        spares = [n for n in self.spares if n not in lost]
+        kept = self.agents_lost_on_healthy_nodes(gen, evidence, lost)
+        can_requeue = (self.cfg.job.requeue and self.slurm is not None
+                       and (warned is None or read_cancel_request(self.run_dir) is None))
+        decision, self.history = decide(failure, self.history, self._ckpt_step(), self.limits, spares, lost,
+                                        agent_lost=kept, warned=warned, can_requeue=can_requeue,
+                                        bad_nodes=bad_nodes(evidence))
+        if decision.action == Action.REQUEUE and self.slurm is None:
+            decision = Decision(Action.STOP, decision.reason + "; no Slurm to requeue with (local mode)")
+        if decision.action == Action.REQUEUE:
+            planned = failure.cls in PLANNED_REQUEUE
+            refusal = self.requeue_refused(gen, decision.exclude, failure=not planned)
+            if refusal is not None:
+                return Decision(Action.STOP, f"{decision.reason}; requeue refused: {refusal}", decision.exclude)
+            self._failure_requeue = not planned
+        return decision
+
+    def agents_lost_on_healthy_nodes(self, gen: int, evidence: list[Evidence], lost: list[str]) -> list[str]:
+        """The lost nodes whose agent is gone while the node itself is fine. A SIGKILLed agent
+        with slurmd alive is one: excluding its node would throw a healthy node away (seen in a
+        chaos campaign). Fine means: Slurm does not call it dead (DOWN, DRAIN, NOT_RESPONDING,
+        FAIL), asked again now, and either its slurmd answers (slurmctld calls a dead node
+        MIXED until SlurmdTimeout, so its state alone would keep a dead node) or the agent
+        reported its own error (agent_error). One bounded query for the lost nodes not already
+        known dead, one probe per node: decisions are rare."""
+        if not lost:
+            return []
+        seen = {self.where.nodes[nr]: x.slurm_state for nr, x in self._lost.items()}
+        ask = [n for n in lost if not slurm_says_dead(seen.get(n) or "")]  # dead stays dead
+        health = node_health(ask, self.slurm, self.probe_slurmd) if self.slurm is not None else {}
+        reported = {e.node for e in evidence if e.kind == "agent_error"}
+        kept = []
+        for name in lost:
+            state, answers = health.get(name, (seen.get(name), None))
+            if state is not None and slurm_says_dead(state):
+                continue
+            if not answers and name not in reported:
+                continue  # nothing says the node is fine: a lost node, as before
+            why = (f"agent on {name} lost but the node is healthy"
+                   + (f" (Slurm says {state})" if state is not None else "")
+                   + (": its slurmd answers" if answers else "")
+                   + (": the agent reported its own error" if name in reported else "")
+                   + ": not excluded")
+            self.ledger.append("node_kept", node=name, why=why, generation=gen, slurm_state=state)
+            kept.append(name)
+        return kept
+
+    # ------------------------------------------------------------------ requeue caps (node 0)
+    def failure_requeues(self) -> int:
+        """Earlier requeues of this run that a failure caused (this attempt's own not counted)."""
+        try:
+            names = os.listdir(os.path.join(self.run_dir, REQUEUE_MARKS))
+        except OSError:
+            return 0
+        mine = f"failure.{self.where.attempt}"
+        return sum(1 for n in names if n.startswith("failure.") and n != mine)
+
+    def _mark_failure_requeue(self) -> None:
+        marks = os.path.join(self.run_dir, REQUEUE_MARKS)
+        os.makedirs(marks, exist_ok=True)
+        with open(os.path.join(marks, f"failure.{self.where.attempt}"), "a"):
+            pass
+
+    def requeue_refused(self, gen: int, exclude: tuple[str, ...], *, failure: bool) -> str | None:
+        """Why this requeue must stop the run instead (Detected/Requirement/Fix), or None.
+
+        A failure's requeue counts against supervisor.max_requeues; one that excludes nodes is
+        checked against the partition, with one bounded query of the job (its partition and
+        ExcNodeList) and of the partitions: decisions are rare. Slurm not answering checks
+        nothing (the requeue goes ahead: a slow controller must not stop a run)."""
+        max_requeues = self.cfg.supervisor.max_requeues
+        done = self.failure_requeues() if failure else 0
+        partition: str | None = None
+        members: list[str] | None = None
+        excluded = list(exclude)
+        if exclude and self.slurm is not None and done < max_requeues:
+            try:
+                client = self.slurm.bounded(DECISION_RETRY, DECISION_TIMEOUT_S)
+                info = client.job(job_ref(self.where.job_id, self.env))
+                excluded = sorted({*info.excluded_nodes, *exclude})
+                partition = info.partition
+                for p in client.partitions():
+                    if p.name == partition and p.nodes and p.nodes.upper() != "ALL":
+                        members = expand_hostlist(p.nodes)
+            except SlurmError as exc:
+                log.warning("could not check the requeue against the partition: %s", exc)
+        why = requeue_refusal(failure_requeues=done if failure else None, max_requeues=max_requeues,
+                              excluded=excluded, partition=partition, partition_nodes=members,
+                              needed=len(self.where.nodes))
+        if why is not None:
+            self.ledger.append("requeue_refused", reason=why, generation=gen, failure_requeues=done,
+                               max_requeues=max_requeues, excluded=excluded, partition=partition,
+                               partition_nodes=len(members) if members is not None else None,
+                               needed=len(self.where.nodes))
+        return why

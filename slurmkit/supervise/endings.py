@@ -1,0 +1,286 @@
+"""How a generation's end is carried out on every node: the decision applied (restart, a spare,
+a requeue, a stop), the end after a signal, node 0's loss and its successor, this agent's own
+failure, and leaving together (a part of slurmkit.supervise.loop.Supervisor)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from slurmkit import EXIT_NO_REQUEUE
+from slurmkit.launch.cancel_request import read_cancel_request
+from slurmkit.slurm.errors import SlurmError
+from slurmkit.store.config import run_identity
+from slurmkit.supervise.classes import FailureClass
+from slurmkit.supervise.classify import Evidence
+from slurmkit.supervise.policy import Action, Decision, State
+from slurmkit.supervise.preemption import requeue_after_preemption
+from slurmkit.supervise.requeue import job_ref, refused_by_slurm, requeue_now
+from slurmkit.supervise.slurmview import DECISION_RETRY, DECISION_TIMEOUT_S
+from slurmkit.supervise.succession import Claim, Done, Watched, read_done, succeed, write_done
+from slurmkit.supervise.deciding import Deciding
+from slurmkit.supervise.loopbase import EXIT_WAIT_S
+from slurmkit.supervise.timeouts import liveness_deadline_s
+
+log = logging.getLogger(__name__)
+
+
+class Endings(Deciding):
+    """Every node: a decision applied, a signal's end, node 0's loss, this agent's failure, leaving."""
+
+    # ------------------------------------------------------------------ applying (every node)
+    def apply_replacement(self, bad: tuple[str, ...]) -> None:
+        for name in bad:
+            if name in self.node_map:
+                spare = self.spares.pop(0)
+                self.node_map[self.node_map.index(name)] = spare
+            if name in self.spares:
+                self.spares.remove(name)
+
+    def requeue(self, reason: str, exclude: tuple[str, ...]) -> int:
+        """Node 0: requeue this job without the bad nodes and make it eligible at once. Returns
+        the agent's exit code: 0, or 93 when Slurm refused the requeue (said, never a crash)."""
+        self.ledger.append("requeue", job_id=self.where.job_id, reason=reason, exclude=list(exclude))
+        if self._failure_requeue:
+            self._mark_failure_requeue()
+        if self.slurm is None:
+            return 0
+        try:
+            requeue_now(self.slurm, self.where.job_id, exclude, env=self.env, run_dir=self.run_dir)
+        except SlurmError as exc:
+            run_id = run_identity(self.cfg.store, {**self.env, "SLURMKIT_RUN_DIR": self.run_dir})
+            why = refused_by_slurm(self.where.job_id, exc, run_id)
+            self.ledger.append("requeue_refused", reason=why, generation=self.gen)
+            print(f"slurmkit supervisor: stopping, exit {EXIT_NO_REQUEUE} (not requeued): {why}",
+                  file=sys.stderr, flush=True)
+            self.ledger.append("end", status="stopped", exit_code=EXIT_NO_REQUEUE, reason=why)
+            return EXIT_NO_REQUEUE
+        return 0
+
+    def apply_decision(self, d: Decision, gen: int) -> int | None:
+        self.decisions.append((gen, d))
+        if self.is_node0:
+            self.ledger.append("decision", generation=gen, action=d.action.value, reason=d.reason,
+                               exclude=list(d.exclude), **self.straggler_actions.decision_fields(gen))
+        if d.action == Action.RESTART:
+            self.sm.to(State.RESTARTING, d.reason)
+            return None
+        if d.action == Action.REPLACE_NODE:
+            self.sm.to(State.REPLACING, d.reason)
+            self.apply_replacement(d.exclude)
+            if self.is_node0:
+                self.ledger.append("exclusion", nodes=list(d.exclude), how="spare", train_nodes=self.node_map)
+            return None
+        if d.action == Action.REQUEUE:
+            self.sm.to(State.REQUEUEING, d.reason)
+            if self.is_node0:
+                if d.exclude:
+                    self.ledger.append("exclusion", nodes=list(d.exclude), how="requeue")
+                return self.requeue(d.reason, d.exclude)
+            return 0
+        self.sm.to(State.STOPPED, d.reason)
+        print(f"slurmkit supervisor: stopping, exit {EXIT_NO_REQUEUE} (do not requeue): {d.reason}",
+              file=sys.stderr, flush=True)
+        if self.is_node0:
+            self.ledger.append("end", status="stopped", exit_code=EXIT_NO_REQUEUE, reason=d.reason)
+        return EXIT_NO_REQUEUE
+
+    def after_signal(self, gen: int) -> int:
+        """Every rank saved a final checkpoint on the warning and left."""
+        kind = self.node.signal_kind
+        if read_cancel_request(self.run_dir) is not None:
+            kind = self.node.signal_kind = "cancel"  # slurmkit cancel --checkpoint: end here, never requeue
+        self.sm.to(State.CHECKPOINTING, kind or "signal")
+        if self.is_node0:
+            self.ledger.append("checkpointed_on_signal", generation=gen, signal=kind, step=self._ckpt_step())
+        if kind == "time_limit" and self.cfg.job.requeue and self.slurm is not None:
+            self.sm.to(State.REQUEUEING, "time limit")
+            if self.is_node0:
+                return self.requeue("time limit warning: final checkpoint saved", ())
+            return 0
+        if kind == "preemption" and self.is_node0 and self.cfg.job.requeue and self.slurm is not None:
+            # a job that ends inside GraceTime is not requeued by Slurm: requeue it now
+            why = requeue_after_preemption(self.slurm, self.where.job_id)
+            if why is not None:
+                self.sm.to(State.REQUEUEING, "preempted")
+                return self.requeue(why, ())
+        # scancel, an admin or PreemptMode=CANCEL: the SIGTERM ends the run. Local: nothing to requeue.
+        self.sm.to(State.COMPLETED, "left on signal")
+        if self.is_node0:
+            cancelled = kind == "cancel"
+            self.ledger.append("end", status="cancelled" if cancelled else "signalled", signal=kind, exit_code=0)
+            if cancelled and self.slurm is not None:
+                self.slurm.cancel(self.where.job_id)  # Slurm ends the job CANCELLED (no requeue)
+        return 0
+
+    def after_node0_loss(self, gen: int, why: str) -> int:
+        """Node 0 (store, decider, batch host) is gone. Every surviving agent stops its ranks; the
+        successor (node rank 1, or the next surviving one; another one if it dies in turn:
+        slurmkit.supervise.succession) records the failure and requeues the job without node 0,
+        so the job never sits RUNNING with nothing running (with --no-kill Slurm would keep it
+        so, even with a spare: the batch script died with node 0). Without Slurm it stops.
+
+        Node 0 that ended the attempt itself (completed, stopped, requeued) left its done marker
+        before its store went: an agent that comes late to the end finds it and leaves with
+        node 0's exit code, never requeueing a finished job. Exit code otherwise: 0 after a
+        requeue (the requeue ends the job), 1 else."""
+        self.node.stop()
+        done = read_done(self.run_dir, self.where.attempt)
+        if done is not None and done.node_rank == 0:
+            log.warning("node 0's store is gone, but node 0 ended this attempt first (%s, exit %d): "
+                        "not a loss", done.outcome, done.exit_code)
+            return done.exit_code
+        log.error("node 0 lost: %s", why)
+        grace_s = liveness_deadline_s(self.beat_interval_s, self.cfg.supervisor.node_timeout_s)
+        won = succeed(self.run_dir, self.where.attempt, self.where.node_rank, self.where.node_name,
+                      len(self.where.nodes), grace_s=grace_s, stall_s=2 * grace_s, clock=self.clock,
+                      sleep=self.sleep)
+        if isinstance(won, Watched):
+            print(f"slurmkit supervisor: {why}; {won.done.node} (node rank {won.done.node_rank}) succeeded "
+                  f"node 0 and ended this attempt ({won.done.outcome})", file=sys.stderr, flush=True)
+            return 1
+        won.keep_fresh(min(max(grace_s / 4, 0.01), 1.0))
+        try:
+            return self._succeed_node0(gen, why, won)
+        finally:
+            won.release()
+
+    def _succeed_node0(self, gen: int, why: str, claim: Claim) -> int:
+        node0 = self.where.nodes[0]
+        me = f"{self.where.node_name}, node rank {self.where.node_rank}"
+        if claim.generation:
+            why += f" (successor claim {claim.generation - 1} made no progress: taken over by {me})"
+            if self._requeued_in_slurm():
+                # The successor before this one requeued, then died before its marker.
+                self._leave_done(State.REQUEUEING.value, 0)
+                print(f"slurmkit supervisor: {why}; Slurm requeued the job already: nothing to do",
+                      file=sys.stderr, flush=True)
+                return 0
+        if claim.superseded():
+            return 1
+        self.ledger.append("failure", generation=gen, cls=FailureClass.NODE_LOSS.value, rank=-1, node=node0,
+                           evidence=f"{why} (recorded by {me})",
+                           time_of_fault=time.time(), ranks_affected=[], slurm_view=[])
+        if self.slurm is None:
+            reason = f"node_loss of node 0 ({node0}): {why}; no Slurm to requeue with (local mode)"
+            self.ledger.append("decision", generation=gen, action=Action.STOP.value, reason=reason, exclude=[node0])
+            self.ledger.append("end", status="stopped", exit_code=1, reason=reason)
+            self._leave_done(State.STOPPED.value, 1)
+            return 1
+        reason = f"node_loss of node 0 ({node0}): {why}; requeue without it"
+        refusal = self.requeue_refused(gen, (node0,), failure=True)
+        if refusal is not None:
+            code = self.stop_unrequeued(gen, f"{reason}; requeue refused: {refusal}", [node0])
+            self._leave_done(State.STOPPED.value, code)
+            return code
+        if claim.superseded():  # stalled in the Slurm queries: the one that took over requeues
+            return 1
+        self.ledger.append("decision", generation=gen, action=Action.REQUEUE.value, reason=reason, exclude=[node0])
+        self.ledger.append("exclusion", nodes=[node0], how="requeue")
+        self._failure_requeue = True
+        code = self.requeue(reason, (node0,))
+        self._leave_done(State.REQUEUEING.value if code == 0 else State.STOPPED.value, code)
+        return code
+
+    def _requeued_in_slurm(self) -> bool:
+        """One bounded query: has Slurm requeued this job past this attempt (or is it pending)?
+        Unknown (no Slurm, no answer): False, the successor acts."""
+        if self.slurm is None:
+            return False
+        try:
+            info = self.slurm.bounded(DECISION_RETRY, DECISION_TIMEOUT_S).job(job_ref(self.where.job_id, self.env))
+        except SlurmError as exc:
+            log.warning("could not ask Slurm whether the job was requeued: %s", exc)
+            return False
+        return info.restart_cnt > self.where.restart_count or info.state == "PENDING"
+
+    def _leave_done(self, outcome: str, code: int) -> None:
+        write_done(self.run_dir, self.where.attempt,
+                   Done(outcome, code, self.where.node_name, self.where.node_rank))
+
+    def stop_unrequeued(self, gen: int, reason: str, exclude: list[str]) -> int:
+        """Outside the state machine (node 0 lost, or this agent failing): stop with exit 93,
+        said in the ledger and in the job's log."""
+        print(f"slurmkit supervisor: stopping, exit {EXIT_NO_REQUEUE} (do not requeue): {reason}",
+              file=sys.stderr, flush=True)
+        self.ledger.append("decision", generation=gen, action=Action.STOP.value, reason=reason, exclude=exclude)
+        self.ledger.append("end", status="stopped", exit_code=EXIT_NO_REQUEUE, reason=reason)
+        return EXIT_NO_REQUEUE
+
+    # ------------------------------------------------------------------ this agent failing
+    def agent_error(self, exc: BaseException) -> int:
+        """This agent itself failed (an exception in slurmkit, not in a rank: a full disk under
+        the run root, a store reply it could not read): its ranks are stopped, never orphaned,
+        and it says so before leaving, so that node 0 decides at once instead of waiting for its
+        beats to go silent, and keeps the node (agent_lost, not node_loss). Node 0's own agent
+        holds the store: when it fails the followers would take that for node 0's loss and
+        exclude a healthy node, so it requeues itself, keeping every node. Exit code: 0 after a
+        requeue, 93 when a cap refused one, 1 else."""
+        me, gen = self.where.node_name, self.gen
+        detail = f"agent on {me} failed: {type(exc).__name__}: {exc}"[:500]
+        log.error("%s", detail, exc_info=exc)
+        print(f"slurmkit agent: {detail}", file=sys.stderr, flush=True)
+        evidence: list[Evidence] = []
+        try:
+            evidence = self.node.stop()
+        except Exception:  # noqa: BLE001 - the report below matters more than this error
+            log.exception("stopping this node's ranks after the agent error")
+        try:
+            self.ledger.append("agent_error", node=me, error=detail, generation=gen,
+                               node_rank=self.where.node_rank)
+        except Exception:  # noqa: BLE001 - e.g. the disk that failed the agent: the channel still tells
+            log.exception("ledger")
+        if self.is_node0:
+            return self._node0_agent_error(gen, detail)
+        try:
+            # A spare (or a retired node) runs no rank of this generation: its loss fails nothing
+            # (node 0 finds it silent and drops it from the spares).
+            if self._stopped_gen != gen and me in self.node_map:
+                ev = Evidence(time.time(), me, -1, "agent_error", FailureClass.NODE_LOSS, detail)
+                self.channel.post_evidence(gen, self.where.node_rank, [*evidence, ev])
+                self.channel.post_failure(gen, me, -1, FailureClass.NODE_LOSS)
+                self.channel.post_stopped(gen)
+            self.channel.arrive_exit()
+        except Exception:  # noqa: BLE001 - then node 0 finds this agent lost by its silence
+            log.exception("could not tell node 0 about this agent's error")
+        return 1
+
+    def _node0_agent_error(self, gen: int, detail: str) -> int:
+        reason = f"{detail}; node 0's agent (the agents' store) cannot go on: requeue keeping every node"
+        if self.slurm is None:
+            reason = f"{detail}; no Slurm to requeue with (local mode)"
+            self.ledger.append("decision", generation=gen, action=Action.STOP.value, reason=reason, exclude=[])
+            self.ledger.append("end", status="stopped", exit_code=1, reason=reason)
+            self._leave_done(State.STOPPED.value, 1)
+            return 1
+        refusal = self.requeue_refused(gen, (), failure=True)
+        if refusal is not None:
+            code = self.stop_unrequeued(gen, f"{reason}; requeue refused: {refusal}", [])
+            self._leave_done(State.STOPPED.value, code)
+            return code
+        self.ledger.append("node_kept", node=self.where.node_name, generation=gen,
+                           why=f"node 0's own agent failed ({detail}): the node is not to blame: not excluded")
+        self.ledger.append("decision", generation=gen, action=Action.REQUEUE.value, reason=reason, exclude=[])
+        self._failure_requeue = True
+        code = self.requeue(reason, ())
+        self._leave_done(State.REQUEUEING.value if code == 0 else State.STOPPED.value, code)
+        return code
+
+    def finish(self, code: int) -> int:
+        """Leave together: node 0 keeps the store alive until every agent has read what it needs,
+        and leaves its done marker first, for an agent later than that."""
+        if self.is_node0:
+            self._leave_done(self.sm.state.value, code)
+        try:
+            n = self.channel.arrive_exit()
+            if self.is_node0:
+                # Every agent still alive, not only the train nodes: a spare or a retired node that
+                # has not seen the end yet would take the closed store for node 0's loss and requeue.
+                deadline = self.clock() + EXIT_WAIT_S
+                while n < len(self.where.nodes) - len(self._lost) and self.clock() < deadline:
+                    self.sleep(0.1)
+                    n = self.channel.exited()
+        except (RuntimeError, OSError):  # node 0 already gone: nothing left to sync
+            pass
+        return code
