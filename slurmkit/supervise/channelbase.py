@@ -1,0 +1,214 @@
+"""The channel's foundation: the per-run token, unguessable keys and signed values.
+
+Anyone on the cluster network can connect to a TCPStore, so nothing the agents read from it is
+trusted by itself. Every key lives under one prefix per run attempt derived from a random per-run
+token with HMAC; every value carries an HMAC of its key and payload under the same token; a value
+that is not sealed with it is refused (:class:`ChannelError`) and cleared, and never believed.
+The token lives in a 0600 file of the run directory (``rdzv/token``), created by the first agent
+that starts the run; a file others can read or write, or owned by someone else, is refused.
+The messages themselves are in slurmkit.supervise.channel.
+"""
+
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import stat
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from slurmkit.errors import ActionableError
+
+
+log = logging.getLogger(__name__)
+_C = TypeVar("_C", bound="ChannelCore")
+
+TOKEN_NAME = "token"  # in RUN_DIR/rdzv/
+_TOKEN_BYTES = 32
+_MAX_VALUE = 1 << 20  # a value this long was not written by an agent
+# Never written by an agent: compare_set(key, _ABSENT, _ABSENT) reads a key without blocking and
+# without writing (an absent key answers _ABSENT, a present one its value).
+_ABSENT = "\x00slurmkit:absent"
+
+
+class ChannelError(ActionableError):
+    """Something read from the agents' store (or the token file) cannot be trusted."""
+
+
+# ------------------------------------------------------------------ the per-run token
+def token_path(run_dir: str) -> str:
+    return os.path.join(run_dir, "rdzv", TOKEN_NAME)
+
+
+def _check_token_file(path: str, st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise ChannelError(f"{path} is not a regular file", "the agents' token is a plain file",
+                           f"remove {path} and start the run again")
+    if st.st_uid != os.getuid():
+        raise ChannelError(f"{path} is owned by uid {st.st_uid}, not by this user ({os.getuid()})",
+                           "only the run's owner holds the agents' token",
+                           f"remove {path} (someone else may have planted it) and start the run again")
+    if st.st_mode & 0o077:
+        raise ChannelError(f"{path} has mode {stat.S_IMODE(st.st_mode):04o}",
+                           "the agents' token is readable by its owner only (0600)",
+                           f"remove {path} (its token may have leaked) and start the run again; "
+                           "or `chmod 600` it if nobody else could have read it")
+
+
+def load_token(run_dir: str, *, create: bool) -> bytes:
+    """The run's token; ``create``: make it if missing (the first agent that starts the run)."""
+    path = token_path(run_dir)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if create:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            try:
+                os.write(fd, secrets.token_hex(_TOKEN_BYTES).encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise ChannelError(f"no agents' token at {path}", "node 0's agent creates it before the "
+                           "rendezvous file", "put submit.run_root on a file system every node sees") from None
+    except OSError as exc:
+        raise ChannelError(f"cannot open {path}: {exc}", "the agents' token is a plain 0600 file",
+                           f"remove {path} and start the run again") from None
+    try:
+        _check_token_file(path, os.fstat(fd))
+        raw = os.read(fd, 4 * _TOKEN_BYTES).strip()
+    finally:
+        os.close(fd)
+    try:
+        token = bytes.fromhex(raw.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        token = b""
+    if len(token) != _TOKEN_BYTES:
+        raise ChannelError(f"{path} does not hold a {_TOKEN_BYTES}-byte hex token",
+                           "the token file written by the run's first agent",
+                           f"remove {path} and start the run again")
+    return token
+
+
+
+class ChannelCore:
+    """The keys, seals and store primitives every message of slurmkit.supervise.channel uses."""
+
+
+    def __init__(self, store: Any, attempt: str, token: bytes, nodes: Sequence[str]) -> None:
+        self.store = store
+        self.nodes = tuple(nodes)
+        self._token = token
+        tag = hmac.new(token, f"attempt:{attempt}".encode(), hashlib.sha256).hexdigest()[:32]
+        self.prefix = f"sk/{tag}"
+
+    # -------------------------------------------------------------- keys (the only place)
+    def _gen(self, gen: int, name: str) -> str:
+        return f"{self.prefix}/g{int(gen)}/{name}"
+
+    def _alive(self, node_rank: int) -> str:
+        return f"{self.prefix}/alive/{int(node_rank)}"
+
+    def _addr(self, node_rank: int) -> str:
+        return f"{self.prefix}/addr/{int(node_rank)}"
+
+    def _exit(self) -> str:
+        return f"{self.prefix}/exit"
+
+    # -------------------------------------------------------------- signed values
+    def _mac(self, key: str, payload: str) -> str:
+        return hmac.new(self._token, f"{key}\n{payload}".encode(), hashlib.sha256).hexdigest()
+
+    def _seal(self, key: str, value: object) -> str:
+        payload = json.dumps(value, separators=(",", ":"))
+        return json.dumps({"p": payload, "mac": self._mac(key, payload)}, separators=(",", ":"))
+
+    def _open(self, key: str, raw: bytes) -> Any:
+        """The payload of a sealed value; ChannelError if it is not one this run wrote."""
+        if len(raw) > _MAX_VALUE:
+            raise ChannelError(f"store key {key} holds {len(raw)} bytes", "a short agent message",
+                               "look for a stranger writing to the agents' store")
+        try:
+            outer = json.loads(raw)
+            payload, mac = outer["p"], outer["mac"]
+            if not isinstance(payload, str) or not isinstance(mac, str):
+                raise TypeError("not strings")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ChannelError(f"store key {key} holds an unsealed value ({exc})",
+                               "values carry the run token's HMAC",
+                               "look for a stranger writing to the agents' store") from None
+        if not hmac.compare_digest(mac, self._mac(key, payload)):
+            raise ChannelError(f"store key {key} holds a value with a wrong HMAC",
+                               "values signed with the run's token (rdzv/token)",
+                               "look for a stranger writing to the agents' store; the value was ignored")
+        return json.loads(payload)
+
+    def _peek(self, key: str) -> bytes | None:
+        """The raw value at ``key`` in one round trip that never blocks, or None when absent or
+        cleared. (check-then-get would race: another agent may clear a forged value between
+        the two, and the get then waits for the store's whole timeout.)"""
+        raw = self.store.compare_set(key, _ABSENT, _ABSENT)
+        raw = raw.encode() if isinstance(raw, str) else bytes(raw)
+        return None if raw in (b"", _ABSENT.encode()) else raw
+
+    def _clear(self, key: str, raw: bytes | str) -> None:
+        """Empty ``key`` if it still holds ``raw`` (a stranger's value). Compare-and-clear, not a
+        delete: a delete could remove the agent's own message set meanwhile; an empty value
+        counts as absent everywhere, and _set_once writes over it."""
+        self.store.compare_set(key, raw, "")
+
+    def _get(self, key: str) -> Any | None:
+        """The sealed value at ``key``, or None when absent. A value that is not sealed with
+        this run's token is cleared (so the agents' own set-once message can still land) and
+        refused with ChannelError."""
+        raw = self._peek(key)
+        if raw is None:
+            return None
+        try:
+            return self._open(key, raw)
+        except ChannelError:
+            self._clear(key, raw)
+            raise
+
+    def _count(self, key: str) -> int:
+        return int(self.store.add(key, 0))
+
+    def _set_once(self, key: str, value: object) -> None:
+        """Set ``key`` unless an agent of this run set it first. A squatter's value (not sealed
+        with the token, planted before the agent wrote) is deleted and the write tried once
+        more, so a stranger cannot block a failure, evidence or decision by writing first."""
+        sealed = self._seal(key, value)
+        for _ in range(2):
+            current = self.store.compare_set(key, "", sealed)
+            if current in (sealed, sealed.encode()):
+                return
+            try:
+                self._open(key, current)
+                return  # another agent of this run was first: its message stands
+            except ChannelError as exc:
+                log.error("%s", exc)
+                self._clear(key, current)
+
+    def _node(self, value: object, key: str) -> str:
+        if not isinstance(value, str) or value not in self.nodes:
+            raise ChannelError(f"store key {key} names node {value!r}",
+                               f"one of the allocation's nodes ({','.join(self.nodes)})",
+                               "look for a stranger writing to the agents' store")
+        return value
+
+    def on(self: _C, store: Any) -> _C:
+        """This channel over another connection to the same store (a pre-flight check's own:
+        its blocking waits then hold up no other thread of the agent)."""
+        other = copy.copy(self)
+        other.store = store
+        return other
