@@ -112,7 +112,9 @@ def test_a_lightning_trainer_sees_its_world_survives_a_killed_rank_and_resumes(c
     def first_generation_checkpointed() -> tuple[int, dict[int, dict], int] | None:
         gens = _by_generation(run_dir)
         steps = _checkpoint_steps(run_dir)
-        if len(gens) != 1 or not steps:
+        if len(gens) > 1:  # a restart the test did not cause: no point waiting for the deadline
+            raise AssertionError(f"generations {sorted(gens)} before the kill\n{diagnose(run_dir, job, env)}")
+        if not gens or not steps:
             return None
         (gen, ranks), = gens.items()
         return (gen, ranks, steps[-1]) if len(ranks) == 4 else None
