@@ -106,7 +106,7 @@ class RecordPlacement(Callback):
             "group_ranks": sorted(int(r) for r in seen.flatten().tolist()),
             "backend": dist.get_backend(), "dist_world_size": dist.get_world_size(),
             "start_step": trainer.global_step, "resumed_from": self.resumed_from,
-            "pid": os.getpid(), "environment": type(trainer.strategy.cluster_environment).__name__,
+            "pid": os.getpid(), "environment": type(getattr(trainer.strategy, "cluster_environment", None)).__name__,
             "generation": os.environ.get("SLURMKIT_GENERATION"), "node": os.environ.get("SLURMKIT_NODE"),
         }
         out = os.path.join(self.out_dir, "ranks")
