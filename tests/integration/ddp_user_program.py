@@ -7,14 +7,15 @@ own checkpoints: rank 0 ``torch.save``s the model and optimizer every ``every`` 
 ``$SLURMKIT_RUN_DIR/user_ckpt/step_<N>.pt`` (a temporary file, fsync, rename), and every rank
 starts from the newest one there (``torch.load(weights_only=True)``), printing
 ``resumed at step <N>``. After each step it calls ``report_step``; after each save, unless run
-with ``no-report``, ``report_checkpoint``. At the end rank 0 writes ``user_final.json``.
+with ``no-report``, ``report_checkpoint``. At the end rank 0 writes ``user_final.json`` (its
+step, the step it last resumed from, its parameters); :func:`uninterrupted_params` computes
+what they must be.
 
     python ddp_user_program.py <steps> <every> <delay_s> report|no-report
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -67,6 +68,29 @@ def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x.sum(dim=1, keepdim=True).sin()
 
 
+def make_model() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+def flat_params(model: nn.Module) -> list[float]:
+    return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+
+
+def uninterrupted_params(steps: int, world: int) -> list[float]:
+    """The parameters after ``steps`` uninterrupted steps of ``world`` ranks, in one process: DDP
+    averages the ranks' gradients, so one loss that is the mean of theirs gives the same step (to
+    the rounding of the sum's order)."""
+    model, opt = make_model()
+    for step in range(1, steps + 1):
+        loss = sum(F.mse_loss(model(x), y) for x, y in (batch(step, r) for r in range(world)))
+        opt.zero_grad()
+        (loss / world).backward()
+        opt.step()
+    return flat_params(model)
+
+
 def main() -> int:
     steps, every, delay_s, mode = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
     rank = _env_int(("RANK", "SLURM_PROCID"), 0)
@@ -77,10 +101,8 @@ def main() -> int:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
-    ddp = DistributedDataParallel(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    model, opt = make_model()
+    ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters: the same start everywhere
     start = 0
     newest = newest_checkpoint(ckpt_dir)
     if newest is not None:
@@ -107,12 +129,10 @@ def main() -> int:
                 userapi.report_checkpoint(step, path)
         time.sleep(delay_s)
     if rank == 0:
-        digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
         out = os.path.join(run_dir, "user_final.json")
         with open(out + ".tmp", "w") as f:
             json.dump({"step": steps, "resumed_from": start, "world_size": world,
-                       "param_sha256": digest.hexdigest(),
-                       "params": torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()}, f)
+                       "params": flat_params(model)}, f)
         os.replace(out + ".tmp", out)
     dist.destroy_process_group()
     return 0
