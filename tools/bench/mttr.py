@@ -43,6 +43,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -62,6 +63,7 @@ from slurmkit.supervise.report import summarize  # noqa: E402
 from slurmkit.train.heartbeat import local_heartbeat_path  # noqa: E402
 
 CLASSES = ("crash", "hang", "nccl", "node_spare", "node_requeue")
+BASELINES = ("sbatch", "torchrun", "ft")
 EXPECTED_CLS = {"crash": "rank_crash", "hang": "hang", "nccl": "nccl_error",
                 "node_spare": "node_loss", "node_requeue": "node_loss"}
 HEARTBEAT_TIMEOUT_S, PG_TIMEOUT_S = 8, 60
@@ -96,7 +98,7 @@ class Measure:
 @dataclass
 class ClassResult:
     slurmkit: list[Measure] = field(default_factory=list)
-    baseline: list[Measure] = field(default_factory=list)
+    baselines: dict[str, list[Measure]] = field(default_factory=dict)  # variant -> its runs
 
 
 # ------------------------------------------------------------------ cluster plumbing
@@ -318,19 +320,28 @@ exit $rc
 """
 
 
-def write_baseline(c: Cluster, cls: str, root: str, tag: str) -> tuple[str, str]:
-    """Freeze the config with submit.emit=sbatch and write the plain script; (script, run dir)."""
-    name = f"mttr-bl-{cls}-{tag}"
+def freeze_config(c: Cluster, name: str, root: str) -> str:
+    """The run directory of ``name`` with its frozen config.yaml (``submit.emit=sbatch``: written,
+    not submitted), for a baseline that runs the same training without slurmkit."""
     res = c.run([sys.executable, "-m", "slurmkit.submit", *COMMON, f"job.name={name}",
                  "submit.emit=sbatch", f"submit.run_root={root}"], timeout_s=180, cwd=root)
     m = re.search(r"wrote (\S+)/job\.sbatch", res.stdout)
     if res.returncode != 0 or not m:
         raise BenchError(f"submit.emit=sbatch failed ({res.returncode}):\n{res.stdout}{res.stderr[-3000:]}")
-    run_dir = m.group(1)
-    fault_env = f"export SLURMKIT_FAULT=nccl_abort:2:{NCCL_STEP}:once\n" if cls == "nccl" else ""
+    return m.group(1)
+
+
+def fault_env(cls: str) -> str:
+    return f"export SLURMKIT_FAULT=nccl_abort:2:{NCCL_STEP}:once\n" if cls == "nccl" else ""
+
+
+def write_baseline(c: Cluster, cls: str, root: str, tag: str) -> tuple[str, str]:
+    """Freeze the config and write the plain sbatch + srun script; (script, run dir)."""
+    name = f"mttr-bl-{cls}-{tag}"
+    run_dir = freeze_config(c, name, root)
     path = os.path.join(run_dir, "baseline.sbatch")
     with open(path, "w") as f:
-        f.write(BASELINE_SCRIPT.format(name=name, run_dir=run_dir, fault_env=fault_env,
+        f.write(BASELINE_SCRIPT.format(name=name, run_dir=run_dir, fault_env=fault_env(cls),
                                        python=sys.executable))
     return path, run_dir
 
@@ -359,16 +370,17 @@ def inject_baseline(c: Cluster, cls: str, job: str, run_dir: str) -> tuple[float
     return when, node
 
 
-def baseline_detect(c: Cluster, job: str, run_dir: str, fault_t: float, deadline_s: float) -> float:
-    """Fault -> srun returned (the script logs it) or the job left RUNNING, whichever first."""
+def baseline_detect(c: Cluster, job: str, run_dir: str, fault_t: float, deadline_s: float,
+                    noticed: Callable[[], float | None] = lambda: None) -> float:
+    """Fault -> srun returned (the script logs it), the job left RUNNING or ``noticed`` (a
+    launcher's own log of the failure), whichever first."""
     def probe() -> float:
         state = c.job_field(job, "%T")
         if state is not None and state != "RUNNING":
             return c.clock()
-        return srun_end_after(run_dir, fault_t) or 0.0
+        return srun_end_after(run_dir, fault_t) or noticed() or 0.0
     left = wait_for(f"baseline job {job} to notice the fault", probe, deadline_s, c.clock, c.sleep, 0.25)
-    srun_end = srun_end_after(run_dir, fault_t)
-    return min(left, srun_end or left) - fault_t
+    return max(0.0, min(t for t in (left, srun_end_after(run_dir, fault_t), noticed()) if t) - fault_t)
 
 
 def measure_baseline(c: Cluster, cls: str, root: str, tag: str) -> Measure:
@@ -380,6 +392,177 @@ def measure_baseline(c: Cluster, cls: str, root: str, tag: str) -> Measure:
         detect = baseline_detect(c, job, run_dir, fault_t, PG_TIMEOUT_S + 90.0)
         resumed = first_event(c, run_dir, "train_resumed", fault_t, RESUME_DEADLINE_S["baseline"])
         how = "Slurm NODE_FAIL requeue" if cls == "node" else "srun + scontrol requeue"
+        return Measure(detect, float(resumed["t"]) - fault_t, how, job, run_dir)
+    except BenchError as e:
+        return Measure(None, None, f"FAILED: {str(e).splitlines()[0]}", job, run_dir)
+    finally:
+        c.cancel(job)
+        c.restore_all()
+        c.wait_gone(job)
+
+
+# ------------------------------------------------------------------ baselines: torchrun, ft_launcher
+
+LAUNCHER_SCRIPT = """#!/bin/bash
+#SBATCH --job-name={name}
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=2
+#SBATCH --time=00:15:00
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output={run_dir}/logs/{variant}_%j.out
+# The same training job under an elastic launcher: one launcher per node (srun) starts that node's
+# two ranks and restarts every rank of the job when one fails, up to {max_restarts} times; when it
+# gives up (or srun fails), requeue.
+export SLURMKIT_RUN_DIR={run_dir}
+export SLURMKIT_CONFIG={run_dir}/config.yaml
+export SLURMKIT_LEDGER={run_dir}/ledger.jsonl
+export SLURMKIT_STEP_DELAY_S=0.25
+# Without this the workers share the rendezvous store, keyed by a restart count that each agent
+# keeps for itself: an agent that restarts for the other node's failure (not its own) keeps its
+# count, its ranks read the previous attempt's addresses and the restart dies in gloo's
+# connectFullMesh (connection refused), every time on the local cluster (pytorch issue 135712).
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+{fault_env}export RDZV_PORT=$(( 20000 + (SLURM_JOB_ID * 4 + ${{SLURM_RESTART_COUNT:-0}}) % 20000 ))
+echo "start $(date +%s.%N) restart=${{SLURM_RESTART_COUNT:-0}}" >> {run_dir}/baseline_events.txt
+srun --kill-on-bad-exit=1 --cpu-bind=none --output={run_dir}/logs/{variant}_%j_node%n.log \\
+  bash -c 'export SLURMKIT_NODE=$SLURMD_NODENAME
+  is_host=$([ "$SLURM_NODEID" = 0 ] && echo 1 || echo 0)
+  exec {launcher} --nnodes=2 --nproc-per-node=2 --max-restarts={max_restarts} \\
+    --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:$RDZV_PORT --rdzv-id=$SLURM_JOB_ID \\
+    --rdzv-conf=is_host=$is_host --local-addr=127.0.0.1 {extra}--no-python {python} -m slurmkit.train'
+rc=$?
+echo "srun_end $(date +%s.%N) rc=$rc" >> {run_dir}/baseline_events.txt
+if [ $rc -ne 0 ]; then
+  scontrol requeue $SLURM_JOB_ID
+fi
+exit $rc
+"""
+LAUNCHER_MAX_RESTARTS = 3
+# Lines a launcher logs when it notices a failed worker (torch.distributed.elastic's agent; the
+# ft_launcher's is the same agent with its own log format).
+LAUNCHER_FAILURE_MARKS = ("failed (exitcode", "closing signal", "Worker group FAILED",
+                          "Worker group UNHEALTHY")
+GLOG_TIME = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d(?:\.\d+)?) ")  # torch: E1203 06:45:33.312000
+NVRX_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\] ")  # [2026-12-03 06:43:55,280]
+HANG_NOTES = {
+    "torchrun": "torchrun has no hang detection: the process-group timeout ended the hang",
+    "ft": "ft_launcher sees hangs only through heartbeats the program sends with its "
+          "RankMonitorClient (python -m slurmkit.train sends none): the process-group timeout "
+          "ended the hang",
+}
+
+
+@dataclass
+class Launcher:
+    """An elastic launcher baseline: its command, or None with the reason it cannot run here."""
+    variant: str  # "torchrun" or "ft"
+    path: str | None
+    about: str  # the version when found, else why not
+    extra: str = ""  # launcher-specific arguments, each followed by a space
+
+
+def launcher_time(line: str, year: int) -> float | None:
+    """Epoch seconds of a launcher log line (local time, as both formats are written); torch's
+    glog-style prefix has no year: ``year`` is the fault's."""
+    if m := GLOG_TIME.match(line):
+        month, day, hh, mm, ss = m.groups()
+        whole = time.mktime((year, int(month), int(day), int(hh), int(mm), 0, 0, 0, -1))
+        return whole + float(ss)
+    if m := NVRX_TIME.match(line):
+        whole = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))
+        return whole + int(m.group(2)) / 1000.0
+    return None
+
+
+def launcher_failure_after(run_dir: str, variant: str, after: float) -> float | None:
+    """The first time after ``after`` that a launcher of the run logged a failed worker."""
+    year = time.localtime(after).tm_year
+    logs = os.path.join(run_dir, "logs")
+    found: list[float] = []
+    for name in sorted(os.listdir(logs)) if os.path.isdir(logs) else []:
+        if not (name.startswith(f"{variant}_") and "_node" in name):
+            continue
+        with open(os.path.join(logs, name), errors="replace") as f:
+            for line in f:
+                if any(mark in line for mark in LAUNCHER_FAILURE_MARKS):
+                    t = launcher_time(line, year)
+                    if t is not None and t >= after - 0.001:  # ft_launcher stamps in ms
+                        found.append(t)
+                        break
+    return min(found) if found else None
+
+
+def _runs(cmd: Sequence[str], timeout_s: float = 120) -> subprocess.CompletedProcess[str] | str:
+    try:
+        return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+
+
+def find_launcher(variant: str, explicit: str | None = None) -> Launcher:
+    """torchrun (beside this Python, else PATH) or ft_launcher (--ft-launcher, PATH, beside this
+    Python); a launcher that is missing or whose ``--help`` fails is unavailable, with the reason."""
+    exe = {"torchrun": "torchrun", "ft": "ft_launcher"}[variant]
+    beside = os.path.join(os.path.dirname(sys.executable), exe)
+    path = explicit or (beside if os.access(beside, os.X_OK) else None) or shutil.which(exe)
+    hint = ("pip install torch" if variant == "torchrun" else
+            "pip install -e '.[ft]' (nvidia-resiliency-ext) or pass --ft-launcher PATH")
+    if not path or not os.access(path, os.X_OK):
+        where = explicit or f"not beside {sys.executable} nor on PATH"
+        return Launcher(variant, None, f"{exe} not found ({where}): {hint}")
+    got = _runs([path, "--help"])
+    if isinstance(got, str) or got.returncode != 0:
+        why = got if isinstance(got, str) else (got.stderr.strip().splitlines() or ["no output"])[-1]
+        return Launcher(variant, None, f"`{path} --help` failed: {why}")
+    dist = "torch" if variant == "torchrun" else "nvidia-resiliency-ext"
+    with open(path, errors="replace") as f:
+        first = f.readline()
+    shebang = first[2:].strip() if first.startswith("#!") else ""
+    ver = _runs([shebang or sys.executable, "-c",
+                 f"import importlib.metadata as m; print(m.version({dist!r}))"]) if shebang else ""
+    version = ver.stdout.strip() if isinstance(ver, subprocess.CompletedProcess) else ""
+    extra = "--ignore-missing-fault-tol-cfg " if variant == "ft" else ""
+    return Launcher(variant, path, f"{dist} {version or '?'}", extra)
+
+
+def write_launcher(c: Cluster, launcher: Launcher, cls: str, root: str, tag: str) -> tuple[str, str]:
+    name = f"mttr-{launcher.variant}-{cls}-{tag}"
+    run_dir = freeze_config(c, name, root)
+    path = os.path.join(run_dir, f"{launcher.variant}.sbatch")
+    with open(path, "w") as f:
+        f.write(LAUNCHER_SCRIPT.format(name=name, run_dir=run_dir, variant=launcher.variant,
+                                       fault_env=fault_env(cls), launcher=launcher.path,
+                                       max_restarts=LAUNCHER_MAX_RESTARTS, extra=launcher.extra,
+                                       python=sys.executable))
+    return path, run_dir
+
+
+def requeued_after(run_dir: str, after: float) -> bool:
+    """Whether the launcher job started again (a requeue) after ``after``."""
+    try:
+        with open(os.path.join(run_dir, "baseline_events.txt")) as f:
+            return any(float(ln.split()[1]) >= after for ln in f if ln.startswith("start "))
+    except OSError:
+        return False
+
+
+def measure_launcher(c: Cluster, launcher: Launcher, cls: str, root: str, tag: str) -> Measure:
+    """Detection: fault -> a launcher logged the failed worker, srun returned or the job left
+    RUNNING (whichever first); resume: fault -> ``train_resumed``."""
+    job, run_dir = "", ""
+    try:
+        script, run_dir = write_launcher(c, launcher, cls, root, tag)
+        job = c.run(["sbatch", "--parsable", script], check=True).stdout.strip().split(";")[0]
+        fault_t, _node = inject_baseline(c, cls, job, run_dir)
+        detect = baseline_detect(c, job, run_dir, fault_t, PG_TIMEOUT_S + 90.0,
+                                 lambda: launcher_failure_after(run_dir, launcher.variant, fault_t))
+        resumed = first_event(c, run_dir, "train_resumed", fault_t, RESUME_DEADLINE_S["baseline"])
+        how = ("Slurm requeue" if requeued_after(run_dir, fault_t)
+               else f"{launcher.variant} restart in the allocation")
+        if cls == "hang":
+            how += f"; {HANG_NOTES[launcher.variant]}"
         return Measure(detect, float(resumed["t"]) - fault_t, how, job, run_dir)
     except BenchError as e:
         return Measure(None, None, f"FAILED: {str(e).splitlines()[0]}", job, run_dir)
@@ -480,28 +663,41 @@ def verdict(value: float | None, target: float | None) -> str:
     return "MISS (no value)" if value is None else ("ok" if value <= target else "MISS")
 
 
-def print_table(results: dict[str, ClassResult]) -> None:
+def print_table(results: dict[str, ClassResult], unavailable: Mapping[str, str]) -> None:
     print(f"\n{'class':13s} {'variant':9s} {'detect s':>9s} {'resume s':>9s}  runs / note")
     for cls, r in results.items():
-        for name, ms in (("slurmkit", r.slurmkit), ("baseline", r.baseline)):
-            if ms:
-                notes = "; ".join(sorted({m.note for m in ms}))
-                print(f"{cls:13s} {name:9s} {_fmt(med(ms, 'detect_s'), 9)} {_fmt(med(ms, 'resume_s'), 9)}"
-                      f"  n={len(ms)} {notes}")
         d, res = med(r.slurmkit, "detect_s"), med(r.slurmkit, "resume_s")
-        bd, bres = med(r.baseline, "detect_s"), med(r.baseline, "resume_s")
-        print(f"{'':13s} {'ratio':9s} {ratio(bd, d):>9s} {ratio(bres, res):>9s}  (baseline / slurmkit)")
+        print(f"{cls:13s} {'slurmkit':9s} {_fmt(d, 9)} {_fmt(res, 9)}  n={len(r.slurmkit)} "
+              f"{'; '.join(sorted({m.note for m in r.slurmkit}))}")
+        for variant, ms in r.baselines.items():
+            if variant in unavailable:
+                print(f"{'':13s} {variant:9s} {'na':>9s} {'na':>9s}  unavailable: {unavailable[variant]}")
+                continue
+            bd, bres = med(ms, "detect_s"), med(ms, "resume_s")
+            print(f"{'':13s} {variant:9s} {_fmt(bd, 9)} {_fmt(bres, 9)}  n={len(ms)} "
+                  f"{'; '.join(sorted({m.note for m in ms}))}")
+            print(f"{'':13s} {'ratio':9s} {ratio(bd, d):>9s} {ratio(bres, res):>9s}  ({variant} / slurmkit)")
         td, tr = TARGET_DETECT_S.get(cls), TARGET_RESUME_S[cls]
         print(f"{'':13s} {'target':9s} {verdict(d, td) + (f' <={td:.0f}' if td else ''):>9s} "
               f"{verdict(res, tr) + f' <={tr:.0f}':>9s}")
 
 
-def result_line(results: dict[str, ClassResult], goodput: float | None) -> str:
+def result_line(results: dict[str, ClassResult], goodput: float | None,
+                unavailable: Mapping[str, str] | None = None) -> str:
+    """``{cls}_baseline_resume_s`` is the sbatch baseline's (the key older runs have);
+    ``mttr_vs_{variant}_{cls}`` = the baseline's time to resume / slurmkit's."""
     parts = []
     for cls, r in results.items():
-        parts += [f"{cls}_detect_s={_fmt(med(r.slurmkit, 'detect_s'))}",
-                  f"{cls}_resume_s={_fmt(med(r.slurmkit, 'resume_s'))}",
-                  f"{cls}_baseline_resume_s={_fmt(med(r.baseline, 'resume_s'))}"]
+        res = med(r.slurmkit, "resume_s")
+        parts += [f"{cls}_detect_s={_fmt(med(r.slurmkit, 'detect_s'))}", f"{cls}_resume_s={_fmt(res)}",
+                  f"{cls}_baseline_resume_s={_fmt(med(r.baselines.get('sbatch', []), 'resume_s'))}"]
+        for variant, ms in r.baselines.items():
+            bres = med(ms, "resume_s")
+            if variant != "sbatch":
+                parts += [f"{cls}_{variant}_detect_s={_fmt(med(ms, 'detect_s'))}",
+                          f"{cls}_{variant}_resume_s={_fmt(bres)}"]
+            parts.append(f"mttr_vs_{variant}_{cls}={'na' if bres is None or not res else f'{bres / res:.2f}'}")
+    parts += [f"{variant}_available=no" for variant in sorted(unavailable or {})]
     parts.append(f"goodput={'na' if goodput is None else f'{goodput:.4f}'}")
     return "RESULT " + " ".join(parts)
 
@@ -513,24 +709,31 @@ def print_measure(cls: str, variant: str, i: int, m: Measure) -> None:
 
 # ------------------------------------------------------------------ main
 
-def run_classes(c: Cluster, classes: Sequence[str], repeats: int, baseline: bool,
-                root: str) -> dict[str, ClassResult]:
-    results = {cls: ClassResult() for cls in classes}
+def run_classes(c: Cluster, classes: Sequence[str], repeats: int, variants: Sequence[str],
+                launchers: Mapping[str, Launcher], root: str) -> dict[str, ClassResult]:
+    """Every class with slurmkit, then with each available baseline in ``variants``; one
+    baseline node-loss run serves both node classes (the baselines have no spare)."""
+    results = {cls: ClassResult(baselines={v: [] for v in variants}) for cls in classes}
     for i in range(1, repeats + 1):
-        node_baseline: Measure | None = None  # Slurm's NODE_FAIL requeue serves both node classes
+        node_runs: dict[str, Measure] = {}
         for cls in classes:
             m = measure_slurmkit(c, cls, root, f"{i}")
             results[cls].slurmkit.append(m)
             print_measure(cls, "slurmkit", i, m)
-            if not baseline:
-                continue
-            if cls.startswith("node") and node_baseline is not None:
-                results[cls].baseline.append(node_baseline)
-                continue
-            b = measure_baseline(c, "node" if cls.startswith("node") else cls, root, f"{i}")
-            node_baseline = b if cls.startswith("node") else node_baseline
-            results[cls].baseline.append(b)
-            print_measure(cls, "baseline", i, b)
+            kind = "node" if cls.startswith("node") else cls
+            for variant in variants:
+                launcher = launchers.get(variant)
+                if variant != "sbatch" and (launcher is None or launcher.path is None):
+                    continue
+                if kind == "node" and variant in node_runs:
+                    results[cls].baselines[variant].append(node_runs[variant])
+                    continue
+                b = (measure_baseline(c, kind, root, f"{i}") if launcher is None
+                     else measure_launcher(c, launcher, kind, root, f"{i}"))
+                if kind == "node":
+                    node_runs[variant] = b
+                results[cls].baselines[variant].append(b)
+                print_measure(cls, variant, i, b)
     return results
 
 
@@ -553,7 +756,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--classes", default=",".join(CLASSES),
                     help=f"comma-separated subset of {','.join(CLASSES)} (default: all)")
-    ap.add_argument("--skip-baseline", action="store_true", help="measure slurmkit only")
+    ap.add_argument("--baselines", default="sbatch,torchrun",
+                    help=f"comma-separated subset of {','.join(BASELINES)} to measure against "
+                         "(default: sbatch,torchrun; ft = nvidia-resiliency-ext's ft_launcher, run "
+                         "when installed, else reported unavailable with the reason; '' = none)")
+    ap.add_argument("--skip-baseline", action="store_true", help="measure slurmkit only (--baselines '')")
+    ap.add_argument("--ft-launcher", default=None,
+                    help="the ft_launcher to run (default: beside this Python, else on PATH)")
     ap.add_argument("--skip-goodput", action="store_true", help="no long goodput run")
     ap.add_argument("--repeats", type=int, default=1, help="runs per class and variant (default 1)")
     ap.add_argument("--goodput-minutes", type=float, default=10.0,
@@ -569,6 +778,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bad = [x for x in args.classes if x not in CLASSES]
     if bad or not args.classes:
         ap.error(f"unknown class(es) {bad}: choose from {','.join(CLASSES)}")
+    args.baselines = [] if args.skip_baseline else [x for x in args.baselines.split(",") if x]
+    if [x for x in args.baselines if x not in BASELINES]:
+        ap.error(f"unknown baseline(s) in {args.baselines}: choose from {','.join(BASELINES)}")
     if args.repeats < 1 or args.goodput_minutes <= 0:
         ap.error("--repeats must be >= 1 and --goodput-minutes > 0")
     return args
@@ -583,9 +795,15 @@ def main(argv: list[str] | None = None) -> int:
         c.env["PYTHONPATH"] = os.pathsep.join(filter(None, [snapshot(root), c.env.get("PYTHONPATH")]))
     print(f"runs under {root}; load average at start {load:.1f} on {os.cpu_count()} cores "
           "(the cluster is shared: expect noise)", flush=True)
+    launchers = {v: find_launcher(v, args.ft_launcher if v == "ft" else None)
+                 for v in args.baselines if v != "sbatch"}
+    unavailable = {v: la.about for v, la in launchers.items() if la.path is None}
+    for v, la in launchers.items():
+        print(f"baseline {v}: {la.path} ({la.about})" if la.path else f"baseline {v}: unavailable: {la.about}",
+              flush=True)
     try:
-        results = run_classes(c, args.classes, args.repeats, not args.skip_baseline, root)
-        print_table(results)
+        results = run_classes(c, args.classes, args.repeats, args.baselines, launchers, root)
+        print_table(results, unavailable)
         goodput = None
         if not args.skip_goodput:
             goodput, text = run_goodput(c, root, args.goodput_minutes)
@@ -595,7 +813,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average at end {os.getloadavg()[0]:.1f}")
     if not args.keep:
         subprocess.run(["rm", "-rf", root], check=False, timeout=120)
-    print(result_line(results, goodput))
+    print(result_line(results, goodput, unavailable))
     return 0
 
 
