@@ -181,9 +181,9 @@ class Reporter:
         }
         try:
             write_marker(self.run_dir, record)
-        except OSError as exc:
-            self._warn_once(f"cannot record checkpoint step {step} in {marker_path(self.run_dir)} "
-                            "(node 0 will not count it as progress)", exc)
+        except OSError as exc:  # said every time: checkpoints are rare, and each lost one matters
+            print(f"slurmkit: cannot record checkpoint step {step} in {marker_path(self.run_dir)} "
+                  f"(node 0 will not count it as progress): {exc}", file=sys.stderr, flush=True)
             return False
         self._ledger_event(step, where)
         return True

@@ -1,0 +1,150 @@
+"""slurmkit.userapi: a user program's step and checkpoint reports, against real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import time
+
+import pytest
+
+from slurmkit import userapi
+from slurmkit.supervise.ckpt_progress import UserCheckpointReader
+from slurmkit.supervise.spool import SpoolReader
+from slurmkit.train.heartbeat import read_heartbeat
+from slurmkit.userapi import ReportError, Reporter, marker_path
+
+
+def agent_env(tmp_path, rank: int = 0, generation: int = 2) -> dict[str, str]:
+    """What the node agent gives a rank (the parts the reports read)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(exist_ok=True)
+    return {"RANK": str(rank), "SLURMKIT_RUN_DIR": str(run_dir), "SLURMKIT_GENERATION": str(generation),
+            "SLURMKIT_ATTEMPT": "41-0", "SLURMKIT_NODE": "node1",
+            "SLURMKIT_HEARTBEAT_FILE": str(tmp_path / "local" / "heartbeat" / f"rank{rank}.json"),
+            "SLURMKIT_EVENTS_FILE": str(tmp_path / "local" / "events" / f"41-0.rank{rank}.jsonl")}
+
+
+def test_report_step_beats_the_agents_heartbeat_file(tmp_path) -> None:
+    env = agent_env(tmp_path, rank=3)
+    r = Reporter(env)
+    before = time.time()
+    assert r.step(0) and r.step(7)
+    beat = read_heartbeat(env["SLURMKIT_HEARTBEAT_FILE"])
+    assert beat is not None
+    assert (beat["step"], beat["rank"], beat["generation"], beat["pid"]) == (7, 3, 2, os.getpid())
+    assert before - 1 <= beat["time"] <= time.time() + 1
+    # Per step nothing goes to the run directory (the shared file system): no marker, no files.
+    assert os.listdir(env["SLURMKIT_RUN_DIR"]) == []
+
+
+def test_outside_slurmkit_both_reports_do_nothing(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    r = Reporter({"RANK": "0", "WORLD_SIZE": "2"})  # torchrun, no agent
+    assert r.step(5) is False and r.checkpoint(5, "ckpt.pt") is False
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5, "3", None])
+def test_a_step_that_is_not_a_non_negative_int_is_the_callers_bug(tmp_path, bad: object) -> None:
+    r = Reporter(agent_env(tmp_path))
+    for call in (r.step, r.checkpoint):
+        with pytest.raises(ReportError, match=r"Detected: .*Requirement: a non-negative integer step.*Fix: "):
+            call(bad)  # type: ignore[arg-type]
+    assert not os.path.exists(marker_path(r.run_dir or ""))
+
+
+def test_a_malformed_rank_variable_is_refused_with_a_fix(tmp_path) -> None:
+    with pytest.raises(ReportError, match=r"Detected: RANK='x'.*Fix: "):
+        Reporter({**agent_env(tmp_path), "RANK": "x"})
+
+
+def test_rank_zero_records_a_checkpoint_in_the_marker_and_the_ledger_spool(tmp_path) -> None:
+    env = agent_env(tmp_path)
+    r = Reporter(env, clock=lambda: 1234.0)
+    assert r.checkpoint(10, tmp_path / "ck" / "step10.pt")
+    path = marker_path(env["SLURMKIT_RUN_DIR"])
+    st = os.lstat(path)
+    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o644
+    with open(path) as f:
+        record = json.load(f)
+    assert record == {"step": 10, "path": str(tmp_path / "ck" / "step10.pt"), "rank": 0, "generation": 2,
+                      "attempt": "41-0", "node": "node1", "pid": os.getpid(), "time": 1234.0}
+    assert os.listdir(os.path.dirname(path)) == ["user_checkpoint.json"]  # no temporary file left
+    (event,) = SpoolReader(env["SLURMKIT_EVENTS_FILE"]).read_new()
+    assert (event["event"], event["step"], event["tier"], event["uri"], event["source"]) == (
+        "ckpt_saved", 10, "user", str(tmp_path / "ck" / "step10.pt"), "rank0")
+    # A later checkpoint replaces the marker; node 0's reader sees each one.
+    reader = UserCheckpointReader(env["SLURMKIT_RUN_DIR"])
+    assert reader() == 10
+    assert r.checkpoint(15) and reader() == 15
+
+
+def test_only_rank_zeros_checkpoint_report_counts(tmp_path) -> None:
+    env = agent_env(tmp_path, rank=1)
+    assert Reporter(env).checkpoint(10) is False
+    assert not os.path.exists(marker_path(env["SLURMKIT_RUN_DIR"]))
+    assert not os.path.exists(env["SLURMKIT_EVENTS_FILE"])
+
+
+def test_a_path_that_is_not_a_short_str_is_refused(tmp_path) -> None:
+    r = Reporter(agent_env(tmp_path))
+    with pytest.raises(ReportError, match="a str path"):
+        r.checkpoint(1, b"/ck/step1.pt")  # type: ignore[arg-type]
+    with pytest.raises(ReportError, match="a str path"):
+        r.checkpoint(1, "/" + "x" * userapi.MAX_PATH_CHARS)
+
+
+def test_a_temporary_file_left_by_a_killed_writer_is_replaced(tmp_path, monkeypatch) -> None:
+    env = agent_env(tmp_path)
+    path = marker_path(env["SLURMKIT_RUN_DIR"])
+    os.makedirs(os.path.dirname(path))
+    monkeypatch.setattr(userapi.threading, "get_ident", lambda: 77)
+    with open(f"{path}.tmp.{os.getpid()}.77", "w") as f:
+        f.write("half a rec")
+    assert Reporter(env).checkpoint(3)
+    assert UserCheckpointReader(env["SLURMKIT_RUN_DIR"])() == 3
+    assert os.listdir(os.path.dirname(path)) == ["user_checkpoint.json"]
+
+
+def test_a_marker_that_cannot_be_written_is_reported_and_never_raised_into_training(tmp_path, capsys) -> None:
+    env = agent_env(tmp_path)
+    os.rmdir(env["SLURMKIT_RUN_DIR"])
+    with open(env["SLURMKIT_RUN_DIR"], "w"):  # the run directory is a file: nothing can be made in it
+        pass
+    r = Reporter(env)
+    assert r.checkpoint(5) is False and r.checkpoint(10) is False
+    err = capsys.readouterr().err  # each lost checkpoint said (they are rare, unlike steps)
+    assert "slurmkit: cannot record checkpoint step 5" in err and "checkpoint step 10" in err
+    assert "node 0 will not count it as progress" in err
+    assert not os.path.exists(env["SLURMKIT_EVENTS_FILE"])  # no ledger event for an unrecorded save
+
+
+def test_a_heartbeat_that_cannot_be_written_is_reported_once(tmp_path, capsys) -> None:
+    env = agent_env(tmp_path)
+    r = Reporter(env)
+    assert r.step(1)
+    shutil.rmtree(os.path.dirname(env["SLURMKIT_HEARTBEAT_FILE"]))  # /dev/shm wiped under the rank
+    assert r.step(2) is False and r.step(3) is False
+    assert capsys.readouterr().err.count("slurmkit: cannot write the heartbeat") == 1
+
+
+def test_the_module_functions_use_the_process_environment(tmp_path, monkeypatch) -> None:
+    env = agent_env(tmp_path)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(userapi, "_default", None)
+    assert userapi.report_step(4) and userapi.report_checkpoint(4, "/ck/4.pt")
+    assert userapi.default_reporter() is userapi.default_reporter()
+    assert read_heartbeat(env["SLURMKIT_HEARTBEAT_FILE"])["step"] == 4  # type: ignore[index]
+    assert UserCheckpointReader(env["SLURMKIT_RUN_DIR"])() == 4
+
+
+def test_the_exit_codes_are_the_contracts() -> None:
+    from slurmkit import contract
+
+    assert userapi.EXIT_CHECKPOINTED_ON_SIGNAL == contract.EXIT_CHECKPOINTED_ON_SIGNAL == 95
+    assert userapi.EXIT_CONFIG_ERROR == contract.EXIT_CONFIG_ERROR
+    assert userapi.CONFIG_ERROR_MARKER == contract.CONFIG_ERROR_MARKER
