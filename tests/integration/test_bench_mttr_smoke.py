@@ -63,11 +63,13 @@ def test_mttr_bench_measures_a_rank_crash(cluster_env, tmp_path) -> None:
     t_detect, t_resume = float(fields["crash_torchrun_detect_s"]), float(fields["crash_torchrun_resume_s"])
     assert 0 <= t_detect < t_resume, (t_detect, t_resume, res.stdout)
     assert float(fields["mttr_vs_torchrun_crash"]) == pytest.approx(t_resume / resume, rel=0.02), fields
-    tr = re.search(r"^crash\s+torchrun\s+#1 .* job (\d+) torchrun restart in the allocation\s", res.stdout, re.M)
+    tr = re.search(r"^crash\s+torchrun\s+#1 .* job (\d+) torchrun restart in the allocation\s",
+                   res.stdout, re.M)
     assert tr, res.stdout
     # ft_launcher: reported unavailable, with why, and not measured.
     assert fields["ft_available"] == "no", fields
-    assert {fields[k] for k in ("crash_ft_detect_s", "crash_ft_resume_s", "mttr_vs_ft_crash")} == {"na"}, fields
+    ft_keys = ("crash_ft_detect_s", "crash_ft_resume_s", "mttr_vs_ft_crash")
+    assert {fields[k] for k in ft_keys} == {"na"}, fields
     assert f"baseline ft: unavailable: ft_launcher not found ({no_ft})" in res.stdout, res.stdout
     assert not re.search(r"^crash\s+ft\s+#", res.stdout, re.M), res.stdout
     for job in (run.group(1), tr.group(1)):

@@ -1,4 +1,4 @@
-"""Mean time to recovery: slurmkit's supervisor against plain sbatch + srun + requeue, per fault.
+"""Mean time to recovery per fault: slurmkit vs sbatch+srun+requeue, torchrun and ft_launcher.
 
 Real faults in real jobs on the local Slurm cluster (tools/local-cluster), one class at a time:
 
@@ -25,13 +25,42 @@ SLURMKIT_LEDGER and SLURMKIT_HEARTBEAT_FILE (the bench reads steps and pids from
 SLURMKIT_NODE=$SLURMD_NODENAME (every emulated node shares one hostname here; on a real
 cluster the hostname would tell the per-node checkpoint tiers apart).
 
+Elastic launcher baselines (``--baselines``), the same frozen config again, one launcher per node
+started by ``srun`` in an ``sbatch --requeue`` job (2 nodes x 2 ranks), which requeues itself
+when the launcher gives up:
+
+- ``torchrun``: ``torchrun --nnodes=2 --nproc-per-node=2 --max-restarts=3 --rdzv-backend=c10d``
+  restarts every rank of the job inside the allocation when one fails. It needs
+  ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: without it every restart on the local cluster died in
+  gloo's connectFullMesh (the agents' restart counts diverge and the ranks read the previous
+  attempt's addresses from the shared store; pytorch issue 135712).
+- ``ft``: nvidia-resiliency-ext's ``ft_launcher`` (the same agent, plus rank monitors), the same
+  arguments and ``--ignore-missing-fault-tol-cfg``. Found beside this Python, on PATH or at
+  ``--ft-launcher``; when it is missing or its ``--help`` fails the table and the RESULT line say
+  it is unavailable and why (``ft_available=no``), nothing is measured. 0.7.0 ships wheels only
+  for CPython 3.12/3.14 on glibc >= 2.39 (0.5.0 and 0.6.0: glibc >= 2.39); on CPython 3.11 with
+  glibc 2.36 pip takes 0.4.1, which runs on CPU with gloo (NVML missing: it disables its GPU
+  health checks and says so).
+
+Detection = fault -> a launcher logged the failed worker (``failed (exitcode``, ``closing
+signal``), srun returned or the job left RUNNING, whichever first; resume = fault ->
+``train_resumed``. Neither launcher detects the hang: torchrun has no hang detection and
+ft_launcher's needs heartbeats the program sends through its RankMonitorClient (the trainer sends
+none), so the process-group timeout ends it, as in the sbatch baseline. Node loss: the survivor
+cannot rendezvous without the lost node (``--nnodes=2``), so Slurm's NODE_FAIL requeue recovers
+it; one run serves both node classes. The table prints each baseline's ratio to slurmkit
+(baseline / slurmkit); RESULT adds ``<class>_<baseline>_detect_s``, ``<class>_<baseline>_resume_s``
+and ``mttr_vs_<baseline>_<class>`` (baseline resume / slurmkit resume); ``<class>_baseline_resume_s``
+stays the sbatch baseline's.
+
 Then one slurmkit run of --goodput-minutes with three faults (crash, hang, node loss onto the
 spare) at 1/4, 1/2, 3/4 of it; goodput from ``slurmkit.supervise.report.summarize`` over the
 ledger up to the end of the window (submission -> submission + --goodput-minutes), so time after
 a job that died early counts as lost.
 
-    python tools/bench/mttr.py [--classes crash,hang,...] [--skip-baseline] [--skip-goodput]
-                               [--repeats 1] [--goodput-minutes 10]
+    python tools/bench/mttr.py [--classes crash,hang,...] [--baselines sbatch,torchrun,ft]
+                               [--skip-baseline] [--skip-goodput] [--repeats 1]
+                               [--goodput-minutes 10] [--ft-launcher PATH] [--snapshot]
 
 Every wait has a deadline; jobs are cancelled and nodes restored in ``finally`` blocks. Ends with
 exactly one line ``RESULT key=value ...``.
@@ -177,8 +206,9 @@ def events(run_dir: str, name: str, after: float = float("-inf")) -> list[dict]:
 
 
 def heartbeat(run_dir: str, rank: int) -> dict:
-    """A slurmkit rank beats into this machine's node-local directory (the emulated nodes
-    share it); the torchrun baseline's script beats into its run directory."""
+    """A slurmkit rank, and one under torchrun or ft_launcher, beats into this machine's
+    node-local directory (the emulated nodes share it); the sbatch baseline's script names a file
+    in its run directory."""
     for path in (local_heartbeat_path(run_dir, rank), os.path.join(run_dir, "heartbeat", f"rank{rank}.json")):
         try:
             with open(path) as f:
@@ -696,7 +726,8 @@ def result_line(results: dict[str, ClassResult], goodput: float | None,
             if variant != "sbatch":
                 parts += [f"{cls}_{variant}_detect_s={_fmt(med(ms, 'detect_s'))}",
                           f"{cls}_{variant}_resume_s={_fmt(bres)}"]
-            parts.append(f"mttr_vs_{variant}_{cls}={'na' if bres is None or not res else f'{bres / res:.2f}'}")
+            times = "na" if bres is None or not res else f"{bres / res:.2f}"
+            parts.append(f"mttr_vs_{variant}_{cls}={times}")
     parts += [f"{variant}_available=no" for variant in sorted(unavailable or {})]
     parts.append(f"goodput={'na' if goodput is None else f'{goodput:.4f}'}")
     return "RESULT " + " ".join(parts)
@@ -799,7 +830,7 @@ def main(argv: list[str] | None = None) -> int:
                  for v in args.baselines if v != "sbatch"}
     unavailable = {v: la.about for v, la in launchers.items() if la.path is None}
     for v, la in launchers.items():
-        print(f"baseline {v}: {la.path} ({la.about})" if la.path else f"baseline {v}: unavailable: {la.about}",
+        print(f"baseline {v}: " + (f"{la.path} ({la.about})" if la.path else f"unavailable: {la.about}"),
               flush=True)
     try:
         results = run_classes(c, args.classes, args.repeats, args.baselines, launchers, root)
