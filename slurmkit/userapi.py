@@ -151,9 +151,10 @@ class Reporter:
         if self._heartbeat is None and not self._no_heartbeat:
             try:
                 self._heartbeat = Heartbeat.from_env(self.env, self.rank)
-            except (OSError, ActionableError) as exc:
+            except (OSError, ActionableError) as exc:  # tried again at the next step
                 self._warn_once("no heartbeat for this rank", exc)
-            self._no_heartbeat = self._heartbeat is None
+                return False
+            self._no_heartbeat = self._heartbeat is None  # none configured: not under slurmkit
         if self._heartbeat is None:
             return False
         try:
