@@ -148,3 +148,16 @@ def test_the_exit_codes_are_the_contracts() -> None:
     assert userapi.EXIT_CHECKPOINTED_ON_SIGNAL == contract.EXIT_CHECKPOINTED_ON_SIGNAL == 95
     assert userapi.EXIT_CONFIG_ERROR == contract.EXIT_CONFIG_ERROR
     assert userapi.CONFIG_ERROR_MARKER == contract.CONFIG_ERROR_MARKER
+
+
+def test_a_heartbeat_that_cannot_be_set_up_yet_is_tried_again_at_the_next_step(tmp_path, capsys) -> None:
+    env = agent_env(tmp_path)
+    local = os.path.dirname(os.path.dirname(env["SLURMKIT_HEARTBEAT_FILE"]))
+    with open(local, "w"):  # the node-local directory cannot be made yet
+        pass
+    r = Reporter(env)
+    assert r.step(1) is False and r.step(2) is False
+    os.unlink(local)
+    assert r.step(3)
+    assert read_heartbeat(env["SLURMKIT_HEARTBEAT_FILE"])["step"] == 3  # type: ignore[index]
+    assert capsys.readouterr().err.count("slurmkit: no heartbeat for this rank") == 1
