@@ -145,7 +145,8 @@ class Cluster:
         res = subprocess.run(list(cmd), env=self.env, cwd=cwd, capture_output=True, text=True,
                              timeout=timeout_s, check=False)
         if check and res.returncode != 0:
-            raise BenchError(f"{' '.join(cmd)} exited {res.returncode}:\n{res.stdout}{res.stderr}")
+            last = (res.stderr.strip() or res.stdout.strip() or "no output").splitlines()[-1]
+            raise BenchError(f"{' '.join(cmd)} exited {res.returncode}: {last}\n{res.stdout}{res.stderr}")
         return res
 
     def job_field(self, job: str, fmt: str) -> str | None:
@@ -171,11 +172,11 @@ class Cluster:
 
     def kill_node(self, node: str) -> None:
         self.killed.add(node)  # before the kill: a half-failed kill is still restored
-        self.run([os.path.join(REPO, "tools", "local-cluster"), "kill-node", node], check=True)
+        self.run(local_cluster("kill-node", node), check=True)
 
     def restore_node(self, node: str) -> None:
         """Start the node's slurmd again and wait until Slurm schedules on it (resume if DOWN)."""
-        self.run([os.path.join(REPO, "tools", "local-cluster"), "start-node", node])
+        self.run(local_cluster("start-node", node))
         end = self.clock() + NODE_BACK_DEADLINE_S
         while self.clock() < end:
             state = self.run(["sinfo", "-h", "-N", "-n", node, "-o", "%T"], timeout_s=30).stdout.strip()
@@ -188,6 +189,13 @@ class Cluster:
         raise BenchError(f"{node} did not come back within {NODE_BACK_DEADLINE_S:.0f} s: restore it "
                          f"with `tools/local-cluster start-node {node}` and "
                          f"`scontrol update nodename={node} state=resume`")
+
+
+def local_cluster(*args: str) -> list[str]:
+    """tools/local-cluster run by this Python: on a node loss it reads the node's runs through
+    slurmkit (their NVMe directories), which the ``python3`` first on PATH may lack (then it
+    exits 1 with ModuleNotFoundError and no node is lost)."""
+    return [sys.executable, os.path.join(REPO, "tools", "local-cluster"), *args]
 
 
 def load_env(path: str) -> dict[str, str]:
