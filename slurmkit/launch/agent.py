@@ -36,6 +36,7 @@ from slurmkit.supervise.channel import Channel, load_token
 from slurmkit.supervise.ckpt_progress import CheckpointProgress, tier_readers
 from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.classify import Evidence
+from slurmkit.supervise.endwatch import EndWatch
 from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
 from slurmkit.supervise.liveness import Beater
 from slurmkit.supervise.loop import Supervisor, Where
@@ -325,6 +326,13 @@ def start_alive_thread(ctx: NodeContext, channel: Channel, port: int, interval_s
                   interval_s=interval_s).start()
 
 
+def end_watch(ctx: NodeContext, channel: Channel, port: int) -> EndWatch:
+    """This agent's wait for each generation's end (slurmkit.supervise.endwatch), on its own
+    connection, made when the first generation is armed."""
+    return EndWatch(lambda: channel.on(dist.TCPStore(ctx.master_addr, port, ctx.num_nodes, False,
+                                                     timeout=timedelta(seconds=30), use_libuv=True)))
+
+
 def peer_checks(ctx: NodeContext, channel: Channel, port: int, cfg: SlurmkitConfig, train_nodes: int,
                 env: Mapping[str, str]) -> Peers:
     """How this agent's clock and link checks reach the others (each check connects on first use);
@@ -385,7 +393,7 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
                   addr=ctx.master_addr if ctx.node_rank == 0 else own_address(ctx.master_addr, store.port))
     sup = Supervisor(cfg, where, channel, node, ledger, train_nodes=node.train_nodes, run_dir=run_dir, env=env,
                      slurm=slurm, ckpt_step=progress.latest, ckpt_seen=progress.peek,
-                     free_port=free_port)
+                     free_port=free_port, end_watch=end_watch(ctx, channel, store.port))
     try:
         # On an unexpected exception its ranks are stopped (never orphaned) and node 0 hears
         # of it at once (agent_error), instead of waiting for this agent's beats to go silent.

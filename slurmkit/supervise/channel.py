@@ -15,9 +15,10 @@ The token file, the keys and the seals are in slurmkit.supervise.channelbase; th
 here. Counters (``add``) cannot carry a MAC; their keys are as unguessable as the rest.
 
 Every message costs its reader O(1) round trips whatever the number of agents N (2,048 nodes
-means 2,048 readers of one store): an agent polls one change counter per generation, blocks on
-the decision key with one store ``wait`` (woken by node 0's post), and node 0 reads every
-agent's beat or evidence with one ``multi_get``, never a get per agent.
+means 2,048 readers of one store): an agent blocks on the generation's end key with one store
+``wait`` (slurmkit.supervise.endwatch; it polls one change counter only when that wait cannot
+be made), blocks on the decision key the same way (woken by node 0's post), and node 0 reads
+every agent's beat or evidence with one ``multi_get``, never a get per agent.
 """
 
 from __future__ import annotations
@@ -91,6 +92,19 @@ class Channel(ChannelCore):
         key = self._gen(gen, "fail")
         self._set_once(key, {"node": node, "rank": int(rank), "cls": cls.value})
         self.store.add(self._gen(gen, "events"), 1)
+        self.store.set(self._gen(gen, "end"), "1")  # wakes every agent's EndWatch
+
+    def wait_ended(self, gen: int, timeout_s: float) -> bool:
+        """Block until ``gen``'s end key is set (a failure posted, or every slot finished): one
+        store wait, woken by the post (slurmkit.supervise.endwatch). False when ``timeout_s``
+        passed first; a store that does not answer raises (RuntimeError). The key is only a
+        wake-up: what ended the generation is read from the failure and finish keys."""
+        key = self._gen(gen, "end")
+        try:
+            self.store.wait([key], timedelta(seconds=timeout_s))
+        except RuntimeError:  # DistStoreError on a timeout, DistNetworkError on a broken store
+            return bool(self.store.check([key]))  # raises if the store does not answer
+        return True
 
     def changes(self, gen: int) -> int:
         """How many failures and finishes were posted in ``gen``: one counter (one round trip)
@@ -175,11 +189,15 @@ class Channel(ChannelCore):
         return self._count(self._gen(gen, "stopped"))
 
     # -------------------------------------------------------------- the end of a generation
-    def post_finished(self, gen: int, kind: str) -> None:
+    def post_finished(self, gen: int, kind: str, slots: int | None = None) -> None:
+        """This slot's ranks all left (``kind``). The one whose report completes the count of
+        ``slots`` sets the generation's end key (waking every agent's EndWatch)."""
         if kind not in (COMPLETED, SIGNALLED):
             raise ValueError(kind)
         self.store.add(self._gen(gen, kind), 1)
         self.store.add(self._gen(gen, "events"), 1)
+        if slots is not None and int(self.store.add(self._gen(gen, "finished"), 1)) >= slots:
+            self.store.set(self._gen(gen, "end"), "1")
 
     def finished(self, gen: int) -> tuple[int, int]:
         """(slots that completed, slots that left on a signal) in ``gen``."""

@@ -162,13 +162,18 @@ class Supervisor(Endings):
                 self.sleep(self.beat_interval_s)
 
     def watch(self, gen: int, has_ranks: bool) -> Outcome:
-        """Poll this node's ranks and the generation's shared state until it ends. One store
-        round trip per poll in the steady state: the generation's change counter; the failure
-        and the finish counts are read only after it moved (node 0 adds its liveness scan)."""
+        """Poll this node's ranks until the generation ends. The generation's shared state costs
+        no store round trip per poll: the agent's EndWatch is woken by the store when a failure
+        or the last finish is posted, and only then are the failure and the finish counts read.
+        A follower reads node 0's beat once per beat interval (a node 0 gone is a Node0Lost);
+        node 0 scans every agent's beat each poll (one multi_get). Without a working EndWatch
+        the generation's change counter is polled instead (one round trip per poll)."""
         n_slots = len(self.node_map)
         reported = False
         seen = 0  # the change counter when the failure and finish counts were last read
         done = sig = 0
+        if self.end_watch is not None:
+            self.end_watch.arm(gen)
         while True:
             trigger = self.node.poll(gen) if has_ranks else None
             codes = self.node.exit_codes() if has_ranks else []
@@ -182,10 +187,17 @@ class Supervisor(Endings):
                     kind = COMPLETED if all(c == 0 for c in codes) else (
                         SIGNALLED if all(c in (0, EXIT_CHECKPOINTED_ON_SIGNAL) for c in codes) else None)
                     if kind is not None:
-                        self.channel.post_finished(gen, kind)
+                        self.channel.post_finished(gen, kind, n_slots)
                         reported = True
-                changes = self.channel.changes(gen)
-                if changes != seen:
+                ended = self.end_watch.ended(gen) if self.end_watch is not None else None
+                if ended is None:
+                    changes = self.channel.changes(gen)
+                    look = changes != seen
+                else:
+                    changes, look = seen, ended
+                    if not self.is_node0:
+                        self._watch_node0(gen)
+                if look:
                     try:
                         failed = self.channel.failure(gen) is not None
                     except ChannelError as exc:  # a forged value at the failure key: refused, deleted
@@ -206,7 +218,30 @@ class Supervisor(Endings):
                 if has_ranks:
                     self.node.join_output()
                 return Outcome(COMPLETED if sig == 0 else SIGNALLED, gen)
-            self.sleep(self.cfg.supervisor.poll_interval_s)
+            if self.end_watch is not None and ended is False:
+                self.end_watch.pause(gen, self.cfg.supervisor.poll_interval_s)  # cut short by the end
+            else:
+                self.sleep(self.cfg.supervisor.poll_interval_s)
+
+    def _watch_node0(self, gen: int) -> None:
+        """A follower whose EndWatch waits makes no other round trip per poll, so it looks at
+        node 0's beat once per beat interval (one multi_get of one key): node 0 gone (its host
+        dead, its TCP connections silent) is found within its liveness deadlines, as when it
+        polled. A store error on the way goes to the store-trouble path as before."""
+        now = self.clock()
+        if now - self._node0_seen_at < self.beat_interval_s:
+            return
+        self._node0_seen_at = now
+        if self._node0_live is None:
+            sup = self.cfg.supervisor
+            self._node0_live = Liveness({0: self.where.nodes[0]}, beat_interval_s=self.beat_interval_s,
+                                        floor_s=sup.node_timeout_s, first_beat_s=sup.node_timeout_s,
+                                        clock=self.clock)
+        self._node0_live.observe(self.channel.beats([0]))
+        gone = self._node0_live.lost()
+        if gone:
+            raise Node0Lost(f"node 0 ({self.where.nodes[0]}) stopped beating for {gone[0].silent_s:.0f} s "
+                            f"while generation {gen} ran")
 
     def exchange_step_windows(self, gen: int, has_ranks: bool) -> None:
         """Once per beat interval: post this node's newest step-time window (one set), and on

@@ -22,6 +22,7 @@ from slurmkit.slurm.client import SlurmClient
 from slurmkit.supervise.channel import Channel
 from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.classify import Evidence
+from slurmkit.supervise.endwatch import EndWatch
 from slurmkit.supervise.policy import Decision, History, Limits, State, StateMachine
 from slurmkit.supervise.slurmview import SlurmdProbe, slurmd_answers
 from slurmkit.supervise.liveness import Liveness, Lost, client_node_states
@@ -102,9 +103,14 @@ class SupervisorBase:
                  free_port: Callable[[], int] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep,
-                 probe_slurmd: SlurmdProbe = slurmd_answers) -> None:
+                 probe_slurmd: SlurmdProbe = slurmd_answers,
+                 end_watch: EndWatch | None = None) -> None:
         self.cfg, self.where, self.channel, self.node, self.ledger = cfg, where, channel, node, ledger
         self.probe_slurmd = probe_slurmd
+        # The generation's end pushed by the store (None: poll the change counter every poll).
+        self.end_watch = end_watch
+        self._node0_live: Liveness | None = None  # a follower's view of node 0 while it watches
+        self._node0_seen_at = float("-inf")
         self.run_dir = run_dir
         self.env = dict(env or {})
         self.slurm = slurm

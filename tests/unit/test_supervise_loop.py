@@ -21,6 +21,7 @@ from slurmkit.supervise.channel import Channel
 from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.classify import Evidence
 from slurmkit.supervise.events import validate
+from slurmkit.supervise.endwatch import EndWatch
 from slurmkit.supervise.loop import Supervisor, Where
 from slurmkit.supervise.policy import Action
 from slurmkit.testing.fakeslurm import FakeSlurm
@@ -110,7 +111,7 @@ class Cluster:
 
     def __init__(self, tmp_path: Path, scripts: list[Script], *, train_nodes: int | None = None,
                  executor: str = "local", slurm: Any = None, extra: tuple[str, ...] = (),
-                 ckpt: Callable[[], int | None] | None = None, **sup: Any) -> None:
+                 ckpt: Callable[[], int | None] | None = None, push: bool = True, **sup: Any) -> None:
         self.store = dist.HashStore()
         self.cfg = config(extra, **sup)
         self.names = tuple(f"n{i}" for i in range(len(scripts)))
@@ -129,7 +130,10 @@ class Cluster:
             self.sups.append(Supervisor(self.cfg, where, ch, self.nodes[nr], self.ledger,
                                         train_nodes=train_nodes or len(scripts), run_dir=str(tmp_path),
                                         slurm=slurm, free_port=lambda nr=nr: 12345 + 100 * nr,
-                                        ckpt_step=ckpt or (lambda: None), ckpt_seen=ckpt))
+                                        ckpt_step=ckpt or (lambda: None), ckpt_seen=ckpt,
+                                        # the generation's end pushed by the store (the agent's
+                                        # way); push=False: the change counter polled instead
+                                        end_watch=EndWatch(lambda ch=ch: ch) if push else None))
         self._stop = threading.Event()
 
     def _beat(self, nr: int) -> None:

@@ -254,8 +254,9 @@ def test_the_slurmd_probe_tells_a_listening_daemon_from_a_dead_one() -> None:
 
 def test_a_spares_agent_error_fails_no_generation(tmp_path: Path) -> None:
     gate = threading.Event()
+    # push=False: the error is injected into the change counter's poll
     c = guarded(Cluster(tmp_path, [Script(gate=gate), Script(gate=gate), Script()], train_nodes=2,
-                        spare_nodes=1, node_timeout_s=120.0))
+                        spare_nodes=1, node_timeout_s=120.0, push=False))
     spare = c.sups[2]
     report = spare.agent_error
 

@@ -21,7 +21,7 @@ import pytest
 
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.retry import RetryPolicy
-from slurmkit.supervise import loop
+from slurmkit.supervise import endings, loop
 from slurmkit.supervise.succession import (Claim, Done, Watched, claim_path, done_path, read_claim, read_done,
                                            succeed, write_done)
 from slurmkit.testing.fakeslurm import FakeSlurm
@@ -236,11 +236,12 @@ def test_an_agent_later_than_node0s_exit_barrier_does_not_requeue_the_finished_j
     requeued: list[tuple[str, ...]] = []
     monkeypatch.setattr("slurmkit.supervise.endings.requeue_now",
                         lambda client, job, exclude, **kw: requeued.append(tuple(exclude)))
-    monkeypatch.setattr(loop, "EXIT_WAIT_S", 0.2)  # node 0 waits this long for a slow agent, then leaves
+    monkeypatch.setattr(endings, "EXIT_WAIT_S", 0.2)  # node 0 waits this long for a slow agent, then leaves
     fake = fake_slurm_running_job_7(["n0", "n1", "n2"])
     stalled = threading.Event()  # the train nodes' ranks finish once the spare's loop stalls
     c = Cluster(tmp_path, [Script(gate=stalled), Script(gate=stalled), Script()], train_nodes=2, spare_nodes=1,
-                node_timeout_s=0.3, slurm=SlurmClient(fake, retry=RetryPolicy(max_attempts=1, jitter_s=0)))
+                node_timeout_s=0.3, slurm=SlurmClient(fake, retry=RetryPolicy(max_attempts=1, jitter_s=0)),
+                push=False)  # the stall is injected into the polling loop's sleep
     spare = c.sups[2]
     store = DyingStore(c.store)
     spare.channel.store = store

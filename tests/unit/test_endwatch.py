@@ -1,0 +1,183 @@
+"""The end of a generation pushed by the store (slurmkit.supervise.endwatch), on a real TCPStore:
+a failure or the last finish wakes every agent's watch; a watch that cannot wait says so (the
+loop then polls); the loop notices a failure without waiting out its poll interval, and a
+follower's steady state costs no store round trip per poll."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from slurmkit.supervise.channel import Channel
+from slurmkit.supervise.classes import FailureClass as F
+from slurmkit.supervise.endwatch import EndWatch
+from slurmkit.supervise.policy import Action
+from tests.unit.test_supervise_loop import Cluster, Script
+
+TOKEN = bytes(range(32))
+NODES = ("n0", "n1", "n2")
+
+
+@pytest.fixture()
+def server() -> Any:
+    s = dist.TCPStore("127.0.0.1", 0, is_master=True, use_libuv=True, wait_for_workers=False,
+                      timeout=timedelta(seconds=30))
+    yield s
+    del s
+
+
+def channel_on(port: int) -> Channel:
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, use_libuv=True, timeout=timedelta(seconds=30))
+    return Channel(store, "7-0", TOKEN, NODES)
+
+
+def wait_until(cond: Any, what: str, deadline_s: float = 60.0) -> None:
+    end = time.monotonic() + deadline_s
+    while not cond():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_a_failure_wakes_every_watch(server: Any) -> None:
+    watches = [EndWatch(lambda: channel_on(server.port)) for _ in NODES]
+    for w in watches:
+        w.arm(0)
+    assert [w.ended(0) for w in watches] == [False, False, False]
+    channel_on(server.port).post_failure(0, "n1", 3, F.RANK_CRASH)
+    wait_until(lambda: all(w.ended(0) for w in watches), "every watch to see the failure")
+    assert [w.ended(1) for w in watches] == [None, None, None]  # not armed for generation 1
+
+
+def test_only_the_last_finish_ends_the_generation(server: Any) -> None:
+    w = EndWatch(lambda: channel_on(server.port))
+    w.arm(0)
+    ch = channel_on(server.port)
+    ch.post_finished(0, "completed", 3)
+    ch.post_finished(0, "signalled", 3)
+    assert ch.finished(0) == (1, 1)
+    assert w.ended(0) is False  # two of three slots
+    ch.post_finished(0, "completed", 3)
+    wait_until(lambda: w.ended(0), "the last finish to end the generation")
+
+
+def test_a_timed_out_wait_is_renewed_and_a_new_generation_rearms(server: Any) -> None:
+    w = EndWatch(lambda: channel_on(server.port), wait_s=0.05)
+    w.arm(0)
+    ch = channel_on(server.port)
+    wait_until(lambda: ch.store.check(["never"]) is False, "a store answer")  # several waits time out meanwhile
+    assert w.ended(0) is False
+    ch.post_failure(0, "n0", 0, F.HANG)
+    wait_until(lambda: w.ended(0), "generation 0's end")
+    w.arm(1)
+    assert w.ended(1) is False and w.ended(0) is None
+    ch.post_failure(1, "n2", 1, F.RANK_CRASH)
+    wait_until(lambda: w.ended(1), "generation 1's end")
+
+
+def test_a_watch_that_cannot_connect_says_poll(server: Any) -> None:
+    def refuse() -> Channel:
+        raise RuntimeError("connection refused")
+
+    w = EndWatch(refuse)
+    w.arm(0)
+    wait_until(lambda: w.ended(0) is None, "the watch to give up")
+
+
+def test_a_store_that_goes_away_says_poll() -> None:
+    s = dist.TCPStore("127.0.0.1", 0, is_master=True, use_libuv=True, wait_for_workers=False)
+    w = EndWatch(lambda: channel_on(s.port))
+    w.arm(0)
+    wait_until(lambda: w._conn is not None, "the watch's connection")  # noqa: SLF001 - a test of its state
+    assert w.ended(0) is False
+    del s  # the server closes every connection: the blocked wait fails
+    wait_until(lambda: w.ended(0) is None, "the watch to give up on the closed store")
+
+
+def test_pause_is_cut_short_by_the_end(server: Any) -> None:
+    w = EndWatch(lambda: channel_on(server.port))
+    w.arm(0)
+    done = threading.Event()
+
+    def pause() -> None:
+        w.pause(0, 3600.0)
+        done.set()
+
+    threading.Thread(target=pause, daemon=True).start()
+    assert not done.wait(0.1)
+    channel_on(server.port).post_failure(0, "n1", 0, F.RANK_CRASH)
+    wait_until(done.is_set, "the pause to end with the generation")
+
+
+def test_the_loop_notices_a_failure_without_waiting_out_its_poll(tmp_path: Path) -> None:
+    """A poll interval of an hour: polled, this run would take hours; pushed, the failure of
+    node 1 reaches every agent at once, node 0 decides a restart and generation 1 completes."""
+    c = Cluster(tmp_path, [Script(), Script(fail={0: F.RANK_CRASH}), Script()], poll_interval_s=3600.0)
+    assert c.run() == {0: 0, 1: 0, 2: 0}
+    assert c.decisions() == [(0, Action.RESTART, ())]
+    assert [e["cls"] for e in c.ledger.of("failure")] == ["rank_crash"]
+
+
+class CountingStore:
+    """A store wrapper that counts round trips (every call)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.calls = inner, 0
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*a: Any, **k: Any) -> Any:
+            with self._lock:
+                self.calls += 1
+            return attr(*a, **k)
+        return counted
+
+
+@pytest.mark.parametrize("push", [True, False])
+def test_a_followers_steady_state_costs_no_round_trip_per_poll(tmp_path: Path, push: bool) -> None:
+    """Node 1's main-loop store calls over 30 of its polls while the generation runs: with the
+    end pushed, none (node 0's beat is read once per beat interval, set here longer than the
+    test); polled, the change counter at every poll."""
+    gate = threading.Event()
+    c = Cluster(tmp_path, [Script(gate=gate), Script(gate=gate)], poll_interval_s=0.02, push=push)
+    follower = c.sups[1]
+    follower.beat_interval_s = 3600.0
+    counting = CountingStore(c.store)
+    follower.channel.store = counting
+    real_beat = follower.channel.beat
+    # the agent beats on its Beater's own connection: not the main loop's, not counted
+    follower.channel.beat = lambda nr, tick, store=None: real_beat(nr, tick, c.store)  # type: ignore[method-assign,assignment]
+    polls = [0]
+    poll = c.nodes[1].poll
+
+    def counted_poll(gen: int) -> Any:
+        polls[0] += 1
+        return poll(gen)
+
+    c.nodes[1].poll = counted_poll  # type: ignore[method-assign]
+    window: list[tuple[int, int]] = []
+
+    def measure() -> None:
+        wait_until(lambda: polls[0] >= 3, "node 1's first polls")
+        p0, c0 = polls[0], counting.calls
+        wait_until(lambda: polls[0] >= p0 + 30, "30 more polls")
+        window.append((polls[0] - p0, counting.calls - c0))
+        gate.set()
+
+    threading.Thread(target=measure, daemon=True).start()
+    assert c.run() == {0: 0, 1: 0}
+    assert window
+    n_polls, calls = window[0]
+    if push:
+        assert calls <= 1, window  # at most its node-0 beat read falling in the window
+    else:
+        assert calls >= n_polls - 1, window  # one change-counter read per poll
