@@ -24,6 +24,7 @@ from slurmkit.config import SlurmkitConfig, load_frozen
 from slurmkit.health.clock import ClockTicker, injected_offset_s
 from slurmkit.health.preflight import Peers, node_preflight
 from slurmkit.launch.context import NodeContext, node_context
+from slurmkit.launch.fdlimit import raise_fd_limit, store_fds_needed
 from slurmkit.launch import stackdump
 from slurmkit.launch.ranks import RankProcess, spawn_rank, stop_ranks
 from slurmkit.launch.rendezvous import connect
@@ -376,6 +377,11 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
     channel = Channel(store, ctx.attempt, load_token(run_dir, create=ctx.node_rank == 0), ctx.nodes)
     ledger = Ledger(os.path.join(run_dir, LEDGER_NAME), source=f"agent:{ctx.node_name}",
                     flush_interval_s=LEDGER_FLUSH_INTERVAL_S)
+    if ctx.node_rank == 0:  # the store keeps a few sockets per agent open: raise the limit first
+        fd_warning = raise_fd_limit(store_fds_needed(ctx.num_nodes))
+        if fd_warning:
+            log.warning("%s", fd_warning)
+            ledger.append("config_warning", message=fd_warning)
     peers = peer_checks(ctx, channel, store.port, cfg, load_layout(run_dir, cfg).train_nodes, env)
     node = NodeAgent(run_dir, cfg, ctx, env, ledger, peers=peers)
     node.install_signal_handlers()

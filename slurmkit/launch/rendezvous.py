@@ -40,8 +40,10 @@ def _publish(path: str, payload: dict[str, object]) -> None:
     os.replace(tmp, path)
 
 
-def listen_socket(addr: str) -> socket.socket:
-    """A listening TCP socket on ``addr`` (a free port), for the store's server."""
+def listen_socket(addr: str, backlog: int = 1024) -> socket.socket:
+    """A listening TCP socket on ``addr`` (a free port), for the store's server. ``backlog``:
+    connections the kernel queues before the server accepts them (every agent connects at once,
+    several times; the kernel caps it at net.core.somaxconn)."""
     try:
         infos = socket.getaddrinfo(addr, 0, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
@@ -60,7 +62,7 @@ def listen_socket(addr: str) -> socket.socket:
             f"Detected: cannot listen on node 0's address {addr} ({exc}). Requirement: an address "
             "of this host that the other nodes reach. Fix: check SLURM_LAUNCH_NODE_IPADDR on the "
             "batch host.") from None
-    sock.listen(1024)
+    sock.listen(backlog)
     return sock
 
 
@@ -74,7 +76,7 @@ def connect(ctx: NodeContext, run_dir: str, *, timeout_s: float = 300.0,
     timeout = timedelta(seconds=timeout_s)
     if ctx.node_rank == 0:
         load_token(run_dir, create=True)
-        sock = listen_socket(ctx.master_addr)
+        sock = listen_socket(ctx.master_addr, backlog=max(1024, 3 * ctx.num_nodes))
         store = dist.TCPStore(ctx.master_addr, sock.getsockname()[1], ctx.num_nodes, True, timeout=timeout,
                               wait_for_workers=False, master_listen_fd=sock.fileno(), use_libuv=True)
         _LISTENING.append(sock)  # the store serves on this fd for the life of the process
