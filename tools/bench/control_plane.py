@@ -286,6 +286,7 @@ class Spec:
     token: bytes
     sample_s: tuple[float, float] = (math.inf, math.inf)  # heartbeat samples: node 0, the others
     ranks_per_node: int = 8
+    push: bool = True  # each agent's EndWatch (False: poll the change counter, as before it)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -354,7 +355,8 @@ class Agents:
                             self.channels[nr], node, ledger,
                             train_nodes=spec.n, run_dir=spec.run_dir, env={}, slurm=self._slurm,
                             ckpt_step=lambda: 100, free_port=lambda: 29500,
-                            end_watch=EndWatch(lambda: Channel(self.ends[nr], ATTEMPT, spec.token, spec.names)))
+                            end_watch=EndWatch(lambda: Channel(self.ends[nr], ATTEMPT, spec.token, spec.names))
+                            if spec.push else None)
         s.sink = self.sink
         try:
             s.run()
@@ -458,14 +460,15 @@ def _wait(pred: Callable[[], bool], timeout_s: float, what: str, probe: Probe, *
 class Size:
     """One N: the store, node 0 here, the other agents in worker processes."""
 
-    def __init__(self, n: int, procs: int, workdir: str, fs: FsCounter, ranks_per_node: int) -> None:
+    def __init__(self, n: int, procs: int, workdir: str, fs: FsCounter, ranks_per_node: int,
+                 push: bool = True) -> None:
         self.n, self.fs = n, fs
         run_dir = tempfile.mkdtemp(prefix=f"cp{n}-", dir=workdir)
         self.server = dist.TCPStore(HOST, 0, is_master=True, timeout=timedelta(seconds=120),
                                     wait_for_workers=False, use_libuv=True)
         names = Spec(n, 0, run_dir, b"").names
         self.spec = Spec(n, self.server.port, run_dir, load_token(run_dir, create=True),
-                         sample_intervals(run_dir, names), ranks_per_node)
+                         sample_intervals(run_dir, names), ranks_per_node, push)
         self.fake = FakeSlurm({"bench": f"b[0000-{n:04d}]"})
         script = os.path.join(run_dir, "job.sh")
         with open(script, "w") as f:
@@ -539,11 +542,11 @@ class Size:
 
 
 def run_size(n: int, steady_s: float, sample_ranks: int, procs: int, fs: FsCounter, workdir: str, *,
-             ranks_per_node: int = 8, soak: bool = False) -> Figures:
+             ranks_per_node: int = 8, soak: bool = False, push: bool = True) -> Figures:
     """One N: the fault-free window of ``steady_s``, then (unless ``soak``) one agent lost."""
     t_setup = time.monotonic()
     fs.root = None
-    size = Size(n, procs, workdir, fs, ranks_per_node)
+    size = Size(n, procs, workdir, fs, ranks_per_node, push)
     probe, run_dir = size.probe, size.spec.run_dir
     try:
         _wait(lambda: len(probe.started.get(0, ())) == n, 300 + n / 5, f"{n} nodes to start generation 0",
@@ -810,6 +813,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "10-minute check)")
     p.add_argument("--sample-ranks", type=int, default=4, help="training ranks that beat per step")
     p.add_argument("--ranks-per-node", type=int, default=8, help="ranks per node in the ledger's heartbeat samples")
+    p.add_argument("--poll", action="store_true",
+                   help="agents poll the generation's change counter every poll instead of waiting on "
+                        "its end key (the control plane before slurmkit.supervise.endwatch), for comparison")
     p.add_argument("--procs", type=int, default=16,
                    help="worker processes for the agents (fewer puts more agent threads behind one "
                         "interpreter lock: at 4, one decision's fan-out at N=2,048 took 5.7 s of lock hand-offs)")
@@ -838,7 +844,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"N={n}: {n + 1} agents, {2 * (n + 1)} store connections ...", flush=True)
             try:
                 rows.append(run_size(n, window, args.sample_ranks, args.procs, fs, workdir,
-                                     ranks_per_node=args.ranks_per_node, soak=soak))
+                                     ranks_per_node=args.ranks_per_node, soak=soak, push=not args.poll))
             except (TimeoutError, RuntimeError, OSError) as exc:
                 print(f"N={n} did not fit this machine: {exc}; stopping at the sizes above", flush=True)
                 break
