@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 CLUSTER_KINDS = ("auto", "slurm", "local")
 REQUIRE_HEARTBEAT = ("auto", "true", "false")  # supervisor.require_heartbeat
+EXIT0_AFTER_SIGNAL = ("auto", "completed", "left")  # supervisor.exit0_after_signal
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -149,6 +150,11 @@ class SupervisorConfig:
     # job.command = slurmkit.train, which beats every step), "true", "false" (a rank is judged
     # from its first beat on; a program that never beats is never taken for a hang by it).
     require_heartbeat: str = "auto"
+    # What ranks that all exit 0 after a time-limit warning or a SIGTERM mean: "completed" (the
+    # run is done), "left" (they left on the signal: requeued or handled as a preemption, and
+    # resumed from the program's own checkpoint), "auto" (completed for slurmkit.train, which
+    # exits 95 when it leaves on a signal; left for any other program, which may not).
+    exit0_after_signal: str = "auto"
     spare_nodes: int = 0  # allocate nodes + spare_nodes, train on nodes
     poll_interval_s: float = 0.5  # how often agents look at their ranks and each other
     node_timeout_s: float = 3.0  # an agent silent this long is a lost node (beats every poll)
@@ -180,6 +186,13 @@ class SupervisorConfig:
                               "set supervisor.require_heartbeat=auto (true: every program must beat "
                               "within supervisor.startup_timeout_s)")
         self.require_heartbeat = choice
+        exit0 = str(self.exit0_after_signal).lower()
+        if exit0 not in EXIT0_AFTER_SIGNAL:
+            raise ConfigError(f"supervisor.exit0_after_signal={self.exit0_after_signal!r}",
+                              f"one of {', '.join(EXIT0_AFTER_SIGNAL)}",
+                              "set supervisor.exit0_after_signal=auto (completed: a program that exits "
+                              "0 only when its training is done)")
+        self.exit0_after_signal = exit0
 
 
 @dataclass

@@ -186,6 +186,8 @@ class Supervisor(Endings):
                 if not reported and codes and all(c is not None for c in codes):
                     kind = COMPLETED if all(c == 0 for c in codes) else (
                         SIGNALLED if all(c in (0, EXIT_CHECKPOINTED_ON_SIGNAL) for c in codes) else None)
+                    if kind == COMPLETED and self.node.signal_kind is not None and not self.exit0_done:
+                        kind = SIGNALLED  # exit 0 on the signal: left on it (supervisor.exit0_after_signal)
                     if kind is not None:
                         self.channel.post_finished(gen, kind, n_slots)
                         reported = True

@@ -23,6 +23,7 @@ from slurmkit.supervise.channel import Channel
 from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.classify import Evidence
 from slurmkit.supervise.endwatch import EndWatch
+from slurmkit.supervise.monitor import exit0_is_completion
 from slurmkit.supervise.policy import Decision, History, Limits, State, StateMachine
 from slurmkit.supervise.slurmview import SlurmdProbe, slurmd_answers
 from slurmkit.supervise.liveness import Liveness, Lost, client_node_states
@@ -109,6 +110,8 @@ class SupervisorBase:
         self.probe_slurmd = probe_slurmd
         # The generation's end pushed by the store (None: poll the change counter every poll).
         self.end_watch = end_watch
+        # ranks that all exit 0 after a warning or SIGTERM: the run done, or left on the signal
+        self.exit0_done = exit0_is_completion(cfg.supervisor.exit0_after_signal, cfg.job.command)
         self._node0_live: Liveness | None = None  # a follower's view of node 0 while it watches
         self._node0_seen_at = float("-inf")
         self.run_dir = run_dir

@@ -61,6 +61,19 @@ def expects_heartbeats(require_heartbeat: str, command: Sequence[str]) -> bool:
     return any(a == "-m" and b in BEATING_MODULES for a, b in zip(args, args[1:], strict=False))
 
 
+def exit0_is_completion(choice: str, command: Sequence[str]) -> bool:
+    """Whether ranks that all exit 0 after a time-limit warning or a SIGTERM finished the run
+    (supervisor.exit0_after_signal). ``auto``: only for a program known to follow the exit
+    contract (``python -m slurmkit.train`` exits 95 when it leaves on a signal, 0 only when its
+    training is done). Any other program may answer the signal by saving and exiting 0: taken
+    for completion, the run would end for good at its first time limit; taken for leaving, a
+    program that had in fact finished costs one short allocation, where it exits 0 at once."""
+    if choice != "auto":
+        return choice == "completed"
+    args = list(command)
+    return any(a == "-m" and b in BEATING_MODULES for a, b in zip(args, args[1:], strict=False))
+
+
 def _proc_state(pid: int) -> str:
     """One-letter process state from /proc ('T' = stopped); '' when it is gone."""
     try:

@@ -72,3 +72,38 @@ def test_a_failure_after_a_checkpoint_cancel_request_is_never_requeued(
     assert c.run() == {0: EXIT_NO_REQUEUE, 1: EXIT_NO_REQUEUE}
     assert c.decisions() == [(0, Action.STOP, ())] and requeued == []
 
+
+
+@pytest.mark.parametrize(("command", "choice", "completed"), [
+    ("[python,user_train.py]", "auto", False),  # any other program may save and exit 0 on the signal
+    ("[python,-m,slurmkit.train]", "auto", True),  # the reference trainer exits 95 when it leaves
+    ("[python,user_train.py]", "completed", True),  # a program that exits 0 only when done, said so
+    ("[python,-m,slurmkit.train]", "left", False),
+])
+def test_exit_0_after_the_warning_is_completion_only_from_a_program_that_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, choice: str, completed: bool) -> None:
+    # A user program that saves its own checkpoint on SIGUSR1 and exits 0: read as completed,
+    # the run would end for good at its first time limit. Read as leaving on the warning, the
+    # job requeues and resumes (a program that had finished exits 0 at once next time).
+    requeued = _requeues(monkeypatch)
+    c = _warned(Cluster(tmp_path, [Script(), Script()],
+                        extra=("job.requeue=true", f"job.command={command}",
+                               f"supervisor.exit0_after_signal={choice}"),
+                        slurm=SlurmClient(FakeSlurm({"debug": "n[0-1]"}))), "time_limit")
+    assert c.run() == {0: 0, 1: 0}
+    assert c.decisions() == []  # nothing failed either way
+    (end,) = c.ledger.of("end") or [None]
+    if completed:
+        assert requeued == [] and end is not None and end["status"] == "completed"
+        assert c.ledger.of("checkpointed_on_signal") == []
+    else:
+        assert requeued == [()] and end is None  # requeued for the time limit, not ended
+        assert [e["signal"] for e in c.ledger.of("checkpointed_on_signal")] == ["time_limit"]
+        assert [e["reason"] for e in c.ledger.of("requeue")] == ["time limit warning: final checkpoint saved"]
+
+
+def test_exit0_after_signal_is_checked() -> None:
+    from slurmkit.config import compose
+    from slurmkit.errors import ConfigError
+    with pytest.raises(ConfigError, match="exit0_after_signal"):
+        compose(["+exp=tiny", "cluster=local", "supervisor.exit0_after_signal=maybe"])
