@@ -53,6 +53,22 @@ it; one run serves both node classes. The table prints each baseline's ratio to 
 and ``mttr_vs_<baseline>_<class>`` (baseline resume / slurmkit resume); ``<class>_baseline_resume_s``
 stays the sbatch baseline's.
 
+Measured on the local cluster (2 cores, 4 emulated nodes, torch 2.13.0+cpu, nvidia-resiliency-ext
+0.4.1), one run each, ``--skip-goodput --snapshot --baselines sbatch,torchrun,ft --ft-launcher
+<venv>/bin/ft_launcher``, ``--classes crash`` then ``--classes node_spare,node_requeue,hang``;
+detect / resume in seconds (the launchers' node loss goes through Slurm's requeue):
+
+| class        | slurmkit      | torchrun      | ft_launcher   | sbatch        |
+|--------------|---------------|---------------|---------------|---------------|
+| crash        | 1.03 / 13.37  | 0.25 / 24.15  | 0.35 / 18.97  | 4.72 / 160.48 |
+| hang         | 8.74 / 18.07  | 62.98 / 104.92| 62.98 / 103.48| 71.15 / 224.20|
+| node_spare   | 6.23 / 21.10  | 1.64 / 183.16 | 1.80 / 176.94 | 24.87 / 158.78|
+| node_requeue | 6.70 / 99.69  | (same run)    | (same run)    | (same run)    |
+
+The launchers notice a lost node sooner than slurmkit here only because ``kill-node`` SIGKILLs
+the node's processes and the kernel closes their sockets at once; a host that really dies sends
+no reset, and the survivors wait for TCP or the process-group timeout.
+
 Then one slurmkit run of --goodput-minutes with three faults (crash, hang, node loss onto the
 spare) at 1/4, 1/2, 3/4 of it; goodput from ``slurmkit.supervise.report.summarize`` over the
 ledger up to the end of the window (submission -> submission + --goodput-minutes), so time after
