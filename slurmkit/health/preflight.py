@@ -158,6 +158,14 @@ class Preflight:
             if r.verdict in (Verdict.BAD_NODE, Verdict.WAIT):
                 log.warning("pre-flight %s on %s: %s: %s", r.name, self.node, r.verdict.value, r.message)
 
+    def kernel_log_now(self) -> CheckResult | None:
+        """The kernel-log check once more, while the ranks run: only what was logged since its
+        last read (its cursor), without blocking. None when the node has no such check."""
+        for c in self.checks:
+            if c.name == "kernel_log":
+                return c.run(c.timeout_s)
+        return None
+
     def run(self, gen: int, slot: int | None = None) -> Any:
         """Run the checks (re-checking ``wait`` ones) for generation ``gen`` on train slot
         ``slot``; the Evidence of a bad node, or None when the ranks may start."""

@@ -23,6 +23,7 @@ from slurmkit import contract
 from slurmkit.config import SlurmkitConfig, load_frozen
 from slurmkit.health.clock import ClockTicker, injected_offset_s
 from slurmkit.health.preflight import Peers, node_preflight
+from slurmkit.health.result import Verdict
 from slurmkit.launch.context import NodeContext, node_context
 from slurmkit.launch.fdlimit import raise_fd_limit, store_fds_needed
 from slurmkit.launch import stackdump
@@ -54,6 +55,7 @@ NCCL_PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"  # torch reads <value><rank>.p
 log = logging.getLogger(__name__)
 LEDGER_FLUSH_INTERVAL_S = 2.0  # an agent's ledger events are batched for at most this long
 LEDGER_SAMPLES_PER_S = 10.0  # heartbeat samples of all nodes together (2,048 nodes: each every 205 s)
+KERNEL_LOG_WATCH_S = 5.0  # how often the kernel log is read while the ranks run (node-local, non-blocking)
 
 
 def free_port() -> int:
@@ -96,6 +98,7 @@ class NodeAgent:
         self.monitor: RankMonitor | None = None
         self.step_times: StepTimes | None = None  # this generation's step-time samples (stragglers)
         self._last_sample = self.clock()
+        self._kernel_log_at = self.clock()  # the pre-flight just read it
         # Heartbeats and rank 0's events stay on this node (/dev/shm): nothing on the shared
         # file system per step. The directory is this user's and this run's alone (0700).
         self.local_dir = private_dir(node_local_dir(run_dir, self.env))
@@ -240,11 +243,29 @@ class NodeAgent:
         if self.step_times is not None:
             self.step_times.observe(beats)
         self._check_warning_budget(gen)
+        self._watch_kernel_log(gen)
         if self.clock() - self._last_sample >= self.sample_interval_s and beats:
             self._last_sample = self.clock()
             self.ledger.append("heartbeat", generation=gen, node=self.ctx.node_name,
                                steps={str(r): b.get("step") for r, b in beats.items()})
         return self.monitor.triggered
+
+    def _watch_kernel_log(self, gen: int) -> None:
+        """Every KERNEL_LOG_WATCH_S while the ranks run, the pre-flight's kernel-log check again
+        (its cursor: only what is new; one non-blocking read of /dev/kmsg or the site's log): an
+        Xid of health.bad_xids or an uncorrected memory error logged under a running rank ends
+        the generation as a gpu_fault of this node, which leaves on the first one (a spare, or
+        a requeue without it), the line in the evidence. A rank's own output is scanned for
+        the same lines (slurmkit.supervise.classify); the kernel log also holds the ones no rank
+        printed (seen in production: the driver logs the Xid, the rank only hangs)."""
+        if (self.preflight is None or self.monitor is None or self.monitor.triggered is not None
+                or self.clock() - self._kernel_log_at < KERNEL_LOG_WATCH_S):
+            return
+        self._kernel_log_at = self.clock()
+        result = self.preflight.kernel_log_now()
+        if result is not None and result.verdict == Verdict.BAD_NODE:
+            self.monitor.report(Evidence(time.time(), self.ctx.node_name, -1, "kernel_log", FailureClass.GPU_FAULT,
+                                         f"generation {gen}: {result.message}"))
 
     def _check_warning_budget(self, gen: int) -> None:
         """Ranks still running ``warning_budget_s`` after the time-limit warning end the

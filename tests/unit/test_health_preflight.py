@@ -161,6 +161,34 @@ def test_build_checks_from_a_config_and_an_emulated_kernel_log(tmp_path) -> None
     assert by_node["node1"]["gpus"].verdict == Verdict.SKIPPED
 
 
+def test_the_kernel_log_is_read_again_while_ranks_run_seeing_only_what_is_new(tmp_path) -> None:
+    # The agent reads it every few seconds during a generation (NodeAgent._watch_kernel_log):
+    # the pre-flight's cursor means an Xid already judged at the start is not judged again, and
+    # one logged under the running ranks is found.
+    (tmp_path / "klog").mkdir()
+    log_file = tmp_path / "klog" / "node1.log"
+    log_file.write_text("[    1.000000] Linux version (emulated)\n")
+    cfg = compose(["+exp=tiny", "cluster=local", f"health.kernel_log={tmp_path}/klog/$SLURMKIT_NODE.log"])
+    env = {"SLURMKIT_RUN_DIR": str(tmp_path / "run"), "PATH": os.environ["PATH"]}
+
+    class L:
+        def append(self, *a: object, **k: object) -> None:
+            pass
+
+    pf = Preflight(build_checks(cfg.health, cfg.store, gpus_planned=0, node="node1", env=env), "node1", L(),
+                   wait_max_s=60, wait_retry_s=1)
+    assert pf.run(0) is None  # the pre-flight passes
+    now = pf.kernel_log_now()
+    assert now is not None and now.verdict == Verdict.OK
+    with open(log_file, "a") as f:
+        f.write(XID_79)
+    found = pf.kernel_log_now()
+    assert found is not None and found.verdict == Verdict.BAD_NODE and "Xid 79" in found.message
+    again = pf.kernel_log_now()
+    assert again is not None and again.verdict == Verdict.OK  # read once, not again
+    assert Preflight([], "node1", L(), wait_max_s=60, wait_retry_s=1).kernel_log_now() is None
+
+
 def test_health_config_is_validated() -> None:
     with pytest.raises(ConfigError, match="health.timeout_s"):
         HealthConfig(timeout_s=0)
