@@ -165,7 +165,7 @@ class Supervisor(Endings):
         """Poll this node's ranks until the generation ends. The generation's shared state costs
         no store round trip per poll: the agent's EndWatch is woken by the store when a failure
         or the last finish is posted, and only then are the failure and the finish counts read.
-        A follower reads node 0's beat once per beat interval (a node 0 gone is a Node0Lost);
+        A follower reads node 0's beat once per beat interval (a store gone is found so);
         node 0 scans every agent's beat each poll (one multi_get). Without a working EndWatch
         the generation's change counter is polled instead (one round trip per poll)."""
         n_slots = len(self.node_map)
@@ -226,24 +226,19 @@ class Supervisor(Endings):
                 self.sleep(self.cfg.supervisor.poll_interval_s)
 
     def _watch_node0(self, gen: int) -> None:
-        """A follower whose EndWatch waits makes no other round trip per poll, so it looks at
-        node 0's beat once per beat interval (one multi_get of one key): node 0 gone (its host
-        dead, its TCP connections silent) is found within its liveness deadlines, as when it
-        polled. A store error on the way goes to the store-trouble path as before."""
+        """A follower whose EndWatch waits makes no other round trip per poll, so once per beat
+        interval it reads node 0's beat counter: one round trip on its main connection that
+        finds a store gone (its errors go to the store-trouble path: Node0Lost after two
+        liveness deadlines of trouble), as the change counter's poll did. The value itself is
+        not judged here: node 0 stalled while its store still answers (CPU starvation, a long
+        pause) must not be taken for lost, which would requeue without a healthy node; it is
+        judged while a follower waits for node 0's decision (wait_decision), where node 0 must
+        act."""
         now = self.clock()
         if now - self._node0_seen_at < self.beat_interval_s:
             return
         self._node0_seen_at = now
-        if self._node0_live is None:
-            sup = self.cfg.supervisor
-            self._node0_live = Liveness({0: self.where.nodes[0]}, beat_interval_s=self.beat_interval_s,
-                                        floor_s=sup.node_timeout_s, first_beat_s=sup.node_timeout_s,
-                                        clock=self.clock)
-        self._node0_live.observe(self.channel.beats([0]))
-        gone = self._node0_live.lost()
-        if gone:
-            raise Node0Lost(f"node 0 ({self.where.nodes[0]}) stopped beating for {gone[0].silent_s:.0f} s "
-                            f"while generation {gen} ran")
+        self.channel.beats([0])
 
     def exchange_step_windows(self, gen: int, has_ranks: bool) -> None:
         """Once per beat interval: post this node's newest step-time window (one set), and on

@@ -112,8 +112,7 @@ class SupervisorBase:
         self.end_watch = end_watch
         # ranks that all exit 0 after a warning or SIGTERM: the run done, or left on the signal
         self.exit0_done = exit0_is_completion(cfg.supervisor.exit0_after_signal, cfg.job.command)
-        self._node0_live: Liveness | None = None  # a follower's view of node 0 while it watches
-        self._node0_seen_at = float("-inf")
+        self._node0_seen_at = float("-inf")  # a follower's last look at node 0's beat (watch)
         self.run_dir = run_dir
         self.env = dict(env or {})
         self.slurm = slurm

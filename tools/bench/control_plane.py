@@ -415,6 +415,7 @@ class Fault:
     node0_decide_s: float
     fanout_s: float
     node0_rpcs: int
+    decide_cpu_s: float = float("nan")  # CPU of every bench process (agents, node 0, store) in decide_s
 
 
 @dataclass
@@ -623,23 +624,72 @@ def _soak(seconds: float, probe: Probe, lost0: int) -> None:
               f"load {os.getloadavg()[0]:.1f}", flush=True)
 
 
+class CpuTimeline:
+    """CPU seconds (user + system) used by this process and the worker processes, sampled every
+    ``every_s`` from /proc, so that the CPU spent inside a window known only afterwards can be
+    read: how busy this machine's cores were while the decision ran (at N=2,048 the simulated
+    agents' own work fills both cores, which on a cluster each agent has on its own host)."""
+
+    def __init__(self, pids: Sequence[int], every_s: float = 0.02) -> None:
+        self.pids, self.every_s = [os.getpid(), *pids], every_s
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._thread = threading.Thread(target=self._run, name="cpu-timeline", daemon=True)
+
+    def _cpu(self) -> float:
+        total = 0
+        for pid in self.pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+            except (OSError, IndexError, ValueError):
+                continue
+        return total / self._tick
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.monotonic(), self._cpu()))
+            self._stop.wait(self.every_s)
+
+    def start(self) -> CpuTimeline:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def between(self, t0: float, t1: float) -> float:
+        """CPU seconds used from ``t0`` to ``t1`` (the nearest samples around them)."""
+        before = [c for t, c in self.samples if t <= t0]
+        after = [c for t, c in self.samples if t >= t1]
+        if not before or not after:
+            return float("nan")
+        return after[0] - before[-1]
+
+
 def _one_fault(size: Size, n: int) -> Fault:
     """One train node's agent dies; the phases from its death until every live agent holds the
     decision (all times on this machine's one monotonic clock)."""
     probe = size.probe
     victim = n - 1 if n > 1 else 1
+    cpu = CpuTimeline([p.pid for p in size.workers if p.pid is not None]).start()
     t_kill = time.monotonic()
     size.kill(victim)
     _wait(lambda: any(nr == victim for _, nr in probe.lost), 300, "node 0 to call the node lost", probe)
     t_lost = min(t for t, nr in probe.lost if nr == victim)
     _wait(lambda: len(probe.applied.get(0, {})) == n, 300, "every live agent to hold the decision", probe)
     t_held = max(probe.applied[0].values())
+    time.sleep(2 * cpu.every_s)  # one more sample after the window (a sampling period, not a wait)
+    cpu.stop()
     d0, gathered, posted, node0_rpcs = probe.decide[0]
     t_saw = max(t for nr, t in probe.saw.get(0, {}).items() if nr not in (victim, n))  # n: the spare
     _wait(lambda: len(probe.started.get(1, ())) == n, 300, "generation 1 on the spare", probe)
     return Fault(detect_s=t_lost - t_kill, decide_s=t_held - t_lost, notice_s=t_saw - t_lost,
                  stop_s=gathered - t_lost, node0_decide_s=posted - gathered, fanout_s=t_held - posted,
-                 node0_rpcs=node0_rpcs)
+                 node0_rpcs=node0_rpcs, decide_cpu_s=cpu.between(t_lost, t_held))
 
 
 def sample_intervals(run_dir: str, names: tuple[str, ...]) -> tuple[float, float]:
@@ -781,6 +831,12 @@ def print_table(rows: list[Figures]) -> dict[str, float | None]:
     ratio_evid = last.evid_serial_ms / max(last.evid_channel_ms, 1e-9)
     detect = (f"detect {last.fault.detect_s:.2f} s = {last.fault.detect_s / TORCHRUN_DEAD_S:.2f}x"
               if last.fault else "no fault (soak)")
+    if last.fault is not None:
+        f = last.fault
+        print(f"while the decision ran ({f.decide_s:.2f} s at N={last.n}) the bench's processes used "
+              f"{f.decide_cpu_s:.2f} CPU-seconds: {f.decide_cpu_s / max(f.decide_s, 1e-9):.2f} of this machine's "
+              f"{os.cpu_count()} cores, {1e3 * f.decide_cpu_s / (last.n + 1):.2f} ms per agent (on a cluster each "
+              f"agent's share runs on its own host)")
     print(f"vs torchrun's keep-alive (dead after {TORCHRUN_DEAD_S:g} s, documented): {detect} at N={last.n}; "
           f"node 0's scan with the channel {ratio_scan:.1f}x faster than serial check+get; its evidence "
           f"read {ratio_evid:.1f}x faster than a check+get per agent")
@@ -800,6 +856,8 @@ def result_line(rows: list[Figures], exps: dict[str, float | None], soak_s: floa
     return (f"RESULT n={r.n} detect_s={f.detect_s:.2f} decide_s={f.decide_s:.2f} {common} "
             f"notice_s={f.notice_s:.2f} stop_s={f.stop_s:.2f} node0_decide_s={f.node0_decide_s:.2f} "
             f"fanout_s={f.fanout_s:.2f} node0_rpcs={f.node0_rpcs} "
+            f"decide_cpu_s={f.decide_cpu_s:.2f} decide_busy_cores={f.decide_cpu_s / max(f.decide_s, 1e-9):.2f} "
+            f"cores={os.cpu_count()} "
             f"detect_exp={_fmt(exps['detect_s'])} decide_exp={_fmt(exps['decide_s'])} "
             f"store_rps_exp={_fmt(exps['store_rps'])} load={r.load:.1f} sizes={','.join(str(x.n) for x in rows)}")
 
@@ -841,7 +899,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Figures] = []
     try:
         for n in sizes:
-            print(f"N={n}: {n + 1} agents, {2 * (n + 1)} store connections ...", flush=True)
+            print(f"N={n}: {n + 1} agents, {3 * (n + 1)} store connections ...", flush=True)
             try:
                 rows.append(run_size(n, window, args.sample_ranks, args.procs, fs, workdir,
                                      ranks_per_node=args.ranks_per_node, soak=soak, push=not args.poll))
