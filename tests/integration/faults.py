@@ -6,7 +6,8 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from tests.integration.helpers import parse_submitted, read_ledger, submit_cli, wait_terminal
 
@@ -195,3 +196,30 @@ def restore_cluster(env: Mapping[str, str], own_root: str, timeout_s: float = 18
             raise AssertionError(f"nodes not idle {timeout_s:.0f} s after the queue emptied: {client.nodes()}")
         time.sleep(0.5)
     return done
+
+
+T = TypeVar("T")
+
+
+def wait_while_running(what: str, check: Callable[[], T | None], job: str, run_dir: str,
+                       env: Mapping[str, str], timeout_s: float = 120) -> T:
+    """``check()``'s first value that is not None; fails at once, with the diagnosis, when the
+    job leaves the running states first (Slurm asked at most once a second)."""
+    from slurmkit.slurm.client import SlurmClient
+    from slurmkit.slurm.runner import SubprocessRunner
+
+    client = SlurmClient(SubprocessRunner(env=dict(env)))
+    deadline = time.monotonic() + timeout_s
+    asked = 0.0
+    while time.monotonic() < deadline:
+        got = check()
+        if got is not None:
+            return got
+        if time.monotonic() - asked > 1.0:
+            asked = time.monotonic()
+            state = client.job_state(job)
+            if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"):
+                raise AssertionError(f"job {job} is {state} while waiting for {what}\n"
+                                     + diagnose(run_dir, job, env))
+        time.sleep(0.1)
+    raise AssertionError(f"no {what} within {timeout_s:.0f} s\n{diagnose(run_dir, job, env)}")

@@ -24,7 +24,7 @@ from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.runner import SubprocessRunner
 from slurmkit.train.heartbeat import local_heartbeat_path
 from slurmkit.userapi import marker_path
-from tests.integration.faults import diagnose, events, finish, mark_fault, submit
+from tests.integration.faults import diagnose, events, finish, mark_fault, submit, wait_while_running
 from tests.integration.helpers import slurm_env
 
 pytestmark = pytest.mark.integration
@@ -57,25 +57,6 @@ def _beat(run_dir: str, rank: int, since: float) -> dict | None:
     return beat
 
 
-def _wait(what: str, check, job: str, run_dir: str, env, timeout_s: float = 120):
-    """``check()``'s first value that is not None; fails at once when the job ends first."""
-    client = SlurmClient(SubprocessRunner(env=env))
-    deadline = time.monotonic() + timeout_s
-    asked = 0.0
-    while time.monotonic() < deadline:
-        got = check()
-        if got is not None:
-            return got
-        if time.monotonic() - asked > 1.0:
-            asked = time.monotonic()
-            state = client.job_state(job)
-            if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"):
-                raise AssertionError(f"job {job} is {state} while waiting for {what}\n"
-                                     + diagnose(run_dir, job, env))
-        time.sleep(0.1)
-    raise AssertionError(f"no {what} within {timeout_s:.0f} s\n{diagnose(run_dir, job, env)}")
-
-
 def _resumed_steps(run_dir: str) -> list[int]:
     out = []
     for rank in range(4):
@@ -103,7 +84,7 @@ def test_a_user_program_that_reports_its_checkpoints_survives_more_crashes_than_
             if beat is None or beat.get("generation") != m["generation"]:
                 return None
             return int(m["generation"]), int(m["step"]), int(beat["pid"])
-        gen, step, pid = _wait(f"a checkpoint reported after generation {killed_gen} and rank {rank}'s beat",
+        gen, step, pid = wait_while_running(f"a checkpoint reported after generation {killed_gen} and rank {rank}'s beat",
                                ready, job, run_dir, env)
         mark_fault(run_dir, "sigkill", rank=rank, step=step)
         os.kill(pid, signal.SIGKILL)
@@ -147,7 +128,7 @@ def test_the_same_program_without_reports_is_stopped_as_a_crash_loop(cluster_env
         names = sorted(n for n in os.listdir(ckpt_dir) if n.endswith(".pt")) if os.path.isdir(ckpt_dir) else []
         beat = _beat(run_dir, 3, since)
         return int(beat["pid"]) if len(names) >= 2 and beat is not None else None
-    pid = _wait("two checkpoints of the program", saved_twice, job, run_dir, env)
+    pid = wait_while_running("two checkpoints of the program", saved_twice, job, run_dir, env)
     mark_fault(run_dir, "sigkill", rank=3)
     os.kill(pid, signal.SIGKILL)
     assert finish(job, env, timeout_s=180) == "FAILED", diagnose(run_dir, job, env)

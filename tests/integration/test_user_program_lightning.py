@@ -14,15 +14,10 @@ import json
 import os
 import re
 import signal
-import time
-from collections.abc import Callable, Mapping
-from typing import TypeVar
 
 import pytest
 
-from slurmkit.slurm.client import SlurmClient
-from slurmkit.slurm.runner import SubprocessRunner
-from tests.integration.faults import diagnose, events, finish, mark_fault, submit
+from tests.integration.faults import diagnose, events, finish, mark_fault, submit, wait_while_running
 from tests.integration.helpers import slurm_env
 
 pytestmark = pytest.mark.integration
@@ -31,7 +26,6 @@ OUT = "lightning"  # the program's directory, relative to its working directory 
 STEPS, EVERY, DELAY_S = 60, 5, 0.1
 KILLED = 3  # a rank on the second node, not the one that writes the checkpoints
 CKPT_RE = re.compile(r"step-(\d{6})\.ckpt")
-T = TypeVar("T")
 
 
 def _require_lightning() -> None:
@@ -64,26 +58,6 @@ def _checkpoint_steps(run_dir: str) -> list[int]:
     d = os.path.join(run_dir, OUT, "ckpt")
     names = os.listdir(d) if os.path.isdir(d) else []
     return sorted(int(m.group(1)) for m in map(CKPT_RE.fullmatch, names) if m)
-
-
-def _wait(what: str, check: Callable[[], T | None], job: str, run_dir: str, env: Mapping[str, str],
-          timeout_s: float) -> T:
-    """``check()``'s first value that is not None; fails at once when the job ends first."""
-    client = SlurmClient(SubprocessRunner(env=dict(env)))
-    deadline = time.monotonic() + timeout_s
-    asked = 0.0
-    while time.monotonic() < deadline:
-        got = check()
-        if got is not None:
-            return got
-        if time.monotonic() - asked > 1.0:
-            asked = time.monotonic()
-            state = client.job_state(job)
-            if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"):
-                raise AssertionError(f"job {job} is {state} while waiting for {what}\n"
-                                     + diagnose(run_dir, job, env))
-        time.sleep(0.1)
-    raise AssertionError(f"no {what} within {timeout_s:.0f} s\n{diagnose(run_dir, job, env)}")
 
 
 def _check_placement(ranks: dict[int, dict], run_dir: str) -> None:
@@ -119,7 +93,7 @@ def test_a_lightning_trainer_sees_its_world_survives_a_killed_rank_and_resumes(c
         (gen, ranks), = gens.items()
         return (gen, ranks, steps[-1]) if len(ranks) == 4 else None
     # Generous: the job may queue behind other sessions' jobs on the shared cluster.
-    gen0, ranks0, ckpt_step = _wait("all four ranks' records and a Lightning checkpoint",
+    gen0, ranks0, ckpt_step = wait_while_running("all four ranks' records and a Lightning checkpoint",
                                     first_generation_checkpointed, job, run_dir, env, timeout_s=300)
     _check_placement(ranks0, run_dir)
     assert all(r["start_step"] == 0 and r["resumed_from"] is None for r in ranks0.values()), ranks0
