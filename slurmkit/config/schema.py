@@ -159,6 +159,10 @@ class SupervisorConfig:
     poll_interval_s: float = 0.5  # how often agents look at their ranks and each other
     node_timeout_s: float = 3.0  # an agent silent this long is a lost node (beats every poll)
     heartbeat_ledger_interval_s: float = 10.0  # how often sampled heartbeats go to the ledger
+    # A lost agent on a node Slurm still calls healthy: how many times node 0 relaunches that
+    # node's agent (a new srun step) inside one allocation before it falls back to a spare or a
+    # requeue keeping the node (slurmkit.supervise.relaunch). 0: never relaunched.
+    agent_relaunches: int = 1
 
     def __post_init__(self) -> None:
         if self.enabled is False:
@@ -172,6 +176,10 @@ class SupervisorConfig:
         if self.spare_nodes < 0:
             raise ConfigError(f"supervisor.spare_nodes={self.spare_nodes}", "a value >= 0",
                               "set supervisor.spare_nodes=0 or more")
+        if self.agent_relaunches < 0:
+            raise ConfigError(f"supervisor.agent_relaunches={self.agent_relaunches}", "a value >= 0",
+                              "set supervisor.agent_relaunches=1 (0: a lost agent's node takes a spare "
+                              "or the job requeues keeping it)")
         if self.max_requeues < 0:
             raise ConfigError(f"supervisor.max_requeues={self.max_requeues}", "a value >= 0",
                               "set supervisor.max_requeues=20 (0: never requeue after a failure)")

@@ -31,6 +31,7 @@ from slurmkit.launch.ranks import RankProcess, spawn_rank, stop_ranks
 from slurmkit.launch.rendezvous import connect
 from slurmkit.launch.steptimes import StepTimes
 from slurmkit.layout import load_layout
+from slurmkit.errors import SlurmkitError
 from slurmkit.rundir import RunDirError, check_config_digest, check_run_dir
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.runner import SubprocessRunner
@@ -43,6 +44,7 @@ from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
 from slurmkit.supervise.liveness import Beater
 from slurmkit.supervise.loop import Supervisor, Where
 from slurmkit.supervise.monitor import RankMonitor, expects_heartbeats
+from slurmkit.supervise.relaunch import Relauncher, read_rejoin, srun_spawn
 from slurmkit.supervise.slurmview import kill_wait_warning
 from slurmkit.supervise.spool import SpoolReader
 from slurmkit.supervise.stragglers import NodeWindow
@@ -55,6 +57,8 @@ NCCL_PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"  # torch reads <value><rank>.p
 log = logging.getLogger(__name__)
 LEDGER_FLUSH_INTERVAL_S = 2.0  # an agent's ledger events are batched for at most this long
 LEDGER_SAMPLES_PER_S = 10.0  # heartbeat samples of all nodes together (2,048 nodes: each every 205 s)
+#: How long node 0's agent, leaving, lets the agents it relaunched end by themselves before it ends them.
+RELAUNCHED_EXIT_WAIT_S = 10.0
 KERNEL_LOG_WATCH_S = 5.0  # how often the kernel log is read while the ranks run (node-local, non-blocking)
 
 
@@ -381,6 +385,18 @@ def own_address(master_addr: str, port: int) -> str:
         return socket.gethostname()
 
 
+def batch_srun_prefix(cfg: SlurmkitConfig, run_dir: str) -> list[str]:
+    """The srun (and its arguments) with which the batch script starts every agent
+    (slurmkit.render.sbatch.launch_agents), from the run's frozen config and layout: a relaunched
+    agent's step is started the same way."""
+    from slurmkit.render.jobspec import build_jobspec
+    from slurmkit.render.sbatch import srun_args
+    from slurmkit.topology import srun_binding_args
+
+    spec = build_jobspec(cfg, run_dir, list(srun_binding_args(cfg.topology)), layout=load_layout(run_dir, cfg))
+    return ["srun", "--unbuffered", *srun_args(spec)]
+
+
 def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
     """Entry point on every node (submitit callable and `python -m slurmkit.launch RUN_DIR`)."""
     env = dict(os.environ) if env is None else dict(env)
@@ -396,6 +412,11 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
     ctx = node_context(env)
     store = connect(ctx, run_dir)
     channel = Channel(store, ctx.attempt, load_token(run_dir, create=ctx.node_rank == 0), ctx.nodes)
+    try:  # a relaunched agent: where it rejoins, checked before its first beat (node 0 waits for it)
+        rejoin = read_rejoin(channel, ctx.node_rank, ctx.attempt, env)
+    except SlurmkitError as exc:
+        log.error("%s", exc)
+        return 1
     ledger = Ledger(os.path.join(run_dir, LEDGER_NAME), source=f"agent:{ctx.node_name}",
                     flush_interval_s=LEDGER_FLUSH_INTERVAL_S)
     if ctx.node_rank == 0:  # the store keeps a few sockets per agent open: raise the limit first
@@ -421,12 +442,20 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
     sup = Supervisor(cfg, where, channel, node, ledger, train_nodes=node.train_nodes, run_dir=run_dir, env=env,
                      slurm=slurm, ckpt_step=progress.latest, ckpt_seen=progress.peek,
                      free_port=free_port, end_watch=end_watch(ctx, channel, store.port))
+    if rejoin is not None:
+        sup.rejoin(rejoin)
+    if ctx.node_rank == 0 and slurm is not None and cfg.supervisor.agent_relaunches > 0:
+        sup.relauncher = Relauncher(
+            srun_spawn(lambda: batch_srun_prefix(cfg, run_dir), run_dir, env, ctx.restart_count),
+            limit=cfg.supervisor.agent_relaunches, first_beat_s=cfg.supervisor.startup_timeout_s)
     try:
         # On an unexpected exception its ranks are stopped (never orphaned) and node 0 hears
         # of it at once (agent_error), instead of waiting for this agent's beats to go silent.
         return sup.run_or_report()
     finally:
         node.kill_leftovers()  # whatever ended the agent, no rank outlives it
+        if sup.relauncher is not None:  # nor an agent it relaunched (each has seen the end by now)
+            sup.relauncher.stop_all(RELAUNCHED_EXIT_WAIT_S)
         ledger.close()  # what is held reaches the file (retried) before the agent leaves
         node.remove_local_files()
 

@@ -433,3 +433,70 @@ class Channel(ChannelCore):
         raise ChannelError(f"store key {key} holds a malformed link verdict ({str(raw)[:80]})",
                            "the judge's median and named nodes", "report a bug in slurmkit")
 
+
+    # -------------------------------------------------------------- a relaunched agent's rejoin
+    # (slurmkit.supervise.relaunch: node 0 relaunches a lost agent on a node Slurm calls healthy)
+    def _rejoin_key(self, node_rank: int) -> str:
+        return f"{self.prefix}/rejoin/{int(node_rank)}"
+
+    def post_rejoin(self, node_rank: int, r: Rejoin) -> None:
+        """Node 0, before it relaunches that node's agent: where the new agent joins. A plain set
+        (node 0 is the only writer): a later relaunch's message replaces an earlier one's, and
+        the relaunch number the new agent was started with tells them apart."""
+        key = self._rejoin_key(node_rank)
+        self.store.set(key, self._seal(key, r.to_json()))
+
+    def rejoin(self, node_rank: int, attempt: str) -> Rejoin | None:
+        """The rejoin message for this node's relaunched agent (None: none posted), validated."""
+        key = self._rejoin_key(node_rank)
+        raw = self._get(key)
+        return None if raw is None else Rejoin.from_json(raw, key, node_rank=node_rank, attempt=attempt,
+                                                         nodes=len(self.nodes))
+
+    def reset_beat(self, node_rank: int) -> None:
+        """Node 0, before a relaunch: the lost agent's counter back to 0 (never beat), so that
+        the first beat of its new agent is what moves it."""
+        self.store.set(self._alive(node_rank), "0")
+
+
+@dataclass(frozen=True)
+class Rejoin:
+    """Where a relaunched agent joins its attempt: the next generation, in its old slot."""
+
+    attempt: str
+    relaunch: int  # 1, 2, ...: which relaunch of this node's agent in the attempt
+    generation: int  # the generation it starts with (the one after the loss)
+    slot: int  # its train slot (the same as before the loss)
+    slots: tuple[int, ...]  # the node rank of every train slot, in slot order
+    spares: tuple[int, ...]  # the node ranks of the spares left
+
+    def to_json(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "relaunch": self.relaunch, "generation": self.generation,
+                "slot": self.slot, "slots": list(self.slots), "spares": list(self.spares)}
+
+    @classmethod
+    def from_json(cls, raw: Any, key: str, *, node_rank: int, attempt: str, nodes: int) -> Rejoin:
+        def bad(why: str) -> ChannelError:
+            return ChannelError(f"store key {key} holds a malformed rejoin message ({why})",
+                                "attempt, relaunch, generation, slot, slots and spares written by node 0",
+                                "look for a stranger writing to the agents' store, or report a bug in slurmkit")
+
+        def count(v: Any, low: int, high: int | None = None) -> int:
+            if type(v) is not int or v < low or (high is not None and v >= high):
+                raise bad(f"{v!r} out of range")
+            return v
+
+        if not isinstance(raw, dict) or set(raw) != {"attempt", "relaunch", "generation", "slot", "slots", "spares"}:
+            raise bad(f"fields {sorted(raw) if isinstance(raw, dict) else type(raw).__name__}")
+        if raw["attempt"] != attempt:
+            raise bad(f"attempt {raw['attempt']!r}, this agent's is {attempt!r}")
+        if not isinstance(raw["slots"], list) or not isinstance(raw["spares"], list):
+            raise bad("slots and spares are not lists")
+        slots = tuple(count(v, 0, nodes) for v in raw["slots"])
+        spares = tuple(count(v, 0, nodes) for v in raw["spares"])
+        if len(set(slots + spares)) != len(slots) + len(spares):
+            raise bad("a node rank twice in slots and spares")
+        slot = count(raw["slot"], 0, len(slots))
+        if slots[slot] != node_rank:
+            raise bad(f"slot {slot} is node rank {slots[slot]}'s, not this agent's ({node_rank})")
+        return cls(attempt, count(raw["relaunch"], 1), count(raw["generation"], 1), slot, slots, spares)

@@ -12,12 +12,13 @@ from slurmkit.slurm.errors import SlurmError
 from slurmkit.slurm.hostlist import expand_hostlist
 from slurmkit.supervise.channel import ChannelError
 from slurmkit.supervise.classes import FailureClass
-from slurmkit.supervise.classify import Evidence, bad_nodes, root_cause
+from slurmkit.supervise.classify import Evidence, Failure, bad_nodes, root_cause
 from slurmkit.supervise.policy import Action, Decision, after_warning, decide, requeue_refusal
 from slurmkit.supervise.requeue import job_ref
 from slurmkit.supervise.slurmview import DECISION_RETRY, DECISION_TIMEOUT_S, node_health
 from slurmkit.supervise.liveness import Lost, slurm_says_dead
 from slurmkit.supervise.loopbase import PLANNED_REQUEUE, REQUEUE_MARKS, SupervisorBase
+from slurmkit.supervise.relaunch import Relauncher
 from slurmkit.supervise.timeouts import liveness_deadline_s
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,9 @@ log = logging.getLogger(__name__)
 
 class Deciding(SupervisorBase):
     """Node 0: lost agents, the evidence, the decision, the requeue caps."""
+
+    #: Node 0 with Slurm: relaunches a lost agent on a healthy node (set by the agent's entry point).
+    relauncher: Relauncher | None = None
 
     # ------------------------------------------------------------------ liveness (node 0)
     def lost_agents(self) -> list[Lost]:
@@ -117,6 +121,9 @@ class Deciding(SupervisorBase):
         self.straggler_actions.decided(gen, failure)
         spares = [n for n in self.spares if n not in lost]
         kept = self.agents_lost_on_healthy_nodes(gen, evidence, lost)
+        relaunched = self.relaunch_kept(gen, failure, evidence, lost, kept)
+        if relaunched is not None:
+            return relaunched
         can_requeue = (self.cfg.job.requeue and self.slurm is not None
                        and (warned is None or read_cancel_request(self.run_dir) is None))
         decision, self.history = decide(failure, self.history, self._ckpt_step(), self.limits, spares, lost,
@@ -161,6 +168,50 @@ class Deciding(SupervisorBase):
             self.ledger.append("node_kept", node=name, why=why, generation=gen, slurm_state=state)
             kept.append(name)
         return kept
+
+    # ------------------------------------------------------------------ relaunching (node 0)
+    def relaunch_kept(self, gen: int, failure: Failure, evidence: list[Evidence], lost: list[str],
+                      kept: list[str]) -> Decision | None:
+        """A restart with the lost agents relaunched in their slots (slurmkit.supervise.relaunch),
+        or None to decide as before (a spare, else a requeue keeping the node). Only when the
+        root cause is the lost agents themselves (node_loss), every lost node is kept (healthy),
+        no node is proven bad, the allocation is not ending, restarts are left, and each node's
+        relaunch cap (supervisor.agent_relaunches) is not used up; and only once every new
+        agent has beaten (a failed relaunch is said in the ledger, then decided as before)."""
+        r = self.relauncher
+        if (r is None or not lost or set(kept) != set(lost) or failure.cls != FailureClass.NODE_LOSS
+                or bad_nodes(evidence) or self.node.signal_kind is not None
+                or self.history.restarts >= self.limits.max_restarts
+                or any(n not in self.node_map for n in lost)):
+            return None
+        used = [n for n in lost if r.left(n) == 0]
+        for name in used:
+            self.ledger.append("agent_relaunch_failed", node=name, node_rank=self._rank_of[name], generation=gen + 1,
+                               why=f"supervisor.agent_relaunches={r.limit}: its relaunches in this allocation are "
+                                   "used up")
+        if used:
+            return None
+        result = r.relaunch(self.channel, self.where.attempt, gen + 1, [self._rank_of[n] for n in self.node_map],
+                            [self._rank_of[n] for n in self.spares if n not in lost],
+                            [(n, self._rank_of[n]) for n in lost])
+        if not result.ok:
+            log.warning("relaunch of the agent on %s failed: %s", ",".join(lost), result.why)
+            for name in lost:
+                self.ledger.append("agent_relaunch_failed", node=name, node_rank=self._rank_of[name],
+                                   generation=gen + 1, relaunch=r.used(name),
+                                   why=f"{result.why}: a spare takes its slot, else the job requeues keeping it")
+            return None
+        for x in result.started:
+            self.liveness.forget(x.node_rank)  # the new agent is judged by its own beats
+            self._lost.pop(x.node_rank, None)
+            self.ledger.append("agent_relaunched", node=x.node, node_rank=x.node_rank, generation=gen + 1,
+                               relaunch=x.relaunch, slot=self.node_map.index(x.node),
+                               first_beat_s=round(x.first_beat_s, 2), command=list(x.step.command), log=x.step.log)
+        # The node's agent, not the program, failed: a restart, but not one more toward the crash loop.
+        self.history = self.history.restarted()
+        where = f"{failure.cls.value} on rank {failure.rank} ({failure.node}): {failure.evidence}"
+        return Decision(Action.RESTART, f"{where}; agent relaunched on {','.join(sorted(lost))} (node kept): "
+                        f"restart {self.history.restarts} in the allocation")
 
     # ------------------------------------------------------------------ requeue caps (node 0)
     def failure_requeues(self) -> int:

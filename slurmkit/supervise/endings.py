@@ -12,6 +12,7 @@ from slurmkit import EXIT_NO_REQUEUE
 from slurmkit.launch.cancel_request import read_cancel_request
 from slurmkit.slurm.errors import SlurmError
 from slurmkit.store.config import run_identity
+from slurmkit.supervise.channel import Rejoin
 from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.classify import Evidence
 from slurmkit.supervise.policy import Action, Decision, State
@@ -28,6 +29,18 @@ log = logging.getLogger(__name__)
 
 class Endings(Deciding):
     """Every node: a decision applied, a signal's end, node 0's loss, this agent's failure, leaving."""
+
+    #: The generation ``run`` starts with: 0, or the one a relaunched agent rejoins.
+    first_generation = 0
+
+    def rejoin(self, r: Rejoin) -> None:
+        """This agent was relaunched by node 0 (slurmkit.supervise.relaunch): it takes its old slot
+        from generation ``r.generation`` on, with the slots and spares as node 0 has them now."""
+        self.node_map = [self.where.nodes[nr] for nr in r.slots]
+        self.spares = [self.where.nodes[nr] for nr in r.spares]
+        self.first_generation = self.gen = r.generation
+        log.warning("relaunched agent (relaunch %d) rejoins attempt %s at generation %d in slot %d",
+                    r.relaunch, r.attempt, r.generation, r.slot)
 
     # ------------------------------------------------------------------ applying (every node)
     def apply_replacement(self, bad: tuple[str, ...]) -> None:

@@ -84,6 +84,12 @@ EVENTS: dict[str, EventSpec] = {
     "channel_refused": _spec("detail:str", "generation:int node:str"),
     "spare_lost": _spec("node:str", "why:str silent_s:num"),
     "node_kept": _spec("node:str why:str", "generation:int slurm_state:str?"),
+    # a lost agent's node kept and its agent relaunched in the allocation (slurmkit.supervise.relaunch):
+    # ``generation`` is the one it joins; ``failed``: the relaunch did not bring it back (or its cap
+    # was used), node 0 fell back to a spare or a requeue keeping the node
+    "agent_relaunched": _spec("node:str node_rank:int generation:int relaunch:int",
+                              "slot:int first_beat_s:num command:list log:str"),
+    "agent_relaunch_failed": _spec("node:str why:str", "node_rank:int generation:int relaunch:int"),
     "agent_error": _spec("node:str error:str", "generation:int node_rank:int"),
     "requeue_refused": _spec("reason:str", "generation:int failure_requeues:int max_requeues:int "
                                            "excluded:list partition:str? partition_nodes:int? needed:int"),

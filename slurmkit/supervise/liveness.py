@@ -113,6 +113,12 @@ class Liveness:
                 out.append(Lost(nr, silent, f"silent for two deadlines ({said})", state))
         return out
 
+    def forget(self, nr: int) -> None:
+        """Track ``nr`` afresh from its next beat (its agent was relaunched: the new one is judged
+        by its own beats, not by its predecessor's silence)."""
+        with self._lock:
+            self._agents.pop(nr, None)
+
     def slurm_state(self, nr: int) -> str | None:
         a = self._agents.get(nr)
         with self._lock:
@@ -131,8 +137,9 @@ class Liveness:
                 log.warning("Slurm's view of %s: %s", name, exc)
                 states = {}
             with self._lock:
-                if name in states:
-                    self._agents[nr].slurm_state = states[name]
+                a = self._agents.get(nr)  # None: forgotten meanwhile (relaunched)
+                if name in states and a is not None:
+                    a.slurm_state = states[name]
                 self._asking.discard(nr)
 
         threading.Thread(target=ask, name=f"slurm-view-{name}", daemon=True).start()

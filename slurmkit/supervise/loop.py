@@ -57,7 +57,7 @@ class Supervisor(Endings):
             self.ledger.append("allocation_start", job_id=self.where.job_id, attempt=self.where.attempt,
                                restart_count=self.where.restart_count, nodes=list(self.where.nodes),
                                train_nodes=self.node_map, spares=self.spares, executor=self.where.executor)
-        gen = 0
+        gen = self.first_generation  # 0, or the generation a relaunched agent rejoins
         while True:
             self.gen = gen
             try:
