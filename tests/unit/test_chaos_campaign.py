@@ -64,7 +64,8 @@ def test_the_tool_runs_from_a_checkout() -> None:
     res = subprocess.run([sys.executable, os.path.join(REPO, "tools", "chaos"), "--menu"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
-    assert "NOT YET" in res.stdout and "node_loss" in res.stdout
+    rows = {line.split()[0]: line.split()[1] for line in res.stdout.splitlines() if line.strip()}
+    assert rows["node_loss"] == rows["nvme_full"] == rows["s3_down_during_promotion"] == "yes", res.stdout
 
 
 def test_a_failed_attempt_ends_the_job_only_once_it_stays_failed() -> None:

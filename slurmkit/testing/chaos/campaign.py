@@ -206,6 +206,9 @@ def main(argv: Sequence[str] | None = None, say: Callable[[str], None] | None = 
     from slurmkit.testing.chaos.driver import Cluster, reference_digest
 
     cluster = Cluster(cluster_env(), REPO, say=say)
+    # a run's own S3 server (s3_down_during_promotion) is a `weed` this process starts: found
+    # on the same PATH as the cluster's tools (this interpreter's scripts directory first)
+    os.environ["PATH"] = cluster.env["PATH"]
     reference = a.reference or reference_digest(cluster, plans[0], os.path.join(a.run_root, "reference"),
                                                 step_delay_s=a.step_delay_s,
                                                 heartbeat_timeout_s=a.heartbeat_timeout_s,

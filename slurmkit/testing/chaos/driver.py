@@ -20,13 +20,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slurmkit.supervise.ledger import Ledger, read_ledger
-from slurmkit.testing.chaos import procs
+from slurmkit.testing.chaos import nvme, procs
 from slurmkit.testing.chaos.invariants import Injected, RunFacts
-from slurmkit.testing.chaos.menu import AFTER_SAVE
+from slurmkit.testing.chaos.menu import AFTER_SAVE, item
+from slurmkit.testing.chaos.s3 import CampaignS3
 from slurmkit.testing.chaos.plan import PlannedFault, RunPlan, armed_spec, marker_name
 
 log = logging.getLogger(__name__)
@@ -142,8 +143,15 @@ class Run:
     error: str = ""
 
 
+S3_KIND = "s3_down_during_promotion"
+
+
+def needs_own_s3(plan: RunPlan) -> bool:
+    return any(f.kind == S3_KIND for f in plan.faults)
+
+
 def overrides(plan: RunPlan, *, step_delay_s: float, name: str, faults: bool = True,
-              heartbeat_timeout_s: float = 20, exclusive: bool = False) -> list[str]:
+              heartbeat_timeout_s: float = 20, exclusive: bool = False, object_uri: str = "") -> list[str]:
     args = ["+exp=tiny", f"train.steps={plan.steps}", f"train.ckpt_interval_steps={plan.interval}",
             f"+job.env.SLURMKIT_STEP_DELAY_S={step_delay_s:g}",
             f"supervisor.heartbeat_timeout_s={heartbeat_timeout_s:g}",
@@ -153,6 +161,10 @@ def overrides(plan: RunPlan, *, step_delay_s: float, name: str, faults: bool = T
         # other jobs on a shared cluster must not pay for this campaign's faults. Off by
         # default: a requeued exclusive job was seen PENDING (Resources) on idle nodes.
         args.append("cluster.exclusive=true")
+    if faults and object_uri:
+        # the run's object tier on the campaign's own S3 server, promoted at every save, so
+        # the save after an outage begins has a promotion to S3 that meets it
+        args += [f"store.object_uri={object_uri}", "store.object_every_saves=1", "store.object_every_min=0"]
     spec = armed_spec(plan) if faults else ""
     if spec:
         args.append(f"+job.env.SLURMKIT_FAULT='{spec}'")
@@ -234,6 +246,12 @@ class Driver:
         self.injected: list[Injected] = []
         self.killed: set[str] = set()
         self.down: set[str] = set()
+        self.filled: list[nvme.FullTier] = []  # NVMe tiers under the campaign's tmpfs (until the end)
+        self.filled_nodes: set[str] = set()
+        self.s3: CampaignS3 | None = None
+        # the previous fault restarted no rank (a full disk, an S3 outage): the next after_save
+        # counts saves from its time and step, not from a train_started that never comes
+        self._base: tuple[float, int] | None = None
         self._state_checked = 0.0
         self._terminal_since: float | None = None
 
@@ -290,8 +308,11 @@ class Driver:
     def wait_after_save(self, f: PlannedFault, since: float) -> int:
         """Block until ``f.saves`` new checkpoints since training resumed after ``since``, plus
         ``f.offset`` steps; returns the step the save trigger aims at."""
-        start = self.resumed_after(since)
-        base_t, base_step = float(start["t"]), int(start["step"])
+        if self._base is not None:
+            base_t, base_step = self._base
+        else:
+            start = self.resumed_after(since)
+            base_t, base_step = float(start["t"]), int(start["step"])
 
         def saved() -> int | None:
             steps = sorted({int(e["step"]) for e in self.events() if e.get("event") == "ckpt_saved"
@@ -352,8 +373,11 @@ class Driver:
             restart_t = self.wait_restarting(since)
             aim = -1
         kind = f.kind
+        self._base = None
         if kind == "nccl_abort":
             return self.arm_nccl(f, aim)
+        if kind == "rank_sigkill_during_save":
+            return self.kill_in_save(f, aim - f.offset + self.plan.interval)
         if kind in ("rank_sigkill", "rank_sigstop", "two_at_once"):
             sig = signal.SIGSTOP if kind == "rank_sigstop" else signal.SIGKILL
             p, step, phase, t = self.signal_rank(f.target, aim, restart_t, sig)
@@ -392,6 +416,10 @@ class Driver:
             os.kill(agent.pid, signal.SIGKILL)
             self.mark(f, t, step, (node,), (), phase)
             return t
+        if kind in ("nvme_full", S3_KIND):
+            t = self.fill_nvme(f, step) if kind == "nvme_full" else self.s3_outage(f, step)
+            self._base = (t, step if step is not None else -1)
+            return t
         if kind == "time_limit_warning":
             shell = self.wait("the batch shell", lambda: procs.newest(
                 [p for p in procs.scan(self.run_dir, self.job_id) if procs.is_batch_shell(p)]))
@@ -419,6 +447,83 @@ class Driver:
                 return p, step, phase, t
             except ProcessLookupError:
                 continue
+
+    def kill_in_save(self, f: PlannedFault, step: int) -> float:
+        """SIGKILL rank ``f.target`` while its node writes the save of ``step``: that save's
+        ``.partial/step_N.*`` directory on the node's NVMe tier exists from the first byte DCP
+        writes until the commit moves the files (polled every 5 ms; the tiny model's save takes
+        0.5-1 s here). The phase recorded is ``saving`` if the directory was still there right
+        after the kill (the commit had not happened), ``late`` if not."""
+        from slurmkit.store.manifest import PARTIAL, step_dir
+
+        step = min(step, self.plan.steps)
+        prefix = step_dir(step) + "."
+        while True:
+            p = self.wait(f"rank {f.target}", lambda: self.ranks().get(f.target))
+            partial_root = os.path.join(nvme.node_nvme_dir(self.run_dir, p.node), PARTIAL)
+
+            def writing(root: str = partial_root) -> str | None:
+                try:
+                    return next((n for n in os.listdir(root) if n.startswith(prefix)), None)
+                except FileNotFoundError:
+                    return None
+
+            name = self.wait(f"the save of step {step} on {p.node}", writing, poll_s=0.005)
+            t = time.time()
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue  # the rank left (another failure): aim at its successor's save
+            phase = "saving" if os.path.isdir(os.path.join(partial_root, name)) else "late"
+            self.mark(f, t, step, (p.node,), (f.target,), phase)
+            return t
+
+    def fill_nvme(self, f: PlannedFault, step: int | None) -> float:
+        """Fill the NVMe tier of train slot ``f.target``'s node (nvme.py); keep it full until the
+        next save is over (a ``ckpt_saved`` of a later step on any tier, a ``ckpt_failed`` of
+        it on a tier other than NVMe, or a failure), then remove the filler."""
+        node = self.node_of_slot(f.target)
+        full = nvme.fill_tier(nvme.node_nvme_dir(self.run_dir, node))
+        self.filled.append(full)
+        self.filled_nodes.add(node)
+        t = time.time()
+        self.mark(f, t, step, (node,), (), "training")
+        self.cluster.say(f"    {full.path}: tmpfs of {full.size_bytes >> 20} MiB, "
+                         f"{nvme.free_bytes(full.path)} bytes free after the filler")
+        try:
+            self.wait("the save that meets the full NVMe tier", lambda: self._save_after(step, t, "nvme"))
+        finally:
+            nvme.release(full)
+        return t
+
+    def s3_outage(self, f: PlannedFault, step: int | None) -> float:
+        """Stop the run's own S3 server; start it again once the next save's promotion to the
+        object tier failed (``ckpt_failed`` tier object, ``pending``) or the run failed."""
+        if self.s3 is None:
+            raise RuntimeError("s3_down_during_promotion needs the run's own S3 server (needs_own_s3)")
+        t = time.time()
+        self.s3.stop()
+        self.mark(f, t, step, (), (), "training")
+        try:
+            self.wait("the promotion that meets the S3 outage", lambda: next(
+                (e for e in self.events() if float(e["t"]) > t and (
+                    e.get("event") == "failure" or (e.get("event") == "ckpt_failed" and e.get("tier") == "object"))),
+                None))
+        finally:
+            self.s3.start()
+            self.cluster.say(f"    S3 server back at {self.s3.env()['SLURMKIT_S3_ENDPOINT']}")
+        return t
+
+    def _save_after(self, step: int | None, t: float, tier: str) -> dict[str, Any] | None:
+        """The first sign that a save later than ``step`` is over: saved anywhere, failed on a
+        tier other than ``tier`` (the fallback failed too), or a failure of the run."""
+        for e in self.events():
+            kind = e.get("event")
+            later = e.get("step") is not None and int(e["step"]) > (step if step is not None else -1)
+            if (kind == "ckpt_saved" and later) or (kind == "ckpt_failed" and later and e.get("tier") != tier) \
+                    or (kind == "failure" and float(e["t"]) > t):
+                return e
+        return None
 
     def arm_nccl(self, f: PlannedFault, aim: int) -> float:
         """Remove the once-marker of a step ahead of the rank: it prints the NCCL line and aborts
@@ -461,10 +566,19 @@ class Driver:
         submitted = time.time()
         args = overrides(self.plan, step_delay_s=self.step_delay_s, name=name,
                          heartbeat_timeout_s=self.heartbeat_timeout_s, exclusive=self.exclusive)
-        self.job_id, self.run_dir = submit(self.cluster, args, self.run_root)
         not_reached: list[str] = []
         error = ""
         try:
+            submitter = self.cluster
+            if needs_own_s3(self.plan):
+                self.s3 = CampaignS3(os.path.join(self.run_root, f"s3-seed{self.plan.seed}"))
+                self.s3.start()
+                args = overrides(self.plan, step_delay_s=self.step_delay_s, name=name,
+                                 heartbeat_timeout_s=self.heartbeat_timeout_s, exclusive=self.exclusive,
+                                 object_uri=self.s3.object_uri("chaos"))
+                # the job reaches the server through the submitting environment (sbatch exports it)
+                submitter = replace(self.cluster, env={**self.cluster.env, **self.s3.env()})
+            self.job_id, self.run_dir = submit(submitter, args, self.run_root)
             self.write_markers()
             since = 0.0
             for i, f in enumerate(self.plan.faults):
@@ -485,6 +599,7 @@ class Driver:
                     self.bring_back(node)
                 except Exception as exc:  # noqa: BLE001 - say it, try the others
                     self.cluster.say(f"  could not bring {node} back: {exc}")
+            self.clean_up()
         leftover = self.leftover()
         final = None
         try:
@@ -499,8 +614,23 @@ class Driver:
             external = frozenset()
         facts = RunFacts(self.events(), self.plan.interval, self.plan.steps, self.reference_sha,
                          state.split()[0], final, list(self.injected), frozenset(self.killed), leftover,
-                         external, shared_steps(self.run_dir))
+                         external, shared_steps(self.run_dir), frozenset(self.filled_nodes))
         return Run(self.plan, self.job_id, self.run_dir, facts, not_reached, error)
+
+    def clean_up(self) -> None:
+        """Unmount every tmpfs the run filled and stop its S3 server (the job ended, or
+        submitting failed); each is tried whatever the others do."""
+        for full in self.filled:
+            try:
+                nvme.release(full)
+                nvme.unmount(full)
+            except Exception as exc:  # noqa: BLE001 - say it, try the others
+                self.cluster.say(f"  could not unmount {full.path}: {exc}")
+        if self.s3 is not None:
+            try:
+                self.s3.close()
+            except Exception as exc:  # noqa: BLE001
+                self.cluster.say(f"  could not stop the run's S3 server: {exc}")
 
     def leftover(self, grace_s: float = 60) -> list[str]:
         """Processes of the job still alive once Slurm says it ended (slurmd cleans up
@@ -529,6 +659,7 @@ def facts_from_run_dir(run_dir: str, reference_sha: str, *, job_state: str) -> R
                          (int(e["rank"]),) if e.get("rank") is not None else (), str(e.get("phase", "")))
                 for e in events if e.get("event") == "fault_injected" and e.get("source") == "chaos"]
     killed = frozenset(n for i in injected if i.kind == "node_loss" for n in i.nodes)
+    filled = frozenset(n for i in injected if i.kind == "nvme_full" for n in i.nodes)
     final = None
     try:
         with open(os.path.join(run_dir, "final.json")) as f:
@@ -536,7 +667,7 @@ def facts_from_run_dir(run_dir: str, reference_sha: str, *, job_state: str) -> R
     except (OSError, ValueError):
         pass
     return RunFacts(events, interval, steps, reference_sha, job_state, final, injected, killed,
-                    shared_steps=shared_steps(run_dir))
+                    shared_steps=shared_steps(run_dir), filled_nodes=filled)
 
 
 def diagnose(run: Run) -> str:

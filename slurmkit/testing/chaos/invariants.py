@@ -15,7 +15,7 @@ check is unit-tested on hand-made ledgers, including ones that must fail.
 - ``tiers_hold_final``: the newest save is durable on every tier its ``promote_to`` named, and
   the shared tier's directory holds it (the object tier, when configured, is named there too);
 - ``healthy_excluded``: every node excluded (spare replacement or requeue) was killed by the
-  campaign, or failed twice with a node-suspect class (the policy's documented repeat rule);
+  campaign, had its NVMe tier filled by it, or failed twice with a node-suspect class (the policy's documented repeat rule);
 - ``exclusions_honoured``: an excluded node runs nothing of the job afterwards (a requeue's
   next allocation leaves it out; a node a spare replaced starts no more ranks);
 - ``no_leftover_processes``: no process of the job is alive on any node once it ended;
@@ -23,6 +23,10 @@ check is unit-tested on hand-made ledgers, including ones that must fail.
   replacement: the next generation's ranks start; requeue: a requeue and a new allocation;
   stop: an ``end``), every time-limit checkpoint a requeue; every injected fault was noticed
   and every failure is explained by an injected fault;
+- ``tier_faults``: a full NVMe tier: the save that met it failed there for lack of space
+  (``ckpt_failed`` tier nvme, reason disk_full) and was committed on another tier, or the
+  node was moved; an S3 outage: a promotion to the object tier failed during it and the
+  object tier holds a step at least as new afterwards (``ckpt_durable``);
 - ``external``: reported, never failed: node losses another job caused on the shared machine
   (Slurm saw the node DOWN, the campaign did not kill it); they are not counted as unexplained
   failures or healthy exclusions;
@@ -37,9 +41,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurmkit.supervise.classes import CLASS_INFO, FailureClass
+from slurmkit.testing.chaos.menu import BY_NAME
 
 Event = Mapping[str, Any]
-NOTICE_KINDS = {"time_limit_warning": ("checkpointed_on_signal", "failure")}
+# what the run's ledger shows when it noticed a fault (default: a failure)
+NOTICE_KINDS = {"time_limit_warning": ("checkpointed_on_signal", "failure"),
+                "nvme_full": ("ckpt_failed",), "s3_down_during_promotion": ("ckpt_failed",)}
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,7 @@ class RunFacts:
     # on the shared machine. Their losses are reported as interference, never as a product bug.
     external_down: frozenset[str] = frozenset()
     shared_steps: tuple[int, ...] | None = None  # step directories in RUN_DIR/ckpt/shared (None: not read)
+    filled_nodes: frozenset[str] = frozenset()  # nodes whose NVMe tier the campaign filled
 
 
 @dataclass(frozen=True)
@@ -129,12 +137,26 @@ def _saved_before(events: Sequence[Event], t: float) -> int | None:
     return max(steps, default=None)
 
 
+def _restarts(kind: str) -> bool:
+    m = BY_NAME.get(kind)
+    return m is None or m.restarts
+
+
 def lost_per_fault(f: RunFacts) -> list[tuple[Injected, int | None, int | None]]:
-    """(fault, step at risk, step resumed from) per injected fault."""
-    starts = _of(ordered(f.events), "train_started")
+    """(fault, step at risk, step resumed from) per injected fault. A fault that stops no rank
+    (a full disk, an S3 outage) and was followed by no failure before the next fault (or the
+    end) lost nothing: training went on from the step it hit."""
+    ev = ordered(f.events)
+    starts = _of(ev, "train_started")
+    later = sorted(x.t for x in f.injected)
     out = []
     for fault in f.injected:
         at_risk = fault.step if fault.step is not None else _saved_before(f.events, fault.t)
+        if not _restarts(fault.kind):
+            until = next((t for t in later if t > fault.t), float("inf"))
+            if not any(e.get("event") == "failure" and fault.t < _t(e) < until for e in ev):
+                out.append((fault, at_risk, at_risk))
+                continue
         after = next((e for e in starts if _t(e) > fault.t), None)
         out.append((fault, at_risk, None if after is None else int(after["step"])))
     return out
@@ -188,8 +210,9 @@ def _repeat_rule(f: RunFacts) -> set[str]:
 def healthy_excluded(f: RunFacts) -> Check:
     excluded = _excluded(f.events)
     rule = _repeat_rule(f) - f.killed_nodes
-    healthy = sorted(excluded - f.killed_nodes - rule - f.external_down)
+    healthy = sorted(excluded - f.killed_nodes - rule - f.external_down - f.filled_nodes)
     detail = (f"excluded {sorted(excluded) or 'none'}; killed {sorted(f.killed_nodes) or 'none'}"
+              + (f"; NVMe filled {sorted(f.filled_nodes)}" if f.filled_nodes else "")
               + (f"; by the repeat rule {sorted(rule & excluded)}" if rule & excluded else "")
               + (f"; lost outside the campaign {sorted(f.external_down)}" if f.external_down else ""))
     if healthy:
@@ -319,6 +342,61 @@ def _explained(f: RunFacts, ev: Sequence[Event]) -> list[str]:
     return out
 
 
+def _event_time(e: Event) -> float:
+    """When a store event happened: the rank's own time (its ``time``), else the ledger's."""
+    return float(e.get("time", e["t"]))
+
+
+def _full_disk_problem(f: RunFacts, fault: Injected) -> str | None:
+    node = fault.nodes[0] if fault.nodes else "?"
+    after = [e for e in f.events if _event_time(e) >= fault.t]
+    failed = sorted(int(e["step"]) for e in after if e.get("event") == "ckpt_failed"
+                    and e.get("tier") == "nvme" and e.get("step") is not None)
+    if not failed:
+        return f"nvme_full on {node} at t={fault.t:.1f}: no save failed on the NVMe tier after it (the fill missed)"
+    step = failed[0]
+    full = [e for e in after if e.get("event") == "ckpt_failed" and e.get("tier") == "nvme"
+            and e.get("step") == step and e.get("reason") == "disk_full"]
+    elsewhere = [e for e in after if e.get("event") == "ckpt_saved" and e.get("step") == step
+                 and e.get("tier") != "nvme"]
+    moved = [e for e in _of(f.events, "decision") if _t(e) >= fault.t and node in (e.get("exclude") or [])]
+    problems = []
+    if not full:
+        problems.append(f"the NVMe failure of step {step} does not say disk_full")
+    if not elsewhere and not moved:
+        problems.append(f"step {step} was committed on no other tier and {node} was not moved")
+    return f"nvme_full on {node}: " + "; ".join(problems) if problems else None
+
+
+def _outage_problem(f: RunFacts, fault: Injected) -> str | None:
+    after = [e for e in f.events if _event_time(e) >= fault.t]
+    failed = sorted(int(e["step"]) for e in after if e.get("event") == "ckpt_failed"
+                    and e.get("tier") == "object" and e.get("step") is not None)
+    if not failed:
+        return f"S3 outage at t={fault.t:.1f}: no promotion to the object tier failed during it"
+    if not any(e.get("event") == "ckpt_durable" and e.get("tier") == "object"
+               and int(e.get("step") or -1) >= failed[0] for e in after):
+        return f"S3 outage at t={fault.t:.1f}: no step >= {failed[0]} (the one it failed) became durable on S3 afterwards"
+    return None
+
+
+def tier_faults(f: RunFacts) -> Check:
+    """A full NVMe tier must cost no save (it goes to another tier, or the node is moved); an
+    S3 outage must delay the object tier, not leave it behind for good."""
+    problems, seen = [], 0
+    for fault in f.injected:
+        check = {"nvme_full": _full_disk_problem, "s3_down_during_promotion": _outage_problem}.get(fault.kind)
+        if check is None:
+            continue
+        seen += 1
+        p = check(f, fault)
+        if p:
+            problems.append(p)
+    return Check("tier_faults", not problems, "; ".join(problems) or
+                 (f"{seen} tier fault(s), each survived without losing a save" if seen else "none injected"),
+                 len(problems))
+
+
 def external(f: RunFacts) -> Check:
     """Reported, never failed: node losses the campaign did not cause (they still count in
     every other check: a run must survive them like any other)."""
@@ -336,7 +414,7 @@ def goodput(f: RunFacts) -> Check:
 
 
 CHECKS = (completes, bit_exact, lost_steps, tiers_hold_final, healthy_excluded, exclusions_honoured, no_leftover_processes,
-          ledger_consistent, external, goodput)
+          ledger_consistent, tier_faults, external, goodput)
 
 
 def verdict(f: RunFacts) -> Verdict:

@@ -50,18 +50,20 @@ MENU: tuple[MenuItem, ...] = (
     MenuItem("time_limit_warning", (AFTER_SAVE, DURING_RESTART),
              "SIGUSR1 to the batch shell, what Slurm's --signal=B:USR1@lead sends", "job"),
     MenuItem("two_at_once", (AFTER_SAVE,), "SIGKILL two ranks on different nodes within 0.3 s", "rank"),
-    MenuItem("rank_sigkill_during_save", (), "SIGKILL rank 0 between its NVMe save and the promotion",
-             "rank", implemented=False,
-             why_not="the ledger learns of a save through rank 0's spool and the agent's batched "
-                     "flush, seconds after a save of the tiny model is over: a driver reading the "
-                     "ledger cannot aim inside it; needs a hook in the store that pauses a save"),
-    MenuItem("s3_down_during_promotion", (), "stop the S3 server while a step is promoted", "job",
-             implemented=False,
-             why_not="the local S3 server is shared by every job on the machine (other tests, other "
-                     "campaigns); stopping it needs a per-campaign S3 server"),
-    MenuItem("nvme_full", (), "fill the NVMe tier of one node", "node", implemented=False,
-             why_not="the emulated nodes' NVMe directories share this machine's disk; filling one "
-                     "fills every tier of every job: needs a size-limited mount per node"),
+    MenuItem("rank_sigkill_during_save", (AFTER_SAVE,),
+             "SIGKILL one rank while the next save is being written: the driver polls the rank's "
+             "node's NVMe tier for that step's .partial/ directory (DCP writing, not committed) "
+             "and kills the rank while it is there", "rank"),
+    MenuItem("s3_down_during_promotion", (AFTER_SAVE,),
+             "the run's own S3 server (its object tier, promoted every save) is stopped between two "
+             "saves, so the next save's promotion to S3 meets the outage; started again (same "
+             "port, keys, data) once the ledger shows that promotion failing and pending", "job",
+             restarts=False),
+    MenuItem("nvme_full", (AFTER_SAVE,),
+             "one node's NVMe directory under a size-limited tmpfs (a copy of its checkpoints), "
+             "filled to ENOSPC; the filler is removed once the next save is over (committed on "
+             "another tier, or failed), the tmpfs unmounted after the job", "node",
+             restarts=False),
 )
 
 BY_NAME = {m.name: m for m in MENU}

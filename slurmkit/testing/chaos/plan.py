@@ -9,8 +9,10 @@ that failed. Constraints keep a plan meaningful rather than merely random:
 - a ``during_restart`` fault only follows a fault that restarts ranks, and never two in a row
   (three failures without checkpoint progress are the policy's crash loop: a stop with 93
   that the menu did not ask for);
-- faults that may exclude a node (node loss, a killed agent) are capped so that the job still
-  fits on the 4 emulated nodes after its exclusions: 2 without a spare, 1 with one.
+- faults that may exclude a node (node loss, a killed agent, a full NVMe tier) are capped so
+  that the job still fits on the 4 emulated nodes after its exclusions: 2 without a spare, 1
+  with one;
+- a kill inside a save needs one checkpoint more than its ``saves``: the save it hits.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from slurmkit.testing.chaos.menu import AFTER_SAVE, DURING_RESTART, item, pairs
 
 CLUSTER_NODES = 4  # tools/local-cluster's default: the cap on exclusions follows from it
+NODE_BUDGET_KINDS = ("node_loss", "agent_sigkill", "nvme_full")  # may cost the job a node
+IN_SAVE = "rank_sigkill_during_save"  # aimed at the save after its ``saves``: one more checkpoint
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,8 @@ class PlannedFault:
     def describe(self) -> str:
         where = (f"{self.saves} save(s) +{self.offset} steps" if self.moment == AFTER_SAVE
                  else "during the restart of the previous fault")
+        if self.kind == IN_SAVE:
+            where = f"inside the save after {self.saves} save(s)"
         who = {"rank": f"rank {self.target}", "node": f"train slot {self.target}", "job": "the job"}[
             item(self.kind).target]
         if self.second >= 0:
@@ -97,7 +103,9 @@ def draw_plan(seed: int, *, steps: int = 32, interval: int = 4, min_faults: int 
                 continue
             if moment == AFTER_SAVE and save_budget < 1:
                 continue
-            if kind in ("node_loss", "agent_sigkill") and node_budget < 1:
+            if kind == IN_SAVE and save_budget - 2 < n - i - 1:  # the save it hits, and the later faults'
+                continue
+            if kind in NODE_BUDGET_KINDS and node_budget < 1:
                 continue
             options.append((kind, moment, m))
         if not options:
@@ -106,8 +114,9 @@ def draw_plan(seed: int, *, steps: int = 32, interval: int = 4, min_faults: int 
         saves = offset = 0
         if moment == AFTER_SAVE:
             left_after = n - i - 1
-            saves = 2 if save_budget - 2 >= left_after and rng.random() < 0.3 else 1
-            save_budget -= saves
+            hit = 1 if kind == IN_SAVE else 0
+            saves = 2 if save_budget - 2 - hit >= left_after and rng.random() < 0.3 else 1
+            save_budget -= saves + hit
             offset = rng.randint(1, interval - 1)
         target, second = 0, -1
         if m.target == "rank":
@@ -117,7 +126,7 @@ def draw_plan(seed: int, *, steps: int = 32, interval: int = 4, min_faults: int 
                 second = others[rng.randrange(len(others))]
         elif m.target == "node":
             target = rng.randrange(nodes)
-        if kind in ("node_loss", "agent_sigkill"):
+        if kind in NODE_BUDGET_KINDS:
             node_budget -= 1
         faults.append(PlannedFault(kind, moment, saves, offset, target, second))
     return RunPlan(seed, steps, interval, spare, tuple(faults), nodes, ranks_per_node, tuple(extra))
