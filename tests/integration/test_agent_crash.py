@@ -1,11 +1,13 @@
 """The node agent of node 1 SIGKILLed on the real local cluster while its slurmd lives.
 
 The node is healthy: Slurm still calls it MIXED/ALLOCATED. Node 0 finds the agent silent,
-asks Slurm, and must keep the node (a ``node_kept`` record, never in a requeue's exclude list):
-without a spare it requeues the job keeping every node, and the next allocation resumes from
-the last checkpoint and ends bit-exact with the uninterrupted run (``reference``:
-tests/integration/conftest.py). A chaos campaign found the old answer: ``node_loss`` and a
-requeue that excluded the healthy node.
+asks Slurm, and must keep the node (a ``node_kept`` record, never in an exclude list). It then
+relaunches that node's agent inside the allocation (one more srun step, started by node 0's
+agent: slurmkit.supervise.relaunch), which rejoins the next generation in its old slot: no
+requeue, no new allocation, and the run resumes from the last checkpoint and ends bit-exact with
+the uninterrupted run (``reference``: tests/integration/conftest.py). A chaos campaign found the
+first wrong answer (``node_loss`` and a requeue that excluded the healthy node); the second was
+a requeue of the whole job keeping the node (minutes in the queue for one lost process).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ def agent_pid(run_dir: str, rank: int) -> int:
     return ppid
 
 
-def test_sigkill_of_an_agent_on_a_healthy_node_keeps_the_node(cluster_env, reference, tmp_path) -> None:
+def test_sigkill_of_an_agent_on_a_healthy_node_relaunches_it_in_the_allocation(
+        cluster_env, reference, tmp_path) -> None:
     env = slurm_env(cluster_env)
     job, run_dir = submit([*COMMON, "job.name=f-agent"], env, str(tmp_path))
     step = wait_for_step(run_dir, 3, 13)
@@ -48,7 +51,20 @@ def test_sigkill_of_an_agent_on_a_healthy_node_keeps_the_node(cluster_env, refer
     assert failure["cls"] == "node_loss" and failure["node"] == node, failure
     (kept,) = events(run_dir, "node_kept")
     assert kept["node"] == node and kept["slurm_state"] and not slurm_says_dead(kept["slurm_state"]), kept
-    requeues = events(run_dir, "requeue")
-    assert requeues, "the lost agent's generation must go on in a new allocation (no spare)"
-    assert all(node not in r["exclude"] for r in requeues), requeues
-    assert all(node not in e["nodes"] for e in events(run_dir, "exclusion"))
+    (relaunched,) = events(run_dir, "agent_relaunched")
+    assert (relaunched["node"], relaunched["node_rank"], relaunched["generation"]) == (node, 1, 1), relaunched
+    assert not events(run_dir, "agent_relaunch_failed")
+    assert [d["action"] for d in events(run_dir, "decision")] == ["restart"]
+    assert not events(run_dir, "requeue") and len(events(run_dir, "allocation_start")) == 1
+    assert not events(run_dir, "exclusion")
+    again = [e for e in events(run_dir, "ranks_started") if e["generation"] == 1]
+    assert sorted(r for e in again for r in e["ranks"]) == [0, 1, 2, 3], again
+    (mine,) = [e for e in again if e["node"] == node]
+    assert mine["slot"] == 1 and mine["source"] == f"agent:{node}" and pid not in mine["pids"], mine
+    # its own log, beside the node's first one (slurmkit logs --agent finds the newest)
+    assert os.path.exists(relaunched["log"].replace("%j", job)), relaunched["log"]
+    killed = events(run_dir, "fault_injected")[0]["t"]
+    restored = [e["t"] for e in events(run_dir, "ckpt_restored")]
+    print(f"\nagent SIGKILLed -> relaunched agent's first beat {relaunched['t'] - killed:.1f} s "
+          f"(srun to beat {relaunched['first_beat_s']:.1f} s), -> ranks of generation 1 started "
+          f"{mine['t'] - killed:.1f} s, -> checkpoint restored {min(restored) - killed:.1f} s")
