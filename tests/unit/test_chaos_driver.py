@@ -106,7 +106,8 @@ def test_the_overrides_of_a_campaign_run_render_through_the_real_submit(tmp_path
     from slurmkit.testing.chaos.plan import armed_spec
 
     plan = next(p for p in map(draw_plan, range(50)) if any(f.kind == "nccl_abort" for f in p.faults))
-    args = overrides(plan, step_delay_s=0.25, name="chaos-render", exclusive=True)
+    args = overrides(plan, step_delay_s=0.25, name="chaos-render", exclusive=True,
+                     object_uri="s3://checkpoints/chaos/$SLURMKIT_RUN_ID")
     res = subprocess.run([sys.executable, "-m", "slurmkit.submit", *args, "submit.emit=sbatch",
                           f"submit.run_root={tmp_path}"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -114,3 +115,80 @@ def test_the_overrides_of_a_campaign_run_render_through_the_real_submit(tmp_path
     text = open(script).read()
     assert "#SBATCH --exclusive" in text
     assert armed_spec(plan) in text
+    import yaml
+
+    config = next(os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs if f == "config.yaml")
+    with open(config) as f:
+        store = yaml.safe_load(f)["store"]
+    assert store["object_uri"] == "s3://checkpoints/chaos/$SLURMKIT_RUN_ID" and store["object_every_saves"] == 1
+
+
+class Ranks(Driver):
+    """The driver with its rank processes given (a real child process stands in for rank 0)."""
+
+    procs: dict = {}
+
+    def ranks(self):  # type: ignore[override]
+        return self.procs
+
+
+def in_save_driver(tmp_path, child) -> Ranks:
+    from slurmkit.testing.chaos.procs import Proc
+
+    (tmp_path / "config.yaml").write_text("store:\n  nvme_uri: $SLURMKIT_RUN_DIR/ckpt/nvme\n")
+    d = Ranks(StandIn(), draw_plan(1, steps=32, interval=4), str(tmp_path), "0" * 64)
+    d.job_id, d.run_dir = "7", str(tmp_path)
+    d.procs = {0: Proc(child.pid, ("python", "-m", "slurmkit.train"), {"RANK": "0", "SLURMD_NODENAME": "node1"},
+                       "S", 0)}
+    return d
+
+
+def test_a_kill_inside_a_save_waits_for_that_step_being_written_on_the_rank_s_node(tmp_path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from slurmkit.supervise.ledger import read_ledger
+
+    partial = tmp_path / "ckpt" / "nvme" / "node1" / ".partial"
+    (partial / "step_0000000004.ab12-1").mkdir(parents=True)  # an older save: not the one aimed at
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        d = in_save_driver(tmp_path, child)
+        d.cluster.state = "COMPLETED"  # type: ignore[attr-defined]
+        fault = PlannedFault("rank_sigkill_during_save", "after_save", saves=1, offset=2, target=0)
+        with pytest.raises(RunOver, match="the save of step 8 on node1"):
+            d.kill_in_save(fault, 8)
+        assert child.poll() is None
+        d.cluster.state = "RUNNING"  # type: ignore[attr-defined]
+        (partial / "step_0000000008.ab12-2").mkdir()
+        t = d.kill_in_save(fault, 8)
+        assert child.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        child.kill()
+        child.wait()
+    (mark,) = [e for e in read_ledger(str(tmp_path / "ledger.jsonl")) if e["event"] == "fault_injected"]
+    assert mark["kind"] == "rank_sigkill_during_save" and mark["step"] == 8 and mark["phase"] == "saving"
+    assert mark["node"] == "node1" and mark["rank"] == 0 and mark["time"] == t
+
+
+def test_after_a_fault_that_restarts_nothing_saves_are_counted_from_its_step(tmp_path) -> None:
+    """A full disk or an S3 outage starts no generation: the next fault counts the saves after
+    the step it hit, never waiting for a train_started that does not come."""
+    d = driver(tmp_path, RUN + [(8.0, "ckpt_saved", {"step": 16, "tier": "lustre"}),
+                                (9.0, "ckpt_saved", {"step": 20, "tier": "nvme"})])
+    d._base = (7.5, 13)
+    assert d.wait_after_save(PlannedFault("rank_sigkill", "after_save", saves=2, offset=1), since=7.5) == 21
+
+
+def test_the_save_that_meets_a_full_disk_is_over_once_saved_anywhere_or_failed_elsewhere(tmp_path) -> None:
+    for sub in ("a", "b", "c"):
+        (tmp_path / sub).mkdir()
+    d = driver(tmp_path / "a", RUN + [(8.0, "ckpt_failed", {"step": 16, "tier": "nvme", "reason": "disk_full"})])
+    assert d._save_after(13, 7.5, "nvme") is None  # failed on the full tier only: still saving
+    d = driver(tmp_path / "b", RUN + [(8.0, "ckpt_failed", {"step": 16, "tier": "nvme", "reason": "disk_full"}),
+                                      (8.5, "ckpt_saved", {"step": 16, "tier": "lustre"})])
+    assert d._save_after(13, 7.5, "nvme")["tier"] == "lustre"
+    assert d._save_after(16, 7.5, "nvme") is None  # an older save is no answer
+    d = driver(tmp_path / "c", RUN + [(8.0, "ckpt_failed", {"step": 16, "tier": "lustre", "reason": "io_error"})])
+    assert d._save_after(13, 7.5, "nvme")["event"] == "ckpt_failed"

@@ -234,3 +234,102 @@ def test_the_repeat_rule_counts_within_one_allocation() -> None:
             e["cls"], e["node"] = "hang", "node2"
     events.insert(16, ev(30, "allocation_start", job_id="5", nodes=["node1", "node2"]))  # between the two
     assert "healthy_excluded" in failing(good_facts(events=events, killed_nodes=frozenset()))
+
+
+def tier_fault_ledger(*, kind: str, saved_elsewhere: bool = True, reason: str = "disk_full",
+                      durable_after: bool = True) -> tuple[list[dict], Injected]:
+    """A run with one tier fault at step 14 (t=+50) and no restart: the save of step 16 meets
+    it; the nvme_full case falls back to the shared tier, the S3 case's promotion is pending
+    until the server is back."""
+    base = [e for e in good_ledger() if float(e["t"]) - T0 < 30]  # the rank kill and its restart
+    fault = Injected(kind, "after_save", T0 + 50, 14, ("node1",) if kind == "nvme_full" else ())
+    events = base + [ev(50, "fault_injected", kind=kind, step=14)]
+    if kind == "nvme_full":
+        events += [ev(53, "ckpt_failed", step=16, tier="nvme", phase="save", reason=reason, rank=r)
+                   for r in range(4)]
+        if saved_elsewhere:
+            events.append(ev(53.5, "ckpt_saved", step=16, tier="lustre", promote_to=["lustre"]))
+    else:
+        events += [ev(53, "ckpt_saved", step=16, tier="nvme", promote_to=["lustre", "object"]),
+                   ev(60, "ckpt_failed", step=16, tier="object", phase="promote", pending=True,
+                      reason="io_error")]
+        if durable_after:
+            events.append(ev(70, "ckpt_durable", step=20, tier="object"))
+    events += [ev(69, "ckpt_saved", step=32, tier="nvme", promote_to=["lustre"]),
+               ev(69.5, "ckpt_durable", step=32, tier="lustre"),
+               ev(70, "train_finished", step=32, generation=1),
+               ev(71, "end", status="completed", exit_code=0, generation=1)]
+    return events, fault
+
+
+def tier_facts(events: list[dict], fault: Injected) -> RunFacts:
+    return good_facts(events=events, injected=[Injected("rank_sigkill", "after_save", T0 + 14, 10, ("node2",), (3,)),
+                                               fault],
+                      killed_nodes=frozenset(), filled_nodes=frozenset(fault.nodes))
+
+
+def test_a_full_nvme_tier_whose_save_went_to_the_shared_tier_keeps_every_invariant() -> None:
+    facts = tier_facts(*tier_fault_ledger(kind="nvme_full"))
+    v = verdict(facts)
+    assert v.ok, [(c.name, c.detail) for c in v.checks if not c.ok]
+    # training never stopped for it: nothing lost, though no train_started follows the fault
+    (_, (fault, at_risk, resumed)) = lost_per_fault(facts)
+    assert fault.kind == "nvme_full" and at_risk == resumed == 14
+
+
+def test_a_full_nvme_tier_that_costs_the_save_fails_tier_faults() -> None:
+    facts = tier_facts(*tier_fault_ledger(kind="nvme_full", saved_elsewhere=False))
+    assert failing(facts) == {"tier_faults"}
+    assert "step 16 was committed on no other tier" in verdict(facts).get("tier_faults").detail
+
+
+def test_a_full_disk_reported_as_another_error_fails_tier_faults() -> None:
+    facts = tier_facts(*tier_fault_ledger(kind="nvme_full", reason="io_error"))
+    assert "does not say disk_full" in verdict(facts).get("tier_faults").detail
+
+
+def test_a_fill_that_no_save_met_was_not_noticed() -> None:
+    events, fault = tier_fault_ledger(kind="nvme_full")
+    events = drop(drop(events, "ckpt_failed"), "ckpt_saved", step=16)
+    assert failing(tier_facts(events, fault)) == {"tier_faults", "ledger_consistent"}
+
+
+def test_a_node_whose_nvme_the_campaign_filled_may_be_moved() -> None:
+    events, fault = tier_fault_ledger(kind="nvme_full", saved_elsewhere=False)
+    events += [ev(54, "failure", generation=1, cls="preflight", node="node1"),
+               ev(54.1, "decision", generation=1, action="replace_node", exclude=["node1"]),
+               ev(54.2, "exclusion", nodes=["node1"], how="spare"),
+               ev(55, "ranks_started", generation=2, node="node3"),
+               ev(56, "train_started", step=12, generation=2)]
+    facts = tier_facts(events, fault)
+    assert verdict(facts).get("healthy_excluded").ok
+    assert verdict(facts).get("tier_faults").ok  # moved, not committed elsewhere: still kept
+    assert not verdict(replace(facts, filled_nodes=frozenset())).get("healthy_excluded").ok
+
+
+def test_an_s3_outage_the_object_tier_recovers_from_keeps_every_invariant() -> None:
+    facts = tier_facts(*tier_fault_ledger(kind="s3_down_during_promotion"))
+    v = verdict(facts)
+    assert v.ok, [(c.name, c.detail) for c in v.checks if not c.ok]
+
+
+def test_an_object_tier_left_behind_after_an_outage_fails_tier_faults() -> None:
+    facts = tier_facts(*tier_fault_ledger(kind="s3_down_during_promotion", durable_after=False))
+    assert failing(facts) == {"tier_faults"}
+    assert "no step >= 16" in verdict(facts).get("tier_faults").detail
+
+
+def test_an_outage_no_promotion_met_is_not_noticed() -> None:
+    events, fault = tier_fault_ledger(kind="s3_down_during_promotion")
+    assert failing(tier_facts(drop(events, "ckpt_failed"), fault)) == {"tier_faults", "ledger_consistent"}
+
+
+def test_a_failure_after_a_tier_fault_counts_its_lost_steps() -> None:
+    """A full disk that did crash training is judged like any fault: from where it resumed."""
+    events, fault = tier_fault_ledger(kind="nvme_full")
+    events += [ev(54, "failure", generation=1, cls="rank_crash", rank=0, node="node1"),
+               ev(54.1, "decision", generation=1, action="restart"),
+               ev(55, "ranks_started", generation=2, node="node1"),
+               ev(56, "train_started", step=8, generation=2)]
+    facts = tier_facts(events, fault)
+    assert not verdict(facts).get("lost_steps").ok  # 14 - 8 = 6 > interval 4
