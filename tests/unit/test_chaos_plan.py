@@ -10,8 +10,8 @@ import pytest
 from slurmkit.testing.chaos.campaign import parser
 from slurmkit.testing.chaos.menu import AFTER_SAVE, DURING_RESTART, IMPLEMENTED, MENU, item, pairs
 from slurmkit.testing.chaos.plan import (
-    IN_SAVE,
     NODE_BUDGET_KINDS,
+    TAKES_A_SAVE,
     RunPlan,
     armed_spec,
     draw_plan,
@@ -41,8 +41,8 @@ def test_plans_keep_their_constraints(seed: int) -> None:
 
 def _check_constraints(plan: RunPlan) -> None:
     assert 3 <= len(plan.faults) <= 6
-    # a kill inside a save uses the save it hits as well
-    assert sum(f.saves + (f.kind == IN_SAVE) for f in plan.faults) <= 32 // 4 - 1
+    # a kill inside a save uses the save it hits as well, a time-limit warning its stop checkpoint
+    assert sum(f.saves + (f.moment == AFTER_SAVE and f.kind in TAKES_A_SAVE) for f in plan.faults) <= 32 // 4 - 1
     node_faults = sum(f.kind in NODE_BUDGET_KINDS for f in plan.faults)
     assert node_faults <= (1 if plan.spare_nodes else 2)
     for i, f in enumerate(plan.faults):

@@ -12,7 +12,9 @@ that failed. Constraints keep a plan meaningful rather than merely random:
 - faults that may exclude a node (node loss, a killed agent, a full NVMe tier) are capped so
   that the job still fits on the 4 emulated nodes after its exclusions: 2 without a spare, 1
   with one;
-- a kill inside a save needs one checkpoint more than its ``saves``: the save it hits.
+- a kill inside a save needs one checkpoint more than its ``saves``: the save it hits; so
+  does a time-limit warning after a save: its stop checkpoint is the next save's step (seen:
+  warned at step 7, checkpointed and resumed at 8, so the next fault's saves start after 8).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from slurmkit.testing.chaos.menu import AFTER_SAVE, DURING_RESTART, item, pairs
 CLUSTER_NODES = 4  # tools/local-cluster's default: the cap on exclusions follows from it
 NODE_BUDGET_KINDS = ("node_loss", "agent_sigkill", "nvme_full")  # may cost the job a node
 IN_SAVE = "rank_sigkill_during_save"  # aimed at the save after its ``saves``: one more checkpoint
+TAKES_A_SAVE = (IN_SAVE, "time_limit_warning")  # after_save faults that use one checkpoint more
 
 
 @dataclass(frozen=True)
@@ -103,8 +106,8 @@ def draw_plan(seed: int, *, steps: int = 32, interval: int = 4, min_faults: int 
                 continue
             if moment == AFTER_SAVE and save_budget < 1:
                 continue
-            if kind == IN_SAVE and save_budget - 2 < n - i - 1:  # the save it hits, and the later faults'
-                continue
+            if moment == AFTER_SAVE and kind in TAKES_A_SAVE and save_budget - 2 < n - i - 1:
+                continue  # its own checkpoint and the one it takes, and one for each later fault
             if kind in NODE_BUDGET_KINDS and node_budget < 1:
                 continue
             options.append((kind, moment, m))
@@ -114,7 +117,7 @@ def draw_plan(seed: int, *, steps: int = 32, interval: int = 4, min_faults: int 
         saves = offset = 0
         if moment == AFTER_SAVE:
             left_after = n - i - 1
-            hit = 1 if kind == IN_SAVE else 0
+            hit = 1 if kind in TAKES_A_SAVE else 0
             saves = 2 if save_budget - 2 - hit >= left_after and rng.random() < 0.3 else 1
             save_budget -= saves + hit
             offset = rng.randint(1, interval - 1)
