@@ -333,3 +333,28 @@ def test_a_failure_after_a_tier_fault_counts_its_lost_steps() -> None:
                ev(56, "train_started", step=8, generation=2)]
     facts = tier_facts(events, fault)
     assert not verdict(facts).get("lost_steps").ok  # 14 - 8 = 6 > interval 4
+
+
+def test_a_killed_agent_relaunched_in_the_allocation_keeps_every_invariant() -> None:
+    """Issue 11's relaunch (c37f6d7): node 0 starts the lost agent again inside the allocation
+    and restarts the ranks; no requeue, no exclusion, the node keeps its slot."""
+    events = [e for e in good_ledger() if float(e["t"]) - T0 < 30] + [
+        ev(34, "fault_injected", kind="agent_sigkill", node="node2", step=22),
+        ev(36, "failure", generation=1, cls="node_loss", rank=-1, node="node2"),
+        ev(38, "agent_relaunched", node="node2", node_rank=1, generation=2, relaunch=1),
+        ev(38.5, "decision", generation=1, action="restart", exclude=[]),
+        ev(39, "ranks_started", generation=2, node="node1"),
+        ev(39.1, "ranks_started", generation=2, node="node2"),
+        ev(42, "train_started", step=20, generation=2),
+        ev(69, "ckpt_saved", step=32, tier="nvme", promote_to=["lustre"]),
+        ev(69.5, "ckpt_durable", step=32, tier="lustre"),
+        ev(70, "train_finished", step=32, generation=2),
+        ev(71, "end", status="completed", exit_code=0, generation=2)]
+    events = [e for e in events if not (e["event"] == "ckpt_saved" and e["step"] == 12)] + [
+        ev(32, "ckpt_saved", step=20, tier="nvme")]
+    facts = good_facts(events=events, killed_nodes=frozenset(),
+                       injected=[Injected("rank_sigkill", "after_save", T0 + 14, 10, ("node2",), (3,)),
+                                 Injected("agent_sigkill", "after_save", T0 + 34, 22, ("node2",))])
+    v = verdict(facts)
+    assert v.ok, [(c.name, c.detail) for c in v.checks if not c.ok]
+    assert v.get("healthy_excluded").value == 0
