@@ -358,3 +358,16 @@ def test_a_killed_agent_relaunched_in_the_allocation_keeps_every_invariant() -> 
     v = verdict(facts)
     assert v.ok, [(c.name, c.detail) for c in v.checks if not c.ok]
     assert v.get("healthy_excluded").value == 0
+
+
+def test_an_outage_failure_without_its_step_stands_for_the_newest_save_before_it() -> None:
+    """Seen in seed 5: the promoter's round failed unexpectedly (an OSError from the stopping
+    server) and reported ``ckpt_failed`` without a step; the newest save then was step 16."""
+    events, fault = tier_fault_ledger(kind="s3_down_during_promotion")
+    for e in events:
+        if e["event"] == "ckpt_failed":
+            del e["step"]
+    assert verdict(tier_facts(events, fault)).ok
+    late = [e for e in events if not (e["event"] == "ckpt_durable" and e.get("tier") == "object")] + [
+        ev(70, "ckpt_durable", step=12, tier="object")]
+    assert "no step >= 16" in verdict(tier_facts(late, fault)).get("tier_faults").detail

@@ -369,14 +369,20 @@ def _full_disk_problem(f: RunFacts, fault: Injected) -> str | None:
 
 
 def _outage_problem(f: RunFacts, fault: Injected) -> str | None:
-    after = [e for e in f.events if _event_time(e) >= fault.t]
-    failed = sorted(int(e["step"]) for e in after if e.get("event") == "ckpt_failed"
-                    and e.get("tier") == "object" and e.get("step") is not None)
-    if not failed:
+    """A promotion to S3 failed during the outage, and the object tier caught up afterwards:
+    a step at least as new as the one that failed (a failure the promoter reports without its
+    step, an unexpected error of its round, stands for the newest save made before it)."""
+    after = sorted((e for e in f.events if _event_time(e) >= fault.t), key=_event_time)
+    failed = next((e for e in after if e.get("event") == "ckpt_failed" and e.get("tier") == "object"), None)
+    if failed is None:
         return f"S3 outage at t={fault.t:.1f}: no promotion to the object tier failed during it"
+    step = failed.get("step")
+    if step is None:
+        step = max((int(e["step"]) for e in f.events if e.get("event") == "ckpt_saved"
+                    and e.get("step") is not None and _event_time(e) <= _event_time(failed)), default=0)
     if not any(e.get("event") == "ckpt_durable" and e.get("tier") == "object"
-               and int(e.get("step") or -1) >= failed[0] for e in after):
-        return f"S3 outage at t={fault.t:.1f}: no step >= {failed[0]} (the one it failed) became durable on S3 afterwards"
+               and int(e.get("step") or -1) >= int(step) for e in after):
+        return f"S3 outage at t={fault.t:.1f}: no step >= {step} (the one it failed) became durable on S3 afterwards"
     return None
 
 
