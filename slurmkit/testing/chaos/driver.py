@@ -164,7 +164,12 @@ def overrides(plan: RunPlan, *, step_delay_s: float, name: str, faults: bool = T
     if faults and object_uri:
         # the run's object tier on the campaign's own S3 server, promoted at every save, so
         # the save after an outage begins has a promotion to S3 that meets it
-        args += [f"store.object_uri={object_uri}", "store.object_every_saves=1", "store.object_every_min=0"]
+        # Quick retries: the outage is reported (ckpt_failed, pending) within about a second of
+        # the promotion meeting it, not after the default five attempts (~15 s, most of a short
+        # run), and the pending step is tried again 5 s after the server is back
+        args += [f"store.object_uri={object_uri}", "store.object_every_saves=1", "store.object_every_min=0",
+                 "store.retry_attempts=2", "store.retry_initial_s=0.5", "store.retry_max_s=1",
+                 "store.retry_pending_s=5"]
     spec = armed_spec(plan) if faults else ""
     if spec:
         args.append(f"+job.env.SLURMKIT_FAULT='{spec}'")
@@ -418,7 +423,10 @@ class Driver:
             return t
         if kind in ("nvme_full", S3_KIND):
             t = self.fill_nvme(f, step) if kind == "nvme_full" else self.s3_outage(f, step)
-            self._base = (t, step if step is not None else -1)
+            # the next fault counts saves from where the run is now that this one is over (the
+            # outage's promotion retries take seconds while training goes on)
+            now = self.max_step()
+            self._base = (time.time(), now if now is not None else (step if step is not None else -1))
             return t
         if kind == "time_limit_warning":
             shell = self.wait("the batch shell", lambda: procs.newest(

@@ -12,9 +12,10 @@ that failed. Constraints keep a plan meaningful rather than merely random:
 - faults that may exclude a node (node loss, a killed agent, a full NVMe tier) are capped so
   that the job still fits on the 4 emulated nodes after its exclusions: 2 without a spare, 1
   with one;
-- a kill inside a save needs one checkpoint more than its ``saves``: the save it hits; so
-  does a time-limit warning after a save: its stop checkpoint is the next save's step (seen:
-  warned at step 7, checkpointed and resumed at 8, so the next fault's saves start after 8).
+- a kill inside a save needs one checkpoint more than its ``saves``: the save it hits; so do a
+  full NVMe tier and an S3 outage (the save that meets them; the next fault counts from where
+  the run was once that save was over) and a time-limit warning after a save (its stop
+  checkpoint is the next save's step: warned at step 7, checkpointed and resumed at 8).
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from slurmkit.testing.chaos.menu import AFTER_SAVE, DURING_RESTART, item, pairs
 CLUSTER_NODES = 4  # tools/local-cluster's default: the cap on exclusions follows from it
 NODE_BUDGET_KINDS = ("node_loss", "agent_sigkill", "nvme_full")  # may cost the job a node
 IN_SAVE = "rank_sigkill_during_save"  # aimed at the save after its ``saves``: one more checkpoint
-TAKES_A_SAVE = (IN_SAVE, "time_limit_warning")  # after_save faults that use one checkpoint more
+# after_save faults that use one checkpoint more: the save they hit (inside a save, a full disk,
+# a promotion meeting an S3 outage) or their own stop checkpoint (a time-limit warning)
+TAKES_A_SAVE = (IN_SAVE, "time_limit_warning", "nvme_full", "s3_down_during_promotion")
 
 
 @dataclass(frozen=True)
