@@ -4,9 +4,10 @@ events, inject it for real, and collect what the invariants need.
 Every wait is on a condition (a ledger event, a heartbeat step, a marker file, a Slurm state)
 with a deadline, never a fixed sleep. A node the driver killed is started again as soon as the
 supervisor has decided about it (so the next fault and the other jobs on the machine find the
-node back) and, whatever happens, in a ``finally``. The driver writes one ``fault_injected``
-event per fault into the run's ledger (source ``chaos``), so ``slurmkit report`` measures
-detection and lost work from the real fault times.
+node back) and, whatever happens, in a ``finally``; so are the tier faults undone there (a
+tmpfs it mounted over a node's NVMe directory, the run's own S3 server). The driver writes one
+``fault_injected`` event per fault into the run's ledger (source ``chaos``), so ``slurmkit
+report`` measures detection and lost work from the real fault times.
 """
 
 from __future__ import annotations
