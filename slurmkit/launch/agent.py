@@ -427,7 +427,8 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
     peers = peer_checks(ctx, channel, store.port, cfg, load_layout(run_dir, cfg).train_nodes, env)
     node = NodeAgent(run_dir, cfg, ctx, env, ledger, peers=peers)
     node.install_signal_handlers()
-    start_alive_thread(ctx, channel, store.port, beat_interval_s(ctx.num_nodes, cfg.supervisor.poll_interval_s))
+    beater = start_alive_thread(ctx, channel, store.port,
+                                beat_interval_s(ctx.num_nodes, cfg.supervisor.poll_interval_s))
     progress = CheckpointProgress(tier_readers(cfg.store, {**env, "SLURMKIT_RUN_DIR": run_dir},
                                                ctx.node_name)).start()
     slurm = SlurmClient(SubprocessRunner(env=env)) if ctx.executor == "slurm" else None
@@ -441,7 +442,7 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
                   addr=ctx.master_addr if ctx.node_rank == 0 else own_address(ctx.master_addr, store.port))
     sup = Supervisor(cfg, where, channel, node, ledger, train_nodes=node.train_nodes, run_dir=run_dir, env=env,
                      slurm=slurm, ckpt_step=progress.latest, ckpt_seen=progress.peek,
-                     free_port=free_port, end_watch=end_watch(ctx, channel, store.port))
+                     free_port=free_port, end_watch=end_watch(ctx, channel, store.port), beater=beater)
     if rejoin is not None:
         sup.rejoin(rejoin)
     if ctx.node_rank == 0 and slurm is not None and cfg.supervisor.agent_relaunches > 0:

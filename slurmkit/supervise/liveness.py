@@ -172,6 +172,10 @@ class Beater:
         self.interval_s, self.sleep = interval_s, sleep
         self.tick = 0
         self.errors = 0
+        # The store error of the beats failing now (None: the last beat reached the store). The
+        # main loop of a follower reads it instead of a round trip of its own to find a store
+        # that is gone (slurmkit.supervise.loop.Supervisor._watch_node0).
+        self.failing: BaseException | None = None
         self.stopped = threading.Event()
 
     def run(self) -> None:
@@ -185,6 +189,7 @@ class Beater:
                 self._beat(store, self.tick)
             except (RuntimeError, OSError) as exc:  # torch's DistStoreError/DistNetworkError
                 self.errors += 1
+                self.failing = exc
                 if self.errors == 1 or self.errors % 100 == 0:
                     log.warning("beat failed (%d so far), retrying in %.1f s: %s", self.errors, backoff, exc)
                 store = None
@@ -192,6 +197,7 @@ class Beater:
                 backoff = min(backoff * 2, max(self.interval_s, 0.1))
                 continue
             backoff = 0.1
+            self.failing = None
             self.sleep(self.interval_s)
 
     def start(self) -> "Beater":

@@ -121,13 +121,17 @@ class Supervisor(Endings):
         return self.apply_decision(self.wait_decision(gen), gen)
 
     def _failed_by(self, gen: int) -> FailureClass | None:
-        """The class of the failure that ended ``gen`` as posted (one read, on the failure path)."""
+        """The class of the failure that ended ``gen`` as posted: the notice the watch read (no
+        second round trip), else one read, on the failure path."""
+        notice = self._notice if self._notice is not None and self._notice[0] == gen else None
+        if notice is not None:
+            return notice[1].cls
         try:
-            notice = self.channel.failure(gen)
+            got = self.channel.failure(gen)
         except (ChannelError, RuntimeError) as exc:  # forged, or the store is failing: no stacks
             log.error("%s", exc)
             return None
-        return notice.cls if notice is not None else None
+        return got.cls if got is not None else None
 
     def wait_decision(self, gen: int) -> Decision:
         """Wait for node 0's decision as long as node 0 beats (a decision may take a while:
@@ -201,11 +205,12 @@ class Supervisor(Endings):
                         self._watch_node0(gen)
                 if look:
                     try:
-                        failed = self.channel.failure(gen) is not None
+                        notice = self.channel.failure(gen)
                     except ChannelError as exc:  # a forged value at the failure key: refused, deleted
                         log.error("%s", exc)
-                        failed = False
-                    if failed:
+                        notice = None
+                    if notice is not None:
+                        self._notice = (gen, notice)  # what ended it, for the stop (_failed_by)
                         return Outcome(FAILED, gen)
                     done, sig = self.channel.finished(gen)
                     seen = changes
@@ -226,14 +231,20 @@ class Supervisor(Endings):
                 self.sleep(self.cfg.supervisor.poll_interval_s)
 
     def _watch_node0(self, gen: int) -> None:
-        """A follower whose EndWatch waits makes no other round trip per poll, so once per beat
-        interval it reads node 0's beat counter: one round trip on its main connection that
-        finds a store gone (its errors go to the store-trouble path: Node0Lost after two
-        liveness deadlines of trouble), as the change counter's poll did. The value itself is
-        not judged here: node 0 stalled while its store still answers (CPU starvation, a long
-        pause) must not be taken for lost, which would requeue without a healthy node; it is
-        judged while a follower waits for node 0's decision (wait_decision), where node 0 must
-        act."""
+        """A follower whose EndWatch waits makes no other round trip per poll; what finds a store
+        that is gone is its alive thread's beats, which reach the same store once per beat
+        interval anyway: while they fail, their error goes to the store-trouble path (Node0Lost
+        after two liveness deadlines of trouble), as the change counter's poll did, at no round
+        trip of the main loop. Without that thread (``beater`` None) the main loop reads node
+        0's beat counter once per beat interval instead. Node 0's beat value is not judged here:
+        node 0 stalled while its store still answers (CPU starvation, a long pause) must not be
+        taken for lost, which would requeue without a healthy node; it is judged while a
+        follower waits for node 0's decision (wait_decision), where node 0 must act."""
+        if self.beater is not None:
+            failing = self.beater.failing
+            if failing is not None:
+                raise RuntimeError(f"this agent's beats fail: {failing}")
+            return
         now = self.clock()
         if now - self._node0_seen_at < self.beat_interval_s:
             return

@@ -19,14 +19,14 @@ from typing import Any, Protocol
 from slurmkit.config import SlurmkitConfig
 from slurmkit.errors import SlurmkitError
 from slurmkit.slurm.client import SlurmClient
-from slurmkit.supervise.channel import Channel
+from slurmkit.supervise.channel import Channel, FailureNotice
 from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.classify import Evidence
 from slurmkit.supervise.endwatch import EndWatch
 from slurmkit.supervise.monitor import exit0_is_completion
 from slurmkit.supervise.policy import Decision, History, Limits, State, StateMachine
 from slurmkit.supervise.slurmview import SlurmdProbe, slurmd_answers
-from slurmkit.supervise.liveness import Liveness, Lost, client_node_states
+from slurmkit.supervise.liveness import Beater, Liveness, Lost, client_node_states
 from slurmkit.supervise.straggler_move import StragglerActions
 from slurmkit.supervise.stragglers import NodeWindow, StragglerDetector
 from slurmkit.supervise.timeouts import beat_interval_s, liveness_deadline_s
@@ -105,14 +105,18 @@ class SupervisorBase:
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep,
                  probe_slurmd: SlurmdProbe = slurmd_answers,
-                 end_watch: EndWatch | None = None) -> None:
+                 end_watch: EndWatch | None = None,
+                 beater: Beater | None = None) -> None:
         self.cfg, self.where, self.channel, self.node, self.ledger = cfg, where, channel, node, ledger
         self.probe_slurmd = probe_slurmd
         # The generation's end pushed by the store (None: poll the change counter every poll).
         self.end_watch = end_watch
+        # This agent's alive thread: its failing beats tell a watching follower the store is gone.
+        self.beater = beater
         # ranks that all exit 0 after a warning or SIGTERM: the run done, or left on the signal
         self.exit0_done = exit0_is_completion(cfg.supervisor.exit0_after_signal, cfg.job.command)
         self._node0_seen_at = float("-inf")  # a follower's last look at node 0's beat (watch)
+        self._notice: tuple[int, FailureNotice] | None = None  # (generation, its failure) as watch read it
         self.run_dir = run_dir
         self.env = dict(env or {})
         self.slurm = slurm

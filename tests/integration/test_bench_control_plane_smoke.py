@@ -20,7 +20,8 @@ BENCH = os.path.join(ROOT, "tools", "bench", "control_plane.py")
 COMMON = {"n", "store_rps", "fs_ops_per_step", "ledger_bytes_per_h", "ledger_bytes_per_h_est", "false_lost",
           "rps_per_agent", "load", "sizes"}
 FIELDS = COMMON | {"detect_s", "decide_s", "notice_s", "stop_s", "node0_decide_s", "fanout_s", "node0_rpcs",
-                   "detect_exp", "decide_exp", "store_rps_exp", "decide_cpu_s", "decide_busy_cores", "cores"}
+                   "detect_exp", "decide_exp", "store_rps_exp", "decide_cpu_s", "decide_busy_cores",
+                   "steady_busy_cores", "cores"}
 
 
 @pytest.mark.timeout(600)
@@ -41,6 +42,7 @@ def test_control_plane_bench_small_sizes(tmp_path) -> None:
     # hold no clock tick of 10 ms: zero is possible, a missing reading is not).
     assert int(fields["cores"]) == os.cpu_count(), fields
     assert float(fields["decide_cpu_s"]) >= 0 and float(fields["decide_busy_cores"]) >= 0, fields
+    assert float(fields["steady_busy_cores"]) >= 0, fields
     # The decision's parts add up to it (one clock), and node 0's own part is the smallest.
     parts = float(fields["stop_s"]) + float(fields["node0_decide_s"]) + float(fields["fanout_s"])
     assert abs(parts - float(fields["decide_s"])) < 0.02, fields

@@ -181,3 +181,93 @@ def test_a_followers_steady_state_costs_no_round_trip_per_poll(tmp_path: Path, p
         assert calls <= 1, window  # at most its node-0 beat read falling in the window
     else:
         assert calls >= n_polls - 1, window  # one change-counter read per poll
+
+
+class Beats:
+    """What the loop reads of an agent's alive thread (slurmkit.supervise.liveness.Beater)."""
+
+    failing: BaseException | None = None
+
+
+@pytest.mark.parametrize("beater", [True, False])
+def test_a_watching_followers_store_check_rides_on_its_beats(tmp_path: Path, beater: bool) -> None:
+    """Node 1's main-loop store calls over 30 polls with a beat interval shorter than a poll:
+    with its alive thread given to the loop, none (a store gone shows up as failing beats);
+    without it, the main loop reads node 0's beat once per beat interval itself."""
+    gate = threading.Event()
+    c = Cluster(tmp_path, [Script(gate=gate), Script(gate=gate)], poll_interval_s=0.02)
+    follower = c.sups[1]
+    follower.beat_interval_s = 0.001
+    follower.beater = Beats() if beater else None  # type: ignore[assignment]
+    counting = CountingStore(c.store)
+    follower.channel.store = counting
+    real_beat = follower.channel.beat
+    follower.channel.beat = lambda nr, tick, store=None: real_beat(nr, tick, c.store)  # type: ignore[method-assign,assignment]
+    polls = [0]
+    poll = c.nodes[1].poll
+
+    def counted_poll(gen: int) -> Any:
+        polls[0] += 1
+        return poll(gen)
+
+    c.nodes[1].poll = counted_poll  # type: ignore[method-assign]
+    window: list[tuple[int, int]] = []
+
+    def measure() -> None:
+        wait_until(lambda: polls[0] >= 3, "node 1's first polls")
+        p0, c0 = polls[0], counting.calls
+        wait_until(lambda: polls[0] >= p0 + 30, "30 more polls")
+        window.append((polls[0] - p0, counting.calls - c0))
+        gate.set()
+
+    threading.Thread(target=measure, daemon=True).start()
+    assert c.run() == {0: 0, 1: 0}
+    n_polls, calls = window[0]
+    if beater:
+        assert calls == 0, window
+    else:
+        assert calls >= n_polls - 1, window  # node 0's beat read at (nearly) every poll
+
+
+def test_failing_beats_are_store_trouble_for_a_watching_follower(tmp_path: Path) -> None:
+    """The follower's look at the store is its beats: while they fail, the watch sees a store
+    error (the store-trouble path: Node0Lost after two liveness deadlines), with no round trip
+    of its own; once a beat gets through again, nothing."""
+    c = Cluster(tmp_path, [Script(), Script()])
+    follower = c.sups[1]
+    beats = Beats()
+    follower.beater = beats  # type: ignore[assignment]
+    counting = CountingStore(c.store)
+    follower.channel.store = counting
+    follower._watch_node0(0)  # noqa: SLF001
+    beats.failing = dist.DistNetworkError("Connection reset by peer")
+    with pytest.raises(RuntimeError, match="beats fail: Connection reset by peer"):
+        follower._watch_node0(0)  # noqa: SLF001
+    beats.failing = None
+    follower._watch_node0(0)  # noqa: SLF001
+    assert counting.calls == 0
+
+
+def test_a_follower_reads_the_failure_once_per_failed_generation(tmp_path: Path) -> None:
+    """The watch reads the failure that ended the generation; the stop (a hang's stacks or not)
+    uses that notice instead of reading the key again."""
+    c = Cluster(tmp_path, [Script(), Script(fail={0: F.RANK_CRASH}), Script()])
+    follower = c.sups[2]
+    keys: list[str] = []
+    store = follower.channel.store
+
+    class Keys:
+        def __getattr__(self, name: str) -> Any:
+            attr = getattr(store, name)
+
+            def call(*a: Any, **k: Any) -> Any:
+                if a and isinstance(a[0], str):
+                    keys.append(a[0])
+                return attr(*a, **k)
+            return call
+
+    follower.channel.store = Keys()
+    assert c.run() == {0: 0, 1: 0, 2: 0}
+    assert c.decisions() == [(0, Action.RESTART, ())]
+    fail_key = follower.channel._gen(0, "fail")  # noqa: SLF001
+    assert keys.count(fail_key) == 1, keys

@@ -93,6 +93,7 @@ from slurmkit.launch.agent import LEDGER_FLUSH_INTERVAL_S  # noqa: E402
 from slurmkit.supervise.ledger import LEDGER_NAME, Ledger  # noqa: E402
 from slurmkit.launch.fdlimit import raise_fd_limit, store_fds_needed  # noqa: E402
 from slurmkit.supervise.endwatch import EndWatch  # noqa: E402
+from slurmkit.supervise.liveness import Beater  # noqa: E402
 from slurmkit.supervise.loop import Supervisor, Where  # noqa: E402
 from slurmkit.testing.fakeslurm import FakeSlurm  # noqa: E402
 from slurmkit.train.heartbeat import Heartbeat  # noqa: E402
@@ -121,12 +122,10 @@ class CountingStore:
         self.port = store.port
         self.calls = 0
         self.gone = threading.Event()
+        for name in _RPCS:  # bound once: the instrument adds one Python call per round trip
+            setattr(self, name, self._counted(getattr(store, name)))
 
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._store, name)
-        if name not in _RPCS:
-            return attr
-
+    def _counted(self, attr: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
             if self.gone.is_set():
                 threading.Event().wait()  # a dead host: this thread never runs again
@@ -134,6 +133,9 @@ class CountingStore:
             return attr(*args, **kwargs)
 
         return call
+
+    def __getattr__(self, name: str) -> Any:  # what is not a round trip (the port, the timeout)
+        return getattr(self._store, name)
 
 
 class FsCounter:
@@ -317,6 +319,7 @@ class Agents:
         self.ends = dict(zip(nrs, stores[2 * len(nrs):]))  # the EndWatch's own connection
         self.channels = {nr: Channel(self.loops[nr], ATTEMPT, spec.token, names) for nr in nrs}
         self.stop_beats = threading.Event()
+        self.beaters: dict[int, Beater] = {}
         self.threads: list[threading.Thread] = []
         # The heartbeat samples of this process's nodes go through one batched Ledger (a real
         # agent has its own, on its own host; here one flusher thread per simulated agent, hundreds
@@ -329,21 +332,20 @@ class Agents:
     def start(self) -> None:
         interval = beat_interval_s(len(self.spec.names), self.cfg.supervisor.poll_interval_s)
         for nr in self.channels:
-            threading.Thread(target=self._beat, args=(nr, interval), name=f"beat-{nr}", daemon=True).start()
+            threading.Thread(target=self._beater(nr, interval).run, name=f"beat-{nr}", daemon=True).start()
             t = threading.Thread(target=self._run, args=(nr,), name=f"agent-{nr}", daemon=True)
             t.start()
             self.threads.append(t)
 
-    def _beat(self, nr: int, interval_s: float) -> None:
-        """The agent's alive thread: one beat per interval on its own connection."""
-        tick = 0
-        while not self.stop_beats.is_set():
-            tick += 1
-            try:
-                self.channels[nr].beat(nr, tick, self.beats[nr])
-            except RuntimeError:  # the store is gone: the job is ending
-                return
-            self.stop_beats.wait(interval_s)
+    def _beater(self, nr: int, interval_s: float) -> Beater:
+        """The agent's alive thread (slurmkit.supervise.liveness.Beater, as the agent starts it):
+        one beat per interval on its own connection; its failing beats are what a watching
+        follower learns a gone store from."""
+        channel, store = self.channels[nr], self.beats[nr]
+        beater = Beater(lambda st, tick: channel.beat(nr, tick, st), lambda: store, interval_s=interval_s,
+                        sleep=self.stop_beats.wait)
+        self.beaters[nr] = beater
+        return beater
 
     def _run(self, nr: int) -> None:
         spec = self.spec
@@ -356,7 +358,7 @@ class Agents:
                             train_nodes=spec.n, run_dir=spec.run_dir, env={}, slurm=self._slurm,
                             ckpt_step=lambda: 100, free_port=lambda: 29500,
                             end_watch=EndWatch(lambda: Channel(self.ends[nr], ATTEMPT, spec.token, spec.names))
-                            if spec.push else None)
+                            if spec.push else None, beater=self.beaters[nr] if spec.push else None)
         s.sink = self.sink
         try:
             s.run()
@@ -378,6 +380,8 @@ class Agents:
         for nr, t in zip(self.channels, self.threads):
             if not self.loops[nr].gone.is_set():
                 t.join(max(deadline - time.monotonic(), 0.1))
+        for b in self.beaters.values():
+            b.stopped.set()
         self.stop_beats.set()
         self.samples.close()
 
@@ -416,6 +420,7 @@ class Fault:
     fanout_s: float
     node0_rpcs: int
     decide_cpu_s: float = float("nan")  # CPU of every bench process (agents, node 0, store) in decide_s
+    steady_busy_cores: float = float("nan")  # the same before the loss is known: the agents' steady state
 
 
 @dataclass
@@ -689,7 +694,8 @@ def _one_fault(size: Size, n: int) -> Fault:
     _wait(lambda: len(probe.started.get(1, ())) == n, 300, "generation 1 on the spare", probe)
     return Fault(detect_s=t_lost - t_kill, decide_s=t_held - t_lost, notice_s=t_saw - t_lost,
                  stop_s=gathered - t_lost, node0_decide_s=posted - gathered, fanout_s=t_held - posted,
-                 node0_rpcs=node0_rpcs, decide_cpu_s=cpu.between(t_lost, t_held))
+                 node0_rpcs=node0_rpcs, decide_cpu_s=cpu.between(t_lost, t_held),
+                 steady_busy_cores=cpu.between(t_kill, t_lost) / max(t_lost - t_kill, 1e-9))
 
 
 def sample_intervals(run_dir: str, names: tuple[str, ...]) -> tuple[float, float]:
@@ -836,7 +842,8 @@ def print_table(rows: list[Figures]) -> dict[str, float | None]:
         print(f"while the decision ran ({f.decide_s:.2f} s at N={last.n}) the bench's processes used "
               f"{f.decide_cpu_s:.2f} CPU-seconds: {f.decide_cpu_s / max(f.decide_s, 1e-9):.2f} of this machine's "
               f"{os.cpu_count()} cores, {1e3 * f.decide_cpu_s / (last.n + 1):.2f} ms per agent (on a cluster each "
-              f"agent's share runs on its own host)")
+              f"agent's share runs on its own host); before the loss was known the agents' steady state "
+              f"kept {f.steady_busy_cores:.2f} cores busy")
     print(f"vs torchrun's keep-alive (dead after {TORCHRUN_DEAD_S:g} s, documented): {detect} at N={last.n}; "
           f"node 0's scan with the channel {ratio_scan:.1f}x faster than serial check+get; its evidence "
           f"read {ratio_evid:.1f}x faster than a check+get per agent")
@@ -857,7 +864,7 @@ def result_line(rows: list[Figures], exps: dict[str, float | None], soak_s: floa
             f"notice_s={f.notice_s:.2f} stop_s={f.stop_s:.2f} node0_decide_s={f.node0_decide_s:.2f} "
             f"fanout_s={f.fanout_s:.2f} node0_rpcs={f.node0_rpcs} "
             f"decide_cpu_s={f.decide_cpu_s:.2f} decide_busy_cores={f.decide_cpu_s / max(f.decide_s, 1e-9):.2f} "
-            f"cores={os.cpu_count()} "
+            f"steady_busy_cores={f.steady_busy_cores:.2f} cores={os.cpu_count()} "
             f"detect_exp={_fmt(exps['detect_s'])} decide_exp={_fmt(exps['decide_s'])} "
             f"store_rps_exp={_fmt(exps['store_rps'])} load={r.load:.1f} sizes={','.join(str(x.n) for x in rows)}")
 
