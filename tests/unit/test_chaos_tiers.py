@@ -36,6 +36,12 @@ def test_the_tmpfs_holds_what_is_there_and_two_more_saves(tmp_path) -> None:
     assert largest == 3 * MIB and used == 3 * MIB + 1
     assert nvme.tmpfs_size(used, largest) == 3 * MIB + 64 * MIB + 16 * MIB + MIB  # rounded up
     assert nvme.tmpfs_size(0, 100 * MIB) == 216 * MIB
+    # once the filler is gone the pre-flight finds the free space it demands
+    assert nvme.tmpfs_size(0, 100 * MIB, 1 << 30) == 216 * MIB + (1 << 30)
+    (tmp_path / "config.yaml").write_text("health:\n  nvme_min_free_gb: 0.5\n")
+    assert nvme.preflight_min_free(str(tmp_path)) == 1 << 29
+    (tmp_path / "config.yaml").write_text("train:\n  steps: 4\n")
+    assert nvme.preflight_min_free(str(tmp_path)) == 1 << 30
 
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")

@@ -492,7 +492,8 @@ class Driver:
         next save is over (a ``ckpt_saved`` of a later step on any tier, a ``ckpt_failed`` of
         it on a tier other than NVMe, or a failure), then remove the filler."""
         node = self.node_of_slot(f.target)
-        full = nvme.fill_tier(nvme.node_nvme_dir(self.run_dir, node))
+        full = nvme.fill_tier(nvme.node_nvme_dir(self.run_dir, node),
+                              min_free=nvme.preflight_min_free(self.run_dir))
         self.filled.append(full)
         self.filled_nodes.add(node)
         t = time.time()

@@ -70,11 +70,23 @@ def tree_bytes(path: str) -> tuple[int, int]:
     return total, max(per_step.values(), default=0)
 
 
-def tmpfs_size(used: int, largest_step: int) -> int:
+def tmpfs_size(used: int, largest_step: int, min_free: int = 0) -> int:
     """What the tmpfs holds: today's content, and once the filler is gone, room for two more
-    saves (retention keeps the newest ones while the next is written), rounded up to MiB."""
-    need = used + max(2 * largest_step, 64 * MIB) + 16 * MIB
+    saves (retention keeps the newest ones while the next is written) on top of the free space
+    the pre-flight demands (``min_free``: a cleaned disk is a healthy node's disk again; seen
+    with 0.08 GiB free: the next generation's pre-flight rejected the node), rounded up to MiB."""
+    need = used + max(2 * largest_step, 64 * MIB) + min_free + 16 * MIB
     return -(-need // MIB) * MIB
+
+
+def preflight_min_free(run_dir: str) -> int:
+    """The free space the run's pre-flight demands of an NVMe tier (health.nvme_min_free_gb,
+    1 GiB when the frozen config does not say)."""
+    import yaml
+
+    with open(os.path.join(run_dir, "config.yaml")) as f:
+        health = (yaml.safe_load(f) or {}).get("health") or {}
+    return int(float(health.get("nvme_min_free_gb", 1.0)) * (1 << 30))
 
 
 def copy_tree(src: str, dst: str) -> None:
@@ -122,12 +134,12 @@ class FullTier:
         return os.path.join(self.path, FILLER)
 
 
-def fill_tier(path: str, *, run: Runner = run_checked) -> FullTier:
+def fill_tier(path: str, *, min_free: int = 0, run: Runner = run_checked) -> FullTier:
     """Put a size-limited tmpfs over ``path`` holding a copy of its content, and fill it."""
     if not os.path.isdir(path):
         raise FileNotFoundError(f"no NVMe directory {path} to fill")
     used, step = tree_bytes(path)
-    size = tmpfs_size(used, step)
+    size = tmpfs_size(used, step, min_free)
     staging = tempfile.mkdtemp(prefix=".chaos-nvme-", dir=os.path.dirname(path))
     bound = False
     try:
