@@ -100,7 +100,7 @@ def test_the_run_s_own_s3_server_comes_back_on_its_port_keys_and_data() -> None:
         return S3Server(f"http://127.0.0.1:{kw['s3_port']}", kw["access_key"], kw["secret_key"],
                         "checkpoints", 100 + len(started), state_dir)
 
-    s3 = CampaignS3("/x/s3-seed5", start=start, stop=stopped.append)
+    s3 = CampaignS3("/x/s3-seed5", start=start, stop=stopped.append, outage=stopped.append)
     first = s3.start()
     assert s3.object_uri("chaos") == "s3://checkpoints/chaos/$SLURMKIT_RUN_ID"
     s3.stop()

@@ -31,8 +31,9 @@ CLUSTER_NODES = 4  # tools/local-cluster's default: the cap on exclusions follow
 NODE_BUDGET_KINDS = ("node_loss", "agent_sigkill", "nvme_full")  # may cost the job a node
 IN_SAVE = "rank_sigkill_during_save"  # aimed at the save after its ``saves``: one more checkpoint
 # after_save faults that use one checkpoint more: the save they hit (inside a save, a full disk,
-# a promotion meeting an S3 outage) or their own stop checkpoint (a time-limit warning)
-TAKES_A_SAVE = (IN_SAVE, "time_limit_warning", "nvme_full", "s3_down_during_promotion")
+# a promotion meeting an S3 outage), their own stop checkpoint (a time-limit warning), or the
+# save the ranks of a node whose agent died still make before that is noticed (6 s here)
+TAKES_A_SAVE = (IN_SAVE, "time_limit_warning", "nvme_full", "s3_down_during_promotion", "agent_sigkill")
 
 
 @dataclass(frozen=True)

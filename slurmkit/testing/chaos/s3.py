@@ -5,14 +5,17 @@ stops S3 gets a SeaweedFS server of its own (``slurmkit.testing.s3server``: a re
 server`` on loopback) with fresh keys, in a directory under the run root. The job reaches it
 through the submitting environment (sbatch exports it; secrets have no place in job.env), and
 its object tier (``store.object_uri``) points into that server's bucket. ``stop`` is what an
-outage is (the process group SIGTERMed, the port closed); ``start`` brings it back on the same
+outage is (the process group SIGKILLed, the port closed); ``start`` brings it back on the same
 port, keys and data directory, so the objects written before the outage are there again.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
+import signal
+import time
 from collections.abc import Callable
 
 from slurmkit.testing.s3server import S3Server, free_port, start_s3_server, stop_pid
@@ -21,14 +24,36 @@ Start = Callable[..., S3Server]
 Stop = Callable[[int], None]
 
 
+def crash(pid: int, timeout_s: float = 10.0) -> None:
+    """SIGKILL the server's process group and wait until its leader is gone: an outage that
+    begins at once (``weed`` takes the whole 10 s grace of a SIGTERM to stop, while a short
+    run trains on through most of its remaining steps)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:  # not our child: poll its existence
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+        time.sleep(0.05)
+
+
 class CampaignS3:
-    def __init__(self, state_dir: str, *, start: Start = start_s3_server, stop: Stop = stop_pid) -> None:
+    def __init__(self, state_dir: str, *, start: Start = start_s3_server, stop: Stop = stop_pid,
+                 outage: Stop = crash) -> None:
         self.state_dir = state_dir
         self.access_key = "chaos" + secrets.token_hex(6)
         self.secret_key = secrets.token_hex(20)
         self.port = 0
         self.server: S3Server | None = None
-        self._start, self._stop = start, stop
+        self._start, self._stop, self._outage = start, stop, outage
         self.outages = 0
 
     @property
@@ -45,9 +70,9 @@ class CampaignS3:
         return self.server
 
     def stop(self) -> None:
-        """The outage: the server's process group is SIGTERMed (SIGKILLed after 10 s)."""
+        """The outage: the server's process group is SIGKILLed (``crash``)."""
         if self.server is not None:
-            self._stop(self.server.pid)
+            self._outage(self.server.pid)
             self.server = None
             self.outages += 1
 
