@@ -34,6 +34,7 @@ from slurmkit.supervise.endings import Endings
 from slurmkit.supervise.loopbase import (EXIT_WAIT_S, FAILED, REQUEUE_MARKS, STACKS_BARRIER_S, Ledger, Node,
                                          Node0Lost, Outcome, Where)
 from slurmkit.supervise.stragglers import StragglerDetector
+from slurmkit.supervise.timeouts import liveness_deadline_s
 
 log = logging.getLogger(__name__)
 
@@ -137,15 +138,20 @@ class Supervisor(Endings):
         """Wait for node 0's decision as long as node 0 beats (a decision may take a while:
         slow agents are waited for). Each wait is one blocking store wait on the decision key,
         woken by node 0's post (so every follower holds it one round trip after it is posted,
-        with no polling load on the store), bounded by one beat interval so that node 0's
-        beat is looked at between waits."""
+        with no polling load on the store), bounded by node 0's liveness deadline so that node
+        0's beat is looked at between waits (node 0 is lost only after two deadlines of silence,
+        so a look per deadline finds it). Not one look per beat interval: while a decision is
+        slow every follower's wait times out at once (each timeout an exception and a log line
+        in torch), and at N=2,048 on a loaded machine those timeouts took the CPU the decision
+        needed (the control-plane bench: a 30 s fan-out at load 360)."""
         node0 = Liveness({0: self.where.nodes[0]}, beat_interval_s=self.beat_interval_s,
                          floor_s=self.cfg.supervisor.node_timeout_s, first_beat_s=self.cfg.supervisor.node_timeout_s,
                          clock=self.clock)
+        look_s = liveness_deadline_s(self.beat_interval_s, self.cfg.supervisor.node_timeout_s)
         while True:
             try:
                 try:
-                    d = self.channel.wait_decision(gen, self.beat_interval_s)
+                    d = self.channel.wait_decision(gen, look_s)
                 except ChannelError as exc:  # forged: deleted by the channel; node 0's still comes
                     log.error("%s", exc)
                     d = None

@@ -271,3 +271,38 @@ def test_a_follower_reads_the_failure_once_per_failed_generation(tmp_path: Path)
     assert c.decisions() == [(0, Action.RESTART, ())]
     fail_key = follower.channel._gen(0, "fail")  # noqa: SLF001
     assert keys.count(fail_key) == 1, keys
+
+
+def test_a_follower_waiting_on_a_slow_decision_looks_at_node0_once_per_deadline(tmp_path: Path) -> None:
+    """Node 0 takes 1.5 s to decide. A follower's wait on the decision key is renewed once per
+    node 0 liveness deadline (supervisor.node_timeout_s=1 here), not once per beat interval
+    (0.01 s here: some 150 timed-out waits, each an exception and a log line in torch)."""
+    c = Cluster(tmp_path, [Script(), Script(fail={0: F.RANK_CRASH}), Script()])
+    decide = c.sups[0].node0_decide
+
+    def slow(gen: int, participants: list[int]) -> Any:
+        time.sleep(1.5)  # the slow decision this test is about (node 0's work, not a wait)
+        return decide(gen, participants)
+
+    c.sups[0].node0_decide = slow  # type: ignore[method-assign]
+    follower = c.sups[2]
+    key = follower.channel._gen(0, "decision")  # noqa: SLF001
+    waits = [0]
+    store = follower.channel.store
+
+    class Waits:
+        def __getattr__(self, name: str) -> Any:
+            attr = getattr(store, name)
+            if name != "wait":
+                return attr
+
+            def wait(keys: list[str], *a: Any) -> Any:
+                if key in keys:
+                    waits[0] += 1
+                return attr(keys, *a)
+            return wait
+
+    follower.channel.store = Waits()
+    assert c.run() == {0: 0, 1: 0, 2: 0}
+    assert c.decisions() == [(0, Action.RESTART, ())]
+    assert 1 <= waits[0] <= 3, waits
