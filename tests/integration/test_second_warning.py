@@ -70,7 +70,12 @@ def training_past(run_dir: str, rank: int, step: int) -> Callable[[], int | None
 
 
 def test_a_second_warning_after_a_restart_checkpoints_and_requeues_again(env, reference, tmp_path) -> None:
-    job, run_dir = submit([*COMMON, "job.name=second-warning"], env, str(tmp_path))
+    # No hang is part of this story: the heartbeat timeout is 30 s, not COMMON's 8 s, so that
+    # a step slowed by a loaded CI machine is not taken for one (a hang's restart or requeue
+    # would be one decision more); supervisor settings change no parameter of ``reference``.
+    args = [a for a in COMMON if not a.startswith("supervisor.heartbeat_timeout_s=")]
+    job, run_dir = submit([*args, "supervisor.heartbeat_timeout_s=30", "job.name=second-warning"],
+                          env, str(tmp_path))
 
     def wait(what: str, check: Callable[[], int | None], timeout_s: float = 300) -> int:
         return wait_while_running(what, check, job, run_dir, env, timeout_s)
