@@ -143,8 +143,10 @@ def decide(failure: Failure, history: History, ckpt_step: int | None, limits: Li
     (SIGKILLed, or it reported its own error): the node is not to blame, so it is never
     excluded from a requeue, and its silence never counts as a suspect failure. Without its
     agent it cannot run this allocation's next generation: a spare takes its slot, else the job
-    requeues with the node kept (a relaunch of one node's agent inside the allocation is not
-    built: a new agent cannot join generations already under way).
+    requeues with the node kept. Before this is called, node 0 first tries to relaunch such an
+    agent inside the allocation, in its own slot (slurmkit.supervise.relaunch, from
+    ``Deciding.relaunch_kept``: a restart, with no call here); what reaches this function is
+    the case where that was not possible or failed.
 
     A ``straggler`` (node 0 stopped the generation at a checkpoint to move a slow node out:
     health.straggler_action=replace) takes a spare, or restarts with the node kept when none is
