@@ -66,7 +66,9 @@ class Liveness:
         self._node_states = node_states
         self.clock = clock
         self._agents: dict[int, _Agent] = {}
-        self._asking: set[int] = set()
+        self._asking: set[int] = set()  # queued or in the query in flight
+        self._queued: list[int] = []
+        self._asker_busy = False
         self._lock = threading.Lock()
 
     def deadline_s(self, nr: int) -> float:
@@ -94,6 +96,7 @@ class Liveness:
     def lost(self) -> list[Lost]:
         """Agents confirmed lost now (never blocks; Slurm is asked in the background)."""
         now, out = self.clock(), []
+        new: list[int] = []  # suspect since this look: asked about together
         for nr, a in self._agents.items():
             silent = now - a.changed
             deadline = self.deadline_s(nr)
@@ -101,9 +104,10 @@ class Liveness:
                 continue
             if a.suspect_since is None:
                 a.suspect_since = now
-                log.warning("agent on %s silent for %.1f s (deadline %.1f s): asking Slurm",
-                            self.names[nr], silent, deadline)
-                self._ask(nr)
+                if len(new) < 8:
+                    log.warning("agent on %s silent for %.1f s (deadline %.1f s): asking Slurm",
+                                self.names[nr], silent, deadline)
+                new.append(nr)
             with self._lock:
                 state = a.slurm_state
             if state is not None and slurm_says_dead(state):
@@ -111,6 +115,9 @@ class Liveness:
             elif silent > 2 * deadline:
                 said = f"Slurm says {state}" if state is not None else "no answer from Slurm"
                 out.append(Lost(nr, silent, f"silent for two deadlines ({said})", state))
+        if len(new) > 8:
+            log.warning("and %d more agents silent past their deadline: asking Slurm", len(new) - 8)
+        self._ask(new)
         return out
 
     def forget(self, nr: int) -> None:
@@ -124,25 +131,42 @@ class Liveness:
         with self._lock:
             return a.slurm_state if a else None
 
-    def _ask(self, nr: int) -> None:
-        if self._node_states is None or nr in self._asking:
+    def _ask(self, nrs: list[int]) -> None:
+        """Queue ``nrs`` for Slurm's view. One query is in flight at a time, for every node queued
+        when it starts (one ``scontrol show node`` of a node list): when many agents go quiet at
+        once (node 0 starved, a network blip) slurmctld gets one RPC, not one per node, and node
+        0 does not start a thread and a subprocess per suspect."""
+        if self._node_states is None or not nrs:
             return
-        self._asking.add(nr)
-        name = self.names[nr]
+        with self._lock:
+            for nr in nrs:
+                if nr not in self._asking:
+                    self._asking.add(nr)
+                    self._queued.append(nr)
+            if self._asker_busy or not self._queued:
+                return
+            self._asker_busy = True
+        threading.Thread(target=self._ask_queued, name="slurm-view", daemon=True).start()
 
-        def ask() -> None:
+    def _ask_queued(self) -> None:
+        while True:
+            with self._lock:
+                batch, self._queued = self._queued, []
+                if not batch:
+                    self._asker_busy = False
+                    return
+            names = [self.names[nr] for nr in batch]
             try:
-                states = self._node_states([name])  # type: ignore[misc]
+                states = self._node_states(names)  # type: ignore[misc]
             except Exception as exc:  # noqa: BLE001 - a broken controller is no answer
-                log.warning("Slurm's view of %s: %s", name, exc)
+                log.warning("Slurm's view of %s: %s", ",".join(names[:8]) + (" ..." if len(names) > 8 else ""), exc)
                 states = {}
             with self._lock:
-                a = self._agents.get(nr)  # None: forgotten meanwhile (relaunched)
-                if name in states and a is not None:
-                    a.slurm_state = states[name]
-                self._asking.discard(nr)
-
-        threading.Thread(target=ask, name=f"slurm-view-{name}", daemon=True).start()
+                for nr, name in zip(batch, names):
+                    a = self._agents.get(nr)  # None: forgotten meanwhile (relaunched)
+                    if name in states and a is not None:
+                        a.slurm_state = states[name]
+                    self._asking.discard(nr)
 
 
 def client_node_states(client: object) -> NodeStates:

@@ -5,6 +5,7 @@ that survives store errors, and a checkpoint-progress read that never holds a de
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch.distributed as dist
@@ -158,6 +159,39 @@ def test_a_slow_scontrol_never_blocks_the_liveness_poll() -> None:
     (lost,) = live.lost()  # the second deadline passes without Slurm's answer
     assert "no answer from Slurm" in lost.why
     release.set()
+
+
+def test_many_suspects_at_once_make_one_slurm_query_in_flight() -> None:
+    """200 agents go quiet together (node 0 starved, a network blip): slurmctld gets one query
+    of the node list queued when it starts, and the ones found while it is in flight go into
+    the next one: two queries in all, not 200 (nor 200 threads on node 0)."""
+    release, started = threading.Event(), threading.Event()
+    queries: list[list[str]] = []
+
+    def slow(names: list[str]) -> dict[str, str]:
+        queries.append(list(names))
+        started.set()
+        release.wait(30)
+        return {n: "MIXED" for n in names}
+
+    clock = Clock()
+    names = {nr: f"node{nr}" for nr in range(1, 201)}
+    live = Liveness(names, beat_interval_s=1.0, floor_s=3.0, first_beat_s=10.0, node_states=slow, clock=clock)
+    live.observe({nr: 3 for nr in range(1, 101)})
+    clock.now += 4.5
+    assert live.lost() == []  # nodes 1-100 suspect: one query starts
+    assert started.wait(30)
+    live.observe({nr: 3 for nr in range(101, 201)})  # first beats of the others
+    clock.now += 4.5
+    # 101-200 suspect now too, while the first query hangs (1-100: past two deadlines, lost)
+    assert {x.node_rank for x in live.lost()} == set(range(1, 101))
+    assert len(queries) == 1 and sorted(queries[0]) == sorted(names[nr] for nr in range(1, 101))
+    release.set()
+    deadline = time.monotonic() + 30
+    while any(live.slurm_state(nr) is None for nr in names) and time.monotonic() < deadline:
+        threading.Event().wait(0.01)
+    assert len(queries) == 2 and sorted(queries[1]) == sorted(names[nr] for nr in range(101, 201)), queries
+    assert all(live.slurm_state(nr) == "MIXED" for nr in names)
 
 
 @pytest.mark.parametrize(("state", "dead"), [("ALLOCATED", False), ("MIXED", False), ("IDLE", False),
