@@ -142,19 +142,14 @@ class CountingStore:
         return counted
 
 
-@pytest.mark.parametrize("push", [True, False])
-def test_a_followers_steady_state_costs_no_round_trip_per_poll(tmp_path: Path, push: bool) -> None:
-    """Node 1's main-loop store calls over 30 of its polls while the generation runs: with the
-    end pushed, none (node 0's beat is read once per beat interval, set here longer than the
-    test); polled, the change counter at every poll."""
-    gate = threading.Event()
-    c = Cluster(tmp_path, [Script(gate=gate), Script(gate=gate)], poll_interval_s=0.02, push=push)
+def follower_window(c: Cluster, gate: threading.Event) -> tuple[int, int]:
+    """Run ``c`` and count node 1's main-loop store calls over 30 of its polls while the
+    generation runs (its beats go on their own connection, as the agent's Beater's do: not
+    counted); then open ``gate`` so the run ends. (polls, calls) in that window."""
     follower = c.sups[1]
-    follower.beat_interval_s = 3600.0
     counting = CountingStore(c.store)
     follower.channel.store = counting
     real_beat = follower.channel.beat
-    # the agent beats on its Beater's own connection: not the main loop's, not counted
     follower.channel.beat = lambda nr, tick, store=None: real_beat(nr, tick, c.store)  # type: ignore[method-assign,assignment]
     polls = [0]
     poll = c.nodes[1].poll
@@ -176,11 +171,22 @@ def test_a_followers_steady_state_costs_no_round_trip_per_poll(tmp_path: Path, p
     threading.Thread(target=measure, daemon=True).start()
     assert c.run() == {0: 0, 1: 0}
     assert window
-    n_polls, calls = window[0]
+    return window[0]
+
+
+@pytest.mark.parametrize("push", [True, False])
+def test_a_followers_steady_state_costs_no_round_trip_per_poll(tmp_path: Path, push: bool) -> None:
+    """Node 1's main-loop store calls over 30 of its polls while the generation runs: with the
+    end pushed, none (node 0's beat is read once per beat interval, set here longer than the
+    test); polled, the change counter at every poll."""
+    gate = threading.Event()
+    c = Cluster(tmp_path, [Script(gate=gate), Script(gate=gate)], poll_interval_s=0.02, push=push)
+    c.sups[1].beat_interval_s = 3600.0
+    n_polls, calls = follower_window(c, gate)
     if push:
-        assert calls <= 1, window  # at most its node-0 beat read falling in the window
+        assert calls <= 1, (n_polls, calls)  # at most its node-0 beat read falling in the window
     else:
-        assert calls >= n_polls - 1, window  # one change-counter read per poll
+        assert calls >= n_polls - 1, (n_polls, calls)  # one change-counter read per poll
 
 
 class Beats:
@@ -196,37 +202,13 @@ def test_a_watching_followers_store_check_rides_on_its_beats(tmp_path: Path, bea
     without it, the main loop reads node 0's beat once per beat interval itself."""
     gate = threading.Event()
     c = Cluster(tmp_path, [Script(gate=gate), Script(gate=gate)], poll_interval_s=0.02)
-    follower = c.sups[1]
-    follower.beat_interval_s = 0.001
-    follower.beater = Beats() if beater else None  # type: ignore[assignment]
-    counting = CountingStore(c.store)
-    follower.channel.store = counting
-    real_beat = follower.channel.beat
-    follower.channel.beat = lambda nr, tick, store=None: real_beat(nr, tick, c.store)  # type: ignore[method-assign,assignment]
-    polls = [0]
-    poll = c.nodes[1].poll
-
-    def counted_poll(gen: int) -> Any:
-        polls[0] += 1
-        return poll(gen)
-
-    c.nodes[1].poll = counted_poll  # type: ignore[method-assign]
-    window: list[tuple[int, int]] = []
-
-    def measure() -> None:
-        wait_until(lambda: polls[0] >= 3, "node 1's first polls")
-        p0, c0 = polls[0], counting.calls
-        wait_until(lambda: polls[0] >= p0 + 30, "30 more polls")
-        window.append((polls[0] - p0, counting.calls - c0))
-        gate.set()
-
-    threading.Thread(target=measure, daemon=True).start()
-    assert c.run() == {0: 0, 1: 0}
-    n_polls, calls = window[0]
+    c.sups[1].beat_interval_s = 0.001
+    c.sups[1].beater = Beats() if beater else None  # type: ignore[assignment]
+    n_polls, calls = follower_window(c, gate)
     if beater:
-        assert calls == 0, window
+        assert calls == 0, (n_polls, calls)
     else:
-        assert calls >= n_polls - 1, window  # node 0's beat read at (nearly) every poll
+        assert calls >= n_polls - 1, (n_polls, calls)  # node 0's beat read at (nearly) every poll
 
 
 def test_failing_beats_are_store_trouble_for_a_watching_follower(tmp_path: Path) -> None:
