@@ -700,6 +700,10 @@ class CpuTimeline:
             self._stop.wait(self.every_s)
 
     def start(self) -> CpuTimeline:
+        # The first sample before start returns: a window that opens right after (the steady
+        # window opens at the kill) has a sample at or before its start however late the
+        # thread first runs (a loaded machine: else the window read NaN).
+        self.samples.append((time.monotonic(), self._cpu()))
         self._thread.start()
         return self
 
