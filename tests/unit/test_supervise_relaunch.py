@@ -20,7 +20,7 @@ from slurmkit.supervise.policy import Action
 from slurmkit.supervise.relaunch import REJOIN_ENV, Relauncher, read_rejoin, step_env
 from slurmkit.testing.fakeslurm import FakeSlurm
 from tests.unit.test_supervise_loop import TOKEN, Cluster, Script, ScriptedNode
-from tests.unit.test_supervise_loop_agent import client, slurmd
+from tests.unit.test_supervise_loop_agent import client, requeued, slurmd  # noqa: F401 - requeued: a fixture
 
 
 class AgentStep:
@@ -85,14 +85,6 @@ def killed_agent_cluster(tmp_path: Path, **sup: Any) -> tuple[Cluster, list[Agen
 
     c.sups[0].relauncher = Relauncher(spawn, limit=c.cfg.supervisor.agent_relaunches, first_beat_s=2.0, poll_s=0.01)
     return c, steps, how
-
-
-@pytest.fixture
-def requeued(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[str, ...]]]:
-    calls: list[tuple[str, tuple[str, ...]]] = []
-    monkeypatch.setattr("slurmkit.supervise.endings.requeue_now",
-                        lambda client, job, exclude, **kw: calls.append((job, tuple(exclude))))
-    return calls
 
 
 def wait_code(step: AgentStep) -> int | None:
