@@ -45,7 +45,7 @@ def test_control_plane_bench_small_sizes(tmp_path) -> None:
     assert float(fields["steady_busy_cores"]) >= 0, fields
     # The decision's parts add up to it (one clock), and node 0's own part is the smallest.
     parts = float(fields["stop_s"]) + float(fields["node0_decide_s"]) + float(fields["fanout_s"])
-    assert abs(parts - float(fields["decide_s"])) < 0.02, fields
+    assert abs(parts - float(fields["decide_s"])) < 0.0025, fields  # four values, each rounded to 1 ms
     assert 0 <= float(fields["notice_s"]) <= float(fields["stop_s"]), fields
     assert float(fields["node0_decide_s"]) <= float(fields["decide_s"]), fields
     assert int(fields["node0_rpcs"]) > 0, fields

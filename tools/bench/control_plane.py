@@ -905,9 +905,10 @@ def result_line(rows: list[Figures], exps: dict[str, float | None], soak_s: floa
         return (f"RESULT mode=soak n={r.n} soak_s={soak_s:.0f} {common} load={r.load:.1f} "
                 f"sizes={','.join(str(x.n) for x in rows)}")
     f = r.fault
-    return (f"RESULT n={r.n} detect_s={f.detect_s:.2f} decide_s={f.decide_s:.2f} {common} "
-            f"notice_s={f.notice_s:.2f} stop_s={f.stop_s:.2f} node0_decide_s={f.node0_decide_s:.2f} "
-            f"fanout_s={f.fanout_s:.2f} node0_rpcs={f.node0_rpcs} "
+    # milliseconds shown: at small N a whole decision takes a few of them
+    return (f"RESULT n={r.n} detect_s={f.detect_s:.2f} decide_s={f.decide_s:.3f} {common} "
+            f"notice_s={f.notice_s:.3f} stop_s={f.stop_s:.3f} node0_decide_s={f.node0_decide_s:.3f} "
+            f"fanout_s={f.fanout_s:.3f} node0_rpcs={f.node0_rpcs} "
             f"decide_cpu_s={f.decide_cpu_s:.2f} decide_busy_cores={f.decide_cpu_s / max(f.decide_s, 1e-9):.2f} "
             f"steady_busy_cores={f.steady_busy_cores:.2f} cores={os.cpu_count()} "
             f"detect_exp={_fmt(exps['detect_s'])} decide_exp={_fmt(exps['decide_s'])} "
