@@ -145,11 +145,13 @@ def _make_bucket(endpoint: str, key: str, secret: str, bucket: str, timeout_s: f
             time.sleep(0.5)
 
 
-def stop_pid(pid: int, timeout_s: float = 10.0) -> None:
+def stop_pid(pid: int, timeout_s: float = 10.0, *, first: int | None = None) -> None:
+    """Stop the process group led by ``pid``: ``first`` (SIGTERM unless given), reaped or gone
+    within ``timeout_s``, else SIGKILL."""
     import signal
 
     try:
-        os.killpg(pid, signal.SIGTERM)
+        os.killpg(pid, signal.SIGTERM if first is None else first)
     except ProcessLookupError:
         return
     deadline = time.monotonic() + timeout_s

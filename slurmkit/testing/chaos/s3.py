@@ -11,11 +11,9 @@ port, keys and data directory, so the objects written before the outage are ther
 
 from __future__ import annotations
 
-import os
 import secrets
 import shutil
 import signal
-import time
 from collections.abc import Callable
 
 from slurmkit.testing.s3server import S3Server, free_port, start_s3_server, stop_pid
@@ -28,21 +26,7 @@ def crash(pid: int, timeout_s: float = 10.0) -> None:
     """SIGKILL the server's process group and wait until its leader is gone: an outage that
     begins at once (``weed`` takes the whole 10 s grace of a SIGTERM to stop, while a short
     run trains on through most of its remaining steps)."""
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                return
-        except ChildProcessError:  # not our child: poll its existence
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return
-        time.sleep(0.05)
+    stop_pid(pid, timeout_s, first=signal.SIGKILL)
 
 
 class CampaignS3:
