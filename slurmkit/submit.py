@@ -95,6 +95,23 @@ def freeze(cfg: SlurmkitConfig, run_dir: str, layout: Layout | None = None) -> N
     write_layout(run_dir, resolve_layout(cfg) if layout is None else layout)
 
 
+def freeze_site(run_dir: str, env: Mapping[str, str], err: Console) -> None:
+    """capabilities.json beside config.yaml: what the site can do, for the job's agents (cached
+    per user for an hour, slurmkit/slurm/capabilities.py). Never fails a submission."""
+    from slurmkit.slurm.capabilities import site_capabilities, write_run_dir_copy
+
+    try:
+        caps = site_capabilities(env)
+        write_run_dir_copy(run_dir, caps)
+        problem = "" if caps.version else "; ".join(caps.problems) or "no answer"
+    except Exception as exc:  # information for the job, not a condition of it
+        problem = str(exc)
+    if problem:
+        print_error(err, f"Detected: the site probe learned nothing ({problem}). Requirement: none, "
+                    "the job runs with the site's capabilities unknown. Fix: check that `scontrol "
+                    "show config` answers here", "warning")
+
+
 def frozen_text(cfg: SlurmkitConfig) -> bytes:
     """The bytes of config.yaml; the batch script carries their sha256 (slurmkit/rundir.py)."""
     return to_yaml(cfg).encode("utf-8")
@@ -258,6 +275,8 @@ def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console)
     created = make_run_dir(run_dir, cfg.submit.run_root)
     try:
         freeze(cfg, run_dir, layout)
+        if cfg.cluster.kind == "slurm":
+            freeze_site(run_dir, env, err)
         submitted = submit_slurm(spec) if cfg.cluster.kind == "slurm" else submit_local(spec)
     except BaseException:
         remove_created(created, run_dir)
