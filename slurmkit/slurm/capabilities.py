@@ -223,7 +223,8 @@ def _flag(text: str | None) -> bool | None:
 def _plugins(text: str | None, prefix: str) -> tuple[str, ...] | None:
     if text is None:
         return None
-    return tuple(p.strip().removeprefix(prefix) for p in text.split(",") if p.strip())
+    names = (p.strip().removeprefix(prefix).strip() for p in text.split(","))
+    return tuple(n for n in names if n)
 
 
 def parse_gres(values: list[str | None]) -> tuple[tuple[str, ...], bool]:
