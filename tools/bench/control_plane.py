@@ -215,6 +215,7 @@ class Probe:
     decide: dict[int, tuple[float, float, float, int]] = field(default_factory=dict)
     # gen -> node 0 (start, evidence complete, decision posted, its store round trips in between)
     saw: dict[int, dict[int, float]] = field(default_factory=dict)  # gen -> node rank -> saw the failure
+    cpu: dict[int, dict[int, float]] = field(default_factory=dict)  # gen -> node rank -> its thread's CPU s
     errors: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -235,6 +236,8 @@ class Probe:
                 self.decide[msg[1]] = (msg[2], msg[3], msg[4], msg[5])
             elif kind == "saw":
                 self.saw.setdefault(msg[1], {})[msg[2]] = msg[3]
+            elif kind == "cpu":
+                self.cpu.setdefault(msg[1], {})[msg[2]] = msg[3]
             elif kind == "error":
                 self.errors.append(msg[1])
 
@@ -287,6 +290,7 @@ class TimedSupervisor(Supervisor):
     """The real loop; these overrides only record when things happened."""
 
     sink: Sink
+    _cpu_saw: float | None = None
 
     def lost_agents(self) -> Any:
         lost = super().lost_agents()
@@ -297,6 +301,7 @@ class TimedSupervisor(Supervisor):
     def watch(self, gen: int, has_ranks: bool) -> Any:
         out = super().watch(gen, has_ranks)
         if out.kind == "failed":
+            self._cpu_saw = time.thread_time()
             self.sink.put(("saw", gen, self.where.node_rank, time.monotonic()))
         return out
 
@@ -315,6 +320,9 @@ class TimedSupervisor(Supervisor):
     def wait_decision(self, gen: int) -> Any:
         d = super().wait_decision(gen)
         self.sink.put(("applied", gen, self.where.node_rank, time.monotonic()))  # holds it
+        if self._cpu_saw is not None:  # this agent's own CPU from the notice to holding the decision
+            self.sink.put(("cpu", gen, self.where.node_rank, time.thread_time() - self._cpu_saw))
+            self._cpu_saw = None
         return d
 
 
@@ -328,10 +336,13 @@ class Spec:
     sample_s: tuple[float, float] = (math.inf, math.inf)  # heartbeat samples: node 0, the others
     ranks_per_node: int = 8
     push: bool = True  # each agent's EndWatch (False: poll the change counter, as before it)
+    # The allocation's node names, built once (a real agent reads them once from its context).
+    # Built on each use, they cost 1.1 ms at N=2,048 in every agent's EndWatch connect, and
+    # 2,048 of those in the decision window were seconds of this machine's two cores.
+    names: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(f"b{i:04d}" for i in range(self.n + 1))
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "names", tuple(f"b{i:04d}" for i in range(self.n + 1)))
 
 
 def _config(n: int) -> Any:
@@ -462,6 +473,11 @@ class Fault:
     node0_rpcs: int
     decide_cpu_s: float = float("nan")  # CPU of every bench process (agents, node 0, store) in decide_s
     steady_busy_cores: float = float("nan")  # the same before the loss is known: the agents' steady state
+    # One agent's own work on the failure path (its supervisor thread's CPU from seeing the
+    # failure to holding the decision: stop, report, wait, read): median and largest, in ms.
+    # Flat in N means the per-agent path is O(1); on a cluster it runs on the agent's own host.
+    agent_cpu_ms: float = float("nan")
+    agent_cpu_max_ms: float = float("nan")
 
 
 @dataclass
@@ -737,10 +753,13 @@ def _one_fault(size: Size, n: int) -> Fault:
     d0, gathered, posted, node0_rpcs = probe.decide[0]
     t_saw = max(t for nr, t in probe.saw.get(0, {}).items() if nr not in (victim, n))  # n: the spare
     _wait(lambda: len(probe.started.get(1, ())) == n, 300, "generation 1 on the spare", probe)
+    own = sorted(v for nr, v in probe.cpu.get(0, {}).items() if nr != 0)  # the followers'
     return Fault(detect_s=t_lost - t_kill, decide_s=t_held - t_lost, notice_s=t_saw - t_lost,
                  stop_s=gathered - t_lost, node0_decide_s=posted - gathered, fanout_s=t_held - posted,
                  node0_rpcs=node0_rpcs, decide_cpu_s=cpu.between(t_lost, t_held),
-                 steady_busy_cores=cpu.between(t_kill, t_lost) / max(t_lost - t_kill, 1e-9))
+                 steady_busy_cores=cpu.between(t_kill, t_lost) / max(t_lost - t_kill, 1e-9),
+                 agent_cpu_ms=1e3 * own[len(own) // 2] if own else float("nan"),
+                 agent_cpu_max_ms=1e3 * own[-1] if own else float("nan"))
 
 
 def sample_intervals(run_dir: str, names: tuple[str, ...]) -> tuple[float, float]:
@@ -855,7 +874,7 @@ def _fmt(v: float | None, nd: int = 2) -> str:
 
 COLUMNS = ("n", "setup_s", "load", "store_rps", "rps_per_agent", "false_lost", "fs_ops_per_step",
            "agent_fs_ops_s", "ledger_bytes_per_h", "ledger_bytes_per_h_est", "detect_s", "decide_s",
-           "notice_s", "stop_s", "node0_decide_s", "fanout_s", "node0_rpcs", "scan_channel_ms",
+           "notice_s", "stop_s", "node0_decide_s", "fanout_s", "node0_rpcs", "agent_cpu_ms", "scan_channel_ms",
            "scan_serial_ms", "evid_channel_ms", "evid_serial_ms")
 
 
@@ -872,7 +891,8 @@ def print_table(rows: list[Figures]) -> dict[str, float | None]:
     ns = [r.n for r in rows]
     exps: dict[str, float | None] = {}
     for name in ("store_rps", "rps_per_agent", "detect_s", "decide_s", "node0_decide_s", "fanout_s",
-                 "node0_rpcs", "scan_channel_ms", "scan_serial_ms", "evid_channel_ms", "ledger_bytes_per_h_est"):
+                 "node0_rpcs", "agent_cpu_ms", "scan_channel_ms", "scan_serial_ms", "evid_channel_ms",
+                 "ledger_bytes_per_h_est"):
         ys = [r.get(name) for r in rows]
         exps[name] = None if any(y is None for y in ys) else slope(ns, [float(y) for y in ys])  # type: ignore[arg-type]
     print("growth exponent in N (slope of log figure on log N; 0: flat, 1: linear): "
@@ -911,6 +931,7 @@ def result_line(rows: list[Figures], exps: dict[str, float | None], soak_s: floa
             f"fanout_s={f.fanout_s:.3f} node0_rpcs={f.node0_rpcs} "
             f"decide_cpu_s={f.decide_cpu_s:.2f} decide_busy_cores={f.decide_cpu_s / max(f.decide_s, 1e-9):.2f} "
             f"steady_busy_cores={f.steady_busy_cores:.2f} cores={os.cpu_count()} "
+            f"agent_cpu_ms={f.agent_cpu_ms:.2f} agent_cpu_max_ms={f.agent_cpu_max_ms:.2f} "
             f"detect_exp={_fmt(exps['detect_s'])} decide_exp={_fmt(exps['decide_s'])} "
             f"store_rps_exp={_fmt(exps['store_rps'])} load={r.load:.1f} sizes={','.join(str(x.n) for x in rows)}")
 
