@@ -69,6 +69,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -89,7 +90,7 @@ from slurmkit.config import compose  # noqa: E402
 from slurmkit.slurm.client import SlurmClient  # noqa: E402
 from slurmkit.slurm.retry import RetryPolicy  # noqa: E402
 from slurmkit.supervise.channel import Channel, load_token  # noqa: E402
-from slurmkit.launch.agent import LEDGER_FLUSH_INTERVAL_S  # noqa: E402
+from slurmkit.launch.agent import LEDGER_FLUSH_INTERVAL_S, settle_heap  # noqa: E402
 from slurmkit.supervise.ledger import LEDGER_NAME, Ledger  # noqa: E402
 from slurmkit.launch.fdlimit import raise_fd_limit, store_fds_needed  # noqa: E402
 from slurmkit.supervise.endwatch import EndWatch  # noqa: E402
@@ -444,6 +445,7 @@ def _worker(spec: Spec, nrs: list[int], events: Any, conn: Any, finished: Any) -
     fs.root = os.path.abspath(spec.run_dir) + os.sep
     batches = Batches(events.put)
     agents = Agents(spec, nrs, Sink(batches.put), finished)
+    settle_heap()  # as each agent does once it is set up (slurmkit.launch.agent.agent_main)
     conn.send(("ready",))
     agents.start()
     while True:
@@ -452,11 +454,23 @@ def _worker(spec: Spec, nrs: list[int], events: Any, conn: Any, finished: Any) -
             agents.kill(cmd[1])
         elif cmd[0] == "counts":
             conn.send((agents.rpcs(), fs.take()))
+        elif cmd[0] == "stacks":  # where some agents' threads are (a size that timed out)
+            conn.send(_thread_stacks({f"{kind}-{nr}" for nr in cmd[1] for kind in ("agent", "beat")}))
         elif cmd[0] == "end":
             agents.join(60)
             batches.close()
             conn.send(("ended",))
             return
+
+
+def _thread_stacks(names: set[str]) -> list[str]:
+    """The current stack of each thread of this process named in ``names`` (innermost last)."""
+    frames = sys._current_frames()
+    out = []
+    for t in threading.enumerate():
+        if t.name in names and t.ident in frames:
+            out.append(f"{t.name}:\n" + "".join(traceback.format_stack(frames[t.ident])[-6:]))
+    return out
 
 
 # ------------------------------------------------------------------ one size
@@ -562,6 +576,7 @@ class Size:
                 raise TimeoutError("a worker did not start within 600 s")
             c.recv()
         self.node0 = Agents(self.spec, [0], Sink(self.probe.record), self.finished, slurm=slurm)
+        settle_heap()  # node 0's agent, as the others (a no-op for what an earlier size froze)
         self.node0.start()
 
     def _drain(self) -> None:
@@ -584,6 +599,16 @@ class Size:
             for k, v in more.items():
                 ops[k] = ops.get(k, 0) + v
         return total, ops
+
+    def stacks(self, nrs: Sequence[int]) -> list[str]:
+        """Where the agents ``nrs`` are stuck (their main and beat threads), from their workers."""
+        out: list[str] = []
+        for c in self.conns:
+            c.send(("stacks", list(nrs)))
+        for c in self.conns:
+            if c.poll(30):
+                out.extend(c.recv())
+        return out
 
     def kill(self, nr: int) -> None:
         node = self.fake.nodes[self.spec.names[nr]]  # what slurmctld shows once slurmd is gone
@@ -752,14 +777,33 @@ def _one_fault(size: Size, n: int) -> Fault:
     cpu.stop()
     d0, gathered, posted, node0_rpcs = probe.decide[0]
     t_saw = max(t for nr, t in probe.saw.get(0, {}).items() if nr not in (victim, n))  # n: the spare
-    _wait(lambda: len(probe.started.get(1, ())) == n, 300, "generation 1 on the spare", probe)
+    try:
+        _wait(lambda: len(probe.started.get(1, ())) == n, 300, "generation 1 on the spare", probe)
+    except TimeoutError:
+        missing = sorted(set(range(n + 1)) - {victim} - probe.started.get(1, set()))
+        print(f"  agents without generation 1: {missing[:16]}", flush=True)
+        for st in size.stacks(missing[:4]):
+            print("  " + st.replace("\n", "\n    "), flush=True)
+        raise
     own = sorted(v for nr, v in probe.cpu.get(0, {}).items() if nr != 0)  # the followers'
+    late = sorted(t - posted for nr, t in probe.applied[0].items() if nr != 0)
+    saw = sorted(t - t_lost for nr, t in probe.saw.get(0, {}).items() if nr not in (0, victim))
+    print(f"  the failure seen (from the loss) / the decision held (from its post), in s: "
+          f"{_quantiles(saw)} / {_quantiles(late)}", flush=True)
     return Fault(detect_s=t_lost - t_kill, decide_s=t_held - t_lost, notice_s=t_saw - t_lost,
                  stop_s=gathered - t_lost, node0_decide_s=posted - gathered, fanout_s=t_held - posted,
                  node0_rpcs=node0_rpcs, decide_cpu_s=cpu.between(t_lost, t_held),
                  steady_busy_cores=cpu.between(t_kill, t_lost) / max(t_lost - t_kill, 1e-9),
                  agent_cpu_ms=1e3 * own[len(own) // 2] if own else float("nan"),
                  agent_cpu_max_ms=1e3 * own[-1] if own else float("nan"))
+
+
+def _quantiles(xs: list[float]) -> str:
+    """``xs`` (sorted) as its median, 90th and 99th percentiles and largest."""
+    if not xs:
+        return "none"
+    at = [xs[min(int(q * len(xs)), len(xs) - 1)] for q in (0.5, 0.9, 0.99)]
+    return f"p50 {at[0]:.2f} p90 {at[1]:.2f} p99 {at[2]:.2f} max {xs[-1]:.2f}"
 
 
 def sample_intervals(run_dir: str, names: tuple[str, ...]) -> tuple[float, float]:
