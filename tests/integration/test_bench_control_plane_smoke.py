@@ -21,7 +21,7 @@ COMMON = {"n", "store_rps", "fs_ops_per_step", "ledger_bytes_per_h", "ledger_byt
           "rps_per_agent", "load", "sizes"}
 FIELDS = COMMON | {"detect_s", "decide_s", "notice_s", "stop_s", "node0_decide_s", "fanout_s", "node0_rpcs",
                    "detect_exp", "decide_exp", "store_rps_exp", "decide_cpu_s", "decide_busy_cores",
-                   "steady_busy_cores", "cores"}
+                   "steady_busy_cores", "cores", "agent_cpu_ms", "agent_cpu_max_ms"}
 
 
 @pytest.mark.timeout(600)
@@ -43,6 +43,8 @@ def test_control_plane_bench_small_sizes(tmp_path) -> None:
     assert int(fields["cores"]) == os.cpu_count(), fields
     assert float(fields["decide_cpu_s"]) >= 0 and float(fields["decide_busy_cores"]) >= 0, fields
     assert float(fields["steady_busy_cores"]) >= 0, fields
+    # Each follower's own CPU from the failure to the decision was read (its thread's clock).
+    assert 0 < float(fields["agent_cpu_ms"]) <= float(fields["agent_cpu_max_ms"]), fields
     # The decision's parts add up to it (one clock), and node 0's own part is the smallest.
     parts = float(fields["stop_s"]) + float(fields["node0_decide_s"]) + float(fields["fanout_s"])
     assert abs(parts - float(fields["decide_s"])) < 0.0025, fields  # four values, each rounded to 1 ms
