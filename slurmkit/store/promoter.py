@@ -230,6 +230,10 @@ class Promoter:
         self.active = m.step
         try:
             self._promote(m, dest)
+        except Exception as exc:  # past the copies (the acknowledgements, the commit): still due
+            log.exception("promotion of step %d to %s failed, still due", m.step, dest.uri)
+            self.emit({"event": "ckpt_failed", "step": m.step, "tier": dest.name, "uri": dest.uri,
+                       "phase": "promote", "pending": True, **error_fields(exc)})
         finally:
             self.active = None
 

@@ -108,3 +108,42 @@ def test_a_rank_that_never_delivers_is_given_up_at_the_deadline(tmp_path: Any) -
         assert not lustre.exists(f"{step_dir(4)}/{MANIFEST}")
     finally:
         p.stop()
+
+
+def test_a_destination_failing_after_the_copies_reports_the_step_and_keeps_it_due(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The object store stops while rank 0 reads the acknowledgements (s3fs raises OSError from
+    inside its calls, not TierError): the ledger event names the step, which stays due and is
+    committed by a later round once the destination answers."""
+    import slurmkit.store.promoter as promoter
+
+    nvme, lustre, _ = _tiers(tmp_path)
+    m = _save(nvme, 6, os.urandom(4096))
+    nvme.write_atomic(f"{step_dir(6)}/{MANIFEST}", Manifest(
+        step=6, world_size=1, checksum_algo="crc32", files=m.files, promote_to=["lustre"]).to_json())
+    real, calls = promoter.read_acks, []
+
+    def outage_once(dest: Any, man: Manifest) -> Any:
+        calls.append(man.step)
+        if len(calls) == 1:
+            raise OSError("[Errno 104] Connection reset by peer")
+        return real(dest, man)
+
+    monkeypatch.setattr(promoter, "read_acks", outage_once)
+    events: list[dict[str, Any]] = []
+    p = Promoter(primary=nvme, tiers=[nvme, lustre], rank=0, world_size=1,
+                 emit=events.append, gc=lambda t: None, verified=VerifiedCache(),
+                 retry_attempts=1, retry_initial_s=0.01, retry_max_s=0.01,
+                 retry_pending_s=0.05, commit_timeout_s=30, max_workers=1,
+                 stagger_delay_s=0, clock=time.monotonic, sleep=time.sleep)
+    try:
+        deadline = time.monotonic() + 60
+        while read_latest(lustre) != 6 and time.monotonic() < deadline:
+            p.wait_idle(timeout=0.1)
+        failed = [e for e in events if e["event"] == "ckpt_failed"]
+        assert failed and failed[0]["step"] == 6 and failed[0]["pending"] is True, events
+        assert "Connection reset" in failed[0]["error"], failed
+        assert read_latest(lustre) == 6 and check_step(lustre, 6, deep=True).ok
+        assert len(calls) >= 2
+    finally:
+        p.stop()
