@@ -206,6 +206,11 @@ class PrimaryWriter:
                              promote_to=decide(step))
                 body = m.to_json()
                 head = {"sha": digest(body), "rank0": records[0]}
+        # Rank 0 reads its .metadata for the other nodes now, before the broadcast lets the
+        # ranks go on: the other ranks of node 0 wait for no one before their commit, which
+        # moves the partial directory's files (.metadata with them) into the step.
+        meta = self._metadata_body(directory, records[0]) \
+            if self.ring is not None and self.coord.rank == 0 and body is not None and records else None
         key = self.coord.publish(None if body is None else pack(body))
         head = self.coord.broadcast_json(head)
         if not isinstance(head, dict) or "error" in head:
@@ -214,7 +219,7 @@ class PrimaryWriter:
         shared = SharedManifest(self.coord, step, key, str(head.get("sha")), body)
         meta_problem = None
         if self.ring is not None:
-            meta_problem = self._spread_metadata(directory, head.get("rank0") or [])
+            meta_problem = self._spread_metadata(directory, head.get("rank0") or [], meta)
         t2 = time.perf_counter()
         # No rank may skip the agreement below (the coordinator's operations must stay in
         # step on every rank): whatever the commit raises becomes this rank's verdict.
@@ -255,7 +260,20 @@ class PrimaryWriter:
             mine = {"error": f"buddy copy: {problem}"}
         return mine, {self.coord.rank, *(e.rank for e in got)}
 
-    def _spread_metadata(self, directory: str, rank0: list[Any]) -> str | None:
+    @staticmethod
+    def _metadata_body(directory: str, rank0: Any) -> str | None:
+        """Rank 0: its ``.metadata`` (compressed, base64) when its record names one; None when
+        it names none or the file cannot be read (then no other node gets it: its commit fails)."""
+        try:
+            if not any(isinstance(e, dict) and e.get("name") == METADATA for e in rank0):
+                return None
+            with open(os.path.join(directory, METADATA), "rb") as f:
+                return base64.b64encode(zlib.compress(f.read(), 6)).decode()
+        except (OSError, TypeError) as exc:
+            log.warning("cannot spread %s: %s", METADATA, exc)
+            return None
+
+    def _spread_metadata(self, directory: str, rank0: list[Any], body: str | None = None) -> str | None:
         """``.metadata`` (rank 0's, small) into every other node's partial directory before
         any rank of that node commits. Returns a problem (None: fine).
 
@@ -269,13 +287,14 @@ class PrimaryWriter:
         ring, coord = self.ring, self.coord
         try:
             entry = next((FileEntry(**e) for e in rank0 if e.get("name") == METADATA), None)
-            body: str | None = None
-            if coord.rank == 0 and entry is not None:
-                with open(os.path.join(directory, METADATA), "rb") as f:
-                    body = base64.b64encode(zlib.compress(f.read(), 6)).decode()
-        except (OSError, TypeError, ValueError) as exc:  # rank 0: its verdict is the commit's
-            entry, body = None, None
+        except (TypeError, ValueError) as exc:
+            entry = None
             log.warning("cannot spread %s: %s", METADATA, exc)
+        if coord.rank == 0:  # read before the broadcast (_metadata_body): none read, none spread
+            if body is None:
+                entry = None
+        else:
+            body = None
         key = coord.publish(body)  # every rank: the operation keeps the ranks in step
         ready = [f"{key}/node{s}" for s in range(1, ring.slots)]
         coord.reclaim(ready)
