@@ -105,6 +105,15 @@ def test_a_world_of_one_needs_no_store() -> None:
     assert c.agree(False, "why") == (False, [(0, "why")]) and c.max_int(None) is None
 
 
+def _plant(store: Any, key: str, value: str) -> None:
+    """Set ``key`` and return once the store holds it. A TCPStore ``set`` is not answered, so
+    a get on another connection right after it can be served first (a large value arrives in
+    pieces): that read the previous value now and then. A get on the same connection is
+    served after the set."""
+    store.set(key, value)
+    store.get(key)
+
+
 def test_a_manifest_is_fetched_once_checked_against_its_digest_and_never_inflated() -> None:
     from slurmkit.store.manifest_share import SharedManifest, digest, pack
 
@@ -115,7 +124,7 @@ def test_a_manifest_is_fetched_once_checked_against_its_digest_and_never_inflate
     theirs = SharedManifest(coords[1], 7, keys[1], digest(body))
     assert theirs.body() == body and theirs.matches(body) and not theirs.matches(None)
     # someone rewrites the key: a different body, or a zlib bomb, is refused
-    coords[0].store.set(keys[0], json.dumps(pack(b"other")))
+    _plant(coords[0].store, keys[0], json.dumps(pack(b"other")))
     with pytest.raises(CoordinationError, match="does not match"):
         SharedManifest(coords[1], 7, keys[1], digest(body)).body()
     import base64
@@ -124,6 +133,6 @@ def test_a_manifest_is_fetched_once_checked_against_its_digest_and_never_inflate
     z, chunk = zlib.compressobj(9), b"\0" * (1 << 20)
     bomb_z = b"".join(z.compress(chunk) for _ in range(300)) + z.flush()  # 300 MiB inflated
     bomb = base64.b64encode(bomb_z).decode()
-    coords[0].store.set(keys[0], json.dumps(bomb))
+    _plant(coords[0].store, keys[0], json.dumps(bomb))
     with pytest.raises(CoordinationError, match="does not decode"):
         SharedManifest(coords[1], 7, keys[1], digest(body)).body()
