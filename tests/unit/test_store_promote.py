@@ -35,6 +35,16 @@ def _tiers(tmp_path: Any) -> tuple[FsspecTier, FsspecTier, FsspecTier]:
             make_tier("object", f"{tmp_path}/object", {}))
 
 
+def _rank0(nvme: FsspecTier, lustre: FsspecTier, events: list[dict[str, Any]], *, world_size: int,
+           retry_pending_s: float, commit_timeout_s: float) -> Promoter:
+    """Rank 0's promoter from NVMe to Lustre, with quick retries, emitting into ``events``."""
+    return Promoter(primary=nvme, tiers=[nvme, lustre], rank=0, world_size=world_size,
+                    emit=events.append, gc=lambda t: None, verified=VerifiedCache(),
+                    retry_attempts=1, retry_initial_s=0.01, retry_max_s=0.01,
+                    retry_pending_s=retry_pending_s, commit_timeout_s=commit_timeout_s,
+                    max_workers=world_size, stagger_delay_s=0, clock=time.monotonic, sleep=time.sleep)
+
+
 def test_a_same_size_leftover_in_staging_is_replaced_not_adopted(tmp_path: Any) -> None:
     nvme, lustre, _ = _tiers(tmp_path)
     payload = os.urandom(1 << 16)
@@ -94,11 +104,7 @@ def test_a_rank_that_never_delivers_is_given_up_at_the_deadline(tmp_path: Any) -
                  promote_to=["lustre"])
     nvme.write_atomic(f"{step_dir(4)}/{MANIFEST}", m.to_json())
     events: list[dict[str, Any]] = []
-    p = Promoter(primary=nvme, tiers=[nvme, lustre], rank=0, world_size=2,
-                 emit=events.append, gc=lambda t: None, verified=VerifiedCache(),
-                 retry_attempts=1, retry_initial_s=0.01, retry_max_s=0.01,
-                 retry_pending_s=3600, commit_timeout_s=0.5, max_workers=2,
-                 stagger_delay_s=0, clock=time.monotonic, sleep=time.sleep)
+    p = _rank0(nvme, lustre, events, world_size=2, retry_pending_s=3600, commit_timeout_s=0.5)
     try:
         assert p.wait_idle(timeout=None)
         (ev,) = [e for e in events if e["event"] == "ckpt_failed"]
@@ -131,11 +137,7 @@ def test_a_destination_failing_after_the_copies_reports_the_step_and_keeps_it_du
 
     monkeypatch.setattr(promoter, "read_acks", outage_once)
     events: list[dict[str, Any]] = []
-    p = Promoter(primary=nvme, tiers=[nvme, lustre], rank=0, world_size=1,
-                 emit=events.append, gc=lambda t: None, verified=VerifiedCache(),
-                 retry_attempts=1, retry_initial_s=0.01, retry_max_s=0.01,
-                 retry_pending_s=0.05, commit_timeout_s=30, max_workers=1,
-                 stagger_delay_s=0, clock=time.monotonic, sleep=time.sleep)
+    p = _rank0(nvme, lustre, events, world_size=1, retry_pending_s=0.05, commit_timeout_s=30)
     try:
         deadline = time.monotonic() + 60
         while read_latest(lustre) != 6 and time.monotonic() < deadline:
