@@ -163,6 +163,13 @@ class SupervisorConfig:
     # node's agent (a new srun step) inside one allocation before it falls back to a spare or a
     # requeue keeping the node (slurmkit.supervise.relaunch). 0: never relaunched.
     agent_relaunches: int = 1
+    # slurmkit.train's ranks start from warm standbys (slurmkit.launch.standby): processes that
+    # imported the trainer ahead and wait; a restart inside the allocation then skips each rank's
+    # Python and torch start-up. Generation 0's import while the agents meet; the next
+    # generation's once the ranks have trained warm_standby_after_s (a job that never fails pays
+    # one idle import per rank, and none in its first minute). Other programs always start cold.
+    warm_standby: bool = True
+    warm_standby_after_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.enabled is False:
@@ -180,6 +187,10 @@ class SupervisorConfig:
             raise ConfigError(f"supervisor.agent_relaunches={self.agent_relaunches}", "a value >= 0",
                               "set supervisor.agent_relaunches=1 (0: a lost agent's node takes a spare "
                               "or the job requeues keeping it)")
+        if self.warm_standby_after_s < 0:
+            raise ConfigError(f"supervisor.warm_standby_after_s={self.warm_standby_after_s}",
+                              "a number of seconds >= 0",
+                              "set supervisor.warm_standby_after_s=60 (or supervisor.warm_standby=false)")
         if self.max_requeues < 0:
             raise ConfigError(f"supervisor.max_requeues={self.max_requeues}", "a value >= 0",
                               "set supervisor.max_requeues=20 (0: never requeue after a failure)")

@@ -27,8 +27,8 @@ from slurmkit.health.preflight import Peers, node_preflight
 from slurmkit.health.result import Verdict
 from slurmkit.launch.context import NodeContext, node_context
 from slurmkit.launch.fdlimit import raise_fd_limit, store_fds_needed
-from slurmkit.launch import stackdump
-from slurmkit.launch.ranks import RankProcess, spawn_rank, stop_ranks
+from slurmkit.launch import stackdump, standby
+from slurmkit.launch.ranks import RankProcess, spawn_rank, stop_ranks, watch_rank
 from slurmkit.launch.rendezvous import connect
 from slurmkit.launch.steptimes import StepTimes
 from slurmkit.layout import load_layout
@@ -101,6 +101,10 @@ class NodeAgent:
         self.signal_at: float | None = None  # self.clock() when it came
         self.procs: list[RankProcess] = []
         self.monitor: RankMonitor | None = None
+        # Warm standbys (slurmkit.launch.standby) by local rank: the next generation's ranks,
+        # already imported; the clock time this generation's ranks started (when to prepare them).
+        self.standbys: dict[int, standby.Standby] = {}
+        self._started_at: float | None = None
         self.step_times: StepTimes | None = None  # this generation's step-time samples (stragglers)
         self._last_sample = self.clock()
         self._kernel_log_at = self.clock()  # the pre-flight just read it
@@ -207,44 +211,117 @@ class NodeAgent:
             return
         plans = self._plans()
         argv = rank_command(self.cfg.job.command)
-        procs = []
+        procs, warm = [], []
         for lr in range(self.ranks_per_node):
-            env = self.rank_env(gen, lr, slot, port, master_addr)
-            before = dict(env)
-            cmd = argv
-            if plans is not None:
-                from slurmkit.topology import pin_command, rank_env
-
-                env.update(rank_env(plans[lr], plans, env, self.cfg.topology))  # type: ignore[arg-type]
-                cmd = pin_command(plans[lr], argv, verify=self.cfg.topology.verify,  # type: ignore[arg-type]
-                                  method=self.cfg.topology.apply_method)
-            env.update(contract.device_env(lr, self.layout, before, env, plans[lr] if plans else None))
+            prefix, env = self._launch(gen, lr, slot, port, master_addr, plans)
             rank = int(env["RANK"])
             # A beat left by an earlier run at this path (or by a dead agent) must not look
             # like this rank's progress to anyone reading the file before the rank writes it.
             _remove_quietly(env["SLURMKIT_HEARTBEAT_FILE"])
             path = os.path.join(self.run_dir, "logs", f"rank{rank}.log")
-            p = spawn_rank(cmd, env, rank=rank, local_rank=lr, log_path=path, cwd=self.run_dir,
-                           sink=monitor.on_line, on_exit=monitor.on_exit)
+            p = self._adopt(lr, prefix, env, argv, rank, path, monitor)
+            warm.append(p is not None)
+            if p is None:
+                p = spawn_rank([*prefix, *argv], env, rank=rank, local_rank=lr, log_path=path, cwd=self.run_dir,
+                               sink=monitor.on_line, on_exit=monitor.on_exit)
             monitor.add_rank(rank, p.pid, env["SLURMKIT_HEARTBEAT_FILE"])
             if env["SLURMKIT_EVENTS_FILE"] not in self._spools:  # this node writes them to the ledger
                 self._spools.add(env["SLURMKIT_EVENTS_FILE"])
                 self.ledger.attach(SpoolReader(env["SLURMKIT_EVENTS_FILE"]))
             procs.append(p)
         self.procs = procs
-        self._last_sample = self.clock()
+        self._last_sample = self._started_at = self.clock()
         self.ledger.append("ranks_started", generation=gen, node=self.ctx.node_name, slot=slot,
-                           ranks=[p.rank for p in procs], pids=[p.pid for p in procs],
+                           ranks=[p.rank for p in procs], pids=[p.pid for p in procs], warm=warm,
                            heartbeat_dir=self.local_dir)
         if self.signal_kind is not None:  # a warning arrived while the ranks were starting
             for p in self.procs:
                 p.notify(signal.SIGUSR1 if self.signal_kind == "time_limit" else signal.SIGTERM)
+
+    def _launch(self, gen: int, lr: int, slot: int, port: int, master_addr: str | None,
+                plans: list[object] | None) -> tuple[list[str], dict[str, str]]:
+        """(what goes in front of the program: the pin wrapper or nothing, the environment) of
+        local rank ``lr`` in generation ``gen`` at ``slot``."""
+        env = self.rank_env(gen, lr, slot, port, master_addr)
+        before = dict(env)
+        prefix: list[str] = []
+        if plans is not None:
+            from slurmkit.topology import pin_command, rank_env
+
+            env.update(rank_env(plans[lr], plans, env, self.cfg.topology))  # type: ignore[arg-type]
+            prefix = pin_command(plans[lr], [], verify=self.cfg.topology.verify,  # type: ignore[arg-type]
+                                 method=self.cfg.topology.apply_method)
+        env.update(contract.device_env(lr, self.layout, before, env, plans[lr] if plans else None))
+        return prefix, env
+
+    # ------------------------------------------------------------------ warm standbys
+    def _standby_wanted(self) -> bool:
+        return (self.cfg.supervisor.warm_standby and self.signal_kind is None
+                and standby.trainer_args(rank_command(self.cfg.job.command)) is not None)
+
+    def warm_up(self, gen: int = 0, slot: int | None = None, plans: list[object] | None = None) -> None:
+        """Start a standby for every local rank that has none (slurmkit.launch.standby), with
+        this node's environment for ``gen`` (its identity is handed over when it is used). At
+        the agent's start they import while the agents meet; then once a generation has trained
+        ``supervisor.warm_standby_after_s``, for the next one."""
+        if not self._standby_wanted():
+            return
+        if slot is None:
+            slot = min(self.ctx.node_rank, self.train_nodes - 1)
+        if plans is None:
+            plans = self._plans()
+        for lr in range(self.ranks_per_node):
+            if lr in self.standbys:
+                continue
+            prefix, env = self._launch(gen, lr, slot, 0, None, plans)
+            try:
+                self.standbys[lr] = standby.spawn(prefix, env, local_rank=lr, cwd=self.run_dir)
+            except OSError as exc:  # no standby is no failure: the rank starts cold
+                log.warning("no warm standby for local rank %d: %s", lr, exc)
+                return
+
+    def _adopt(self, lr: int, prefix: list[str], env: dict[str, str], argv: list[str], rank: int,
+               path: str, monitor: RankMonitor) -> RankProcess | None:
+        """Local rank ``lr``'s standby made this generation's rank ``rank``; None if there is
+        none or it cannot be (then it is discarded and the rank starts cold)."""
+        sb = self.standbys.pop(lr, None)
+        args = standby.trainer_args(argv)
+        if sb is None or args is None:
+            return None
+        reason = standby.why_not(sb, prefix, env, args)
+        if reason is None and not standby.hand_over(sb, env, args):
+            reason = "it was gone when handed its rank"
+        if reason is not None:
+            log.info("rank %d starts cold: its standby (pid %d) %s", rank, sb.pid, reason)
+            sb.discard()
+            return None
+        return watch_rank(sb.proc, rank=rank, local_rank=lr, log_path=path, sink=monitor.on_line,
+                          on_exit=monitor.on_exit)
+
+    def discard_standbys(self) -> None:
+        for sb in self.standbys.values():
+            sb.discard()
+        self.standbys.clear()
+
+    def _keep_standbys(self, gen: int, beats: Mapping[int, object]) -> None:
+        if not self.cfg.supervisor.warm_standby:
+            return
+        if self.signal_kind is not None:  # no next generation in this allocation
+            if self.standbys:
+                self.discard_standbys()
+            return
+        if (len(self.standbys) < self.ranks_per_node and self._started_at is not None
+                and self.monitor is not None and self.monitor.triggered is None and self.procs
+                and len(beats) >= len(self.procs)
+                and self.clock() - self._started_at >= self.cfg.supervisor.warm_standby_after_s):
+            self.warm_up(gen + 1, slot=self.procs[0].rank // self.ranks_per_node)
 
     def poll(self, gen: int) -> Evidence | None:
         """Look at the ranks once; the evidence that triggered a failure here, if any."""
         if self.monitor is None:
             return None
         beats = self.monitor.poll()
+        self._keep_standbys(gen, beats)
         if self.step_times is not None:
             self.step_times.observe(beats)
         self._check_warning_budget(gen)
@@ -304,6 +381,7 @@ class NodeAgent:
     def kill_leftovers(self) -> None:
         """SIGKILL any rank still running (the agent is leaving: a rank left behind would hold
         its GPU and its peers' collectives). Ranks that have exited are left alone."""
+        self.discard_standbys()
         live = [p for p in self.procs if p.poll() is None]
         if live:
             log.warning("agent leaving: killing %d rank(s) still running", len(live))
@@ -443,6 +521,7 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
     peers = peer_checks(ctx, channel, store.port, cfg, load_layout(run_dir, cfg).train_nodes, env)
     node = NodeAgent(run_dir, cfg, ctx, env, ledger, peers=peers)
     node.install_signal_handlers()
+    node.warm_up()  # generation 0's ranks import while the agents meet
     beater = start_alive_thread(ctx, channel, store.port,
                                 beat_interval_s(ctx.num_nodes, cfg.supervisor.poll_interval_s))
     progress = CheckpointProgress(tier_readers(cfg.store, {**env, "SLURMKIT_RUN_DIR": run_dir},

@@ -76,6 +76,16 @@ def spawn_rank(argv: Sequence[str], env: Mapping[str, str], *, rank: int, local_
     proc = subprocess.Popen(list(argv), env=dict(env), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True, cwd=cwd)
+    return watch_rank(proc, rank=rank, local_rank=local_rank, log_path=log_path, sink=sink, on_exit=on_exit)
+
+
+def watch_rank(proc: subprocess.Popen[bytes], *, rank: int, local_rank: int, log_path: str,
+               sink: LineSink | None = None,
+               on_exit: Callable[[int, int], None] | None = None) -> RankProcess:
+    """A started rank process (its own session, output piped) as a RankProcess: its output teed
+    to ``log_path`` and ``sink``, its exit reported to ``on_exit``. A warm standby that becomes
+    a rank (slurmkit.launch.standby) is watched from then on, as a rank spawned cold."""
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
     assert proc.stdout is not None  # noqa: S101 - guaranteed by stdout=PIPE
     reader = threading.Thread(target=_tee, args=(rank, proc.stdout, log_path, sink),
                               name=f"tee-rank{rank}", daemon=True)

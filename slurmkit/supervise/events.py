@@ -66,8 +66,9 @@ EVENTS: dict[str, EventSpec] = {
                               "nodes:list ended:num queued_s:num held_s:num"),
     "config_warning": _spec("message:str"),
     "state": _spec("old:str new:str", "why:str"),
+    # warm: per rank, whether it started from a warm standby (slurmkit.launch.standby)
     "ranks_started": _spec("generation:int", "node:str slot:int ranks:list pids:list "
-                                             "heartbeat_dir:str"),
+                                             "heartbeat_dir:str warm:list"),
     "heartbeat": _spec("generation:int node:str steps:dict"),
     "failure": _spec("cls:str", "generation:int rank:int node:str evidence:str time_of_fault:num "
                                 "ranks_affected:list slurm_view:list stack:str in_collective:bool?"),

@@ -116,7 +116,7 @@ def _ledger(env: Mapping[str, str], rank: int) -> Any:
     return None
 
 
-def run(env: Mapping[str, str]) -> int:
+def run(env: Mapping[str, str], early_stop: StopRequest | None = None) -> int:
     """Everything between reading the environment and the exit code."""
     rank, world = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
     local_rank = int(env.get("LOCAL_RANK", "0"))
@@ -148,7 +148,7 @@ def run(env: Mapping[str, str]) -> int:
         # Strict on GPU: only then does cuDNN attention pick its deterministic backward.
         # Lenient on CPU, where every op the model uses is deterministic anyway.
         torch.use_deterministic_algorithms(True, warn_only=not on_gpu)
-    stop = _EARLY_STOP or StopRequest().install()
+    stop = early_stop or _EARLY_STOP or StopRequest().install()
     faults = FaultInjector(parse_faults(env.get("SLURMKIT_FAULT", "")), rank=rank,
                            marker_dir=os.path.join(ctx.run_dir, "faults") if ctx.run_dir else None)
     init_distributed(runtime, p)
@@ -168,12 +168,14 @@ def run(env: Mapping[str, str]) -> int:
         dist.destroy_process_group()
 
 
-def main() -> int:
+def main(early_stop: StopRequest | None = None) -> int:
+    """The rank's life; ``early_stop``: the stop handler a warm standby (slurmkit.launch.standby)
+    installed before its imports, as this module does when run as ``python -m``."""
     logging.basicConfig(level=os.environ.get("SLURMKIT_LOG_LEVEL", "INFO"),
                         format="%(asctime)s rank" + os.environ.get("RANK", "0")
                                + " %(name)s %(levelname)s %(message)s")
     try:
-        return run(os.environ)
+        return run(os.environ, early_stop)
     except ConfigError as exc:
         # One line, the stable marker first: the supervisor stops on it instead of restarting a
         # configuration that cannot work (the message quotes user input: kept to one clean line).

@@ -10,9 +10,11 @@ import sys
 from slurmkit.testing.chaos import procs
 
 
-def fake_proc(root, pid: int, env: dict[str, str], argv: list[str], state: str = "S", start: int = 100) -> None:
+def fake_proc(root, pid: int, env: dict[str, str], argv: list[str], state: str = "S", start: int = 100,
+              comm: str = "python") -> None:
     d = root / str(pid)
     d.mkdir()
+    (d / "comm").write_text(comm + "\n")
     (d / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
     (d / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in argv))
     rest = [state] + ["0"] * 18 + [str(start)] + ["0"] * 10
@@ -43,6 +45,24 @@ def test_scan_finds_the_runs_processes_newest_rank_wins_zombies_and_others_are_l
     assert [p.pid for p in found if procs.is_agent(p)] == [13]
     assert [p.pid for p in found if procs.is_batch_shell(p)] == [14]
     assert procs.scan(run, None, proc_root=str(root)) and 14 not in {p.pid for p in procs.scan(run, None, str(root))}
+
+
+def test_a_warm_standby_counts_as_a_rank_once_it_names_one(tmp_path) -> None:
+    root = tmp_path / "proc"
+    root.mkdir()
+    run = str(tmp_path / "run")
+    os.makedirs(run)
+    env = {"SLURMKIT_RUN_DIR": run, "RANK": "0", "SLURMD_NODENAME": "node1"}  # as it was started
+    standby = ["python", "-m", "slurmkit.launch.standby"]
+    fake_proc(root, 20, env, ["python", "-m", "slurmkit.train"], start=100)  # generation 0, cold
+    fake_proc(root, 21, env, standby, start=200, comm="skrank3")  # generation 1: rank 3 now
+    fake_proc(root, 22, env, standby, start=300, comm="skstandby")  # waits for generation 2
+
+    found = procs.scan(run, None, proc_root=str(root))
+    assert sorted(p.pid for p in found) == [20, 21, 22]
+    ranks = procs.ranks(found)
+    assert {r: p.pid for r, p in ranks.items()} == {0: 20, 3: 21}
+    assert not any(procs.is_agent(p) for p in found)
 
 
 def test_scan_sees_a_real_stopped_process_of_the_run(tmp_path) -> None:

@@ -2,7 +2,9 @@
 
 The local cluster's nodes are slurmd daemons on this one machine, so every process of a job is
 visible here; each carries the job's environment (``SLURMKIT_RUN_DIR``, ``RANK``,
-``SLURMD_NODENAME``, ``SLURMKIT_NODE_RANK``). Reading the truth from /proc rather than from the
+``SLURMD_NODENAME``, ``SLURMKIT_NODE_RANK``). A rank that began as a warm standby
+(slurmkit.launch.standby) still shows the environment it was started with; it names its rank in
+``/proc/PID/comm`` (``skrank<RANK>``), read here instead. Reading the truth from /proc rather than from the
 ledger's ``ranks_started`` pids means the driver never signals a pid of an older generation
 that the ledger has not caught up with. ``proc_root`` is a parameter so tests can hand in a
 directory of their own.
@@ -13,6 +15,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from slurmkit.launch.standby import ADOPTED_PREFIX as STANDBY_RANK_PREFIX
+from slurmkit.launch.standby import MODULE as STANDBY_MODULE
+
 
 @dataclass(frozen=True)
 class Proc:
@@ -21,6 +26,7 @@ class Proc:
     env: dict[str, str]
     state: str  # /proc/PID/stat's state letter (R, S, T for stopped, Z, ...)
     start: int  # start time in clock ticks since boot: orders processes by age
+    comm: str = ""  # /proc/PID/comm: a warm standby's rank once it has one
 
     @property
     def node(self) -> str:
@@ -64,12 +70,27 @@ def scan(run_dir: str, job_id: str | None = None, proc_root: str = "/proc") -> l
         state, start = _stat(stat)
         if state == "Z":
             continue
-        out.append(Proc(int(name), tuple(cmd.decode(errors="replace").split("\0")[:-1]), env, state, start))
+        comm = (_read(os.path.join(base, "comm")) or b"").decode(errors="replace").strip()
+        out.append(Proc(int(name), tuple(cmd.decode(errors="replace").split("\0")[:-1]), env, state, start, comm))
     return out
 
 
+def _standby(p: Proc) -> bool:
+    return "-m" in p.cmdline and STANDBY_MODULE in p.cmdline
+
+
+def rank_of(p: Proc) -> int | None:
+    """The training rank ``p`` runs, None if it runs none (a standby still waiting, an agent)."""
+    if _standby(p):
+        digits = p.comm[len(STANDBY_RANK_PREFIX):] if p.comm.startswith(STANDBY_RANK_PREFIX) else ""
+        return int(digits) if digits.isdigit() else None
+    if "RANK" in p.env and "-m" in p.cmdline and "slurmkit.train" in p.cmdline:
+        return int(p.env["RANK"])
+    return None
+
+
 def is_rank(p: Proc) -> bool:
-    return "RANK" in p.env and "-m" in p.cmdline and "slurmkit.train" in p.cmdline
+    return rank_of(p) is not None
 
 
 def is_agent(p: Proc) -> bool:
@@ -87,6 +108,8 @@ def newest(procs: list[Proc]) -> Proc | None:
 def ranks(procs: list[Proc]) -> dict[int, Proc]:
     """rank -> its newest live process."""
     out: dict[int, Proc] = {}
-    for p in sorted(filter(is_rank, procs), key=lambda p: p.start):
-        out[int(p.env["RANK"])] = p
+    for p in sorted(procs, key=lambda p: p.start):
+        rank = rank_of(p)
+        if rank is not None:
+            out[rank] = p
     return out
