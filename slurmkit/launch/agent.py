@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -27,7 +28,7 @@ from slurmkit.health.preflight import Peers, node_preflight
 from slurmkit.health.result import Verdict
 from slurmkit.launch.context import NodeContext, node_context
 from slurmkit.launch.fdlimit import raise_fd_limit, store_fds_needed
-from slurmkit.launch import stackdump, standby
+from slurmkit.launch import stackdump, standby, tether
 from slurmkit.launch.ranks import RankProcess, spawn_rank, stop_ranks, watch_rank
 from slurmkit.launch.rendezvous import connect
 from slurmkit.launch.steptimes import StepTimes
@@ -222,8 +223,8 @@ class NodeAgent:
             p = self._adopt(lr, prefix, env, argv, rank, path, monitor)
             warm.append(p is not None)
             if p is None:
-                p = spawn_rank([*prefix, *argv], env, rank=rank, local_rank=lr, log_path=path, cwd=self.run_dir,
-                               sink=monitor.on_line, on_exit=monitor.on_exit)
+                p = spawn_rank(self._tethered([*prefix, *argv]), env, rank=rank, local_rank=lr, log_path=path,
+                               cwd=self.run_dir, sink=monitor.on_line, on_exit=monitor.on_exit)
             monitor.add_rank(rank, p.pid, env["SLURMKIT_HEARTBEAT_FILE"])
             if env["SLURMKIT_EVENTS_FILE"] not in self._spools:  # this node writes them to the ledger
                 self._spools.add(env["SLURMKIT_EVENTS_FILE"])
@@ -254,6 +255,16 @@ class NodeAgent:
         env.update(contract.device_env(lr, self.layout, before, env, plans[lr] if plans else None))
         return prefix, env
 
+    @staticmethod
+    def _tethered(cmd: list[str]) -> list[str]:
+        """``cmd`` behind slurmkit.launch.tether: the rank dies with this agent, even by SIGKILL.
+        The kernel ties a child to the thread that forked it: only the main thread, which lives
+        as long as the agent, starts ranks tied (any other: untied, as before, and said)."""
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("ranks started outside the agent's main thread: not tied to the agent")
+            return cmd
+        return tether.command(os.getpid(), cmd)
+
     # ------------------------------------------------------------------ warm standbys
     def _standby_wanted(self) -> bool:
         return (self.cfg.supervisor.warm_standby and self.signal_kind is None
@@ -274,8 +285,9 @@ class NodeAgent:
             if lr in self.standbys:
                 continue
             prefix, env = self._launch(gen, lr, slot, 0, None, plans)
+            parent = os.getpid() if threading.current_thread() is threading.main_thread() else None
             try:
-                self.standbys[lr] = standby.spawn(prefix, env, local_rank=lr, cwd=self.run_dir)
+                self.standbys[lr] = standby.spawn(prefix, env, local_rank=lr, cwd=self.run_dir, parent=parent)
             except OSError as exc:  # no standby is no failure: the rank starts cold
                 log.warning("no warm standby for local rank %d: %s", lr, exc)
                 return

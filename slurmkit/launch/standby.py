@@ -111,10 +111,13 @@ class Standby:
                 stream.close()
 
 
-def spawn(prefix: Sequence[str], env: Mapping[str, str], *, local_rank: int, cwd: str | None) -> Standby:
+def spawn(prefix: Sequence[str], env: Mapping[str, str], *, local_rank: int, cwd: str | None,
+          parent: int | None = None) -> Standby:
     """Start a standby for ``local_rank``: ``prefix`` (the rank's pin wrapper, or empty) in
-    front of ``<this python> -m slurmkit.launch.standby``, with ``env``."""
-    proc = subprocess.Popen([*prefix, sys.executable, "-m", MODULE], env=dict(env), stdin=subprocess.PIPE,
+    front of ``<this python> -m slurmkit.launch.standby [PARENT]``, with ``env``. With
+    ``parent`` (this process's pid) it dies with this process (slurmkit.launch.tether)."""
+    tail = [str(parent)] if parent is not None else []
+    proc = subprocess.Popen([*prefix, sys.executable, "-m", MODULE, *tail], env=dict(env), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd)
     return Standby(local_rank, proc, tuple(prefix), dict(env))
 
@@ -174,9 +177,14 @@ def read_message(stream) -> tuple[dict[str, str], list[str], list[str]] | None:
     return put, unset, args
 
 
-def serve() -> int:
-    """The standby's life: keep stop signals, import the trainer, wait for a rank, run it."""
+def serve(args: Sequence[str] = ()) -> int:
+    """The standby's life: keep stop signals, import the trainer, wait for a rank, run it.
+    ``args``: the agent's pid, to die with it (slurmkit.launch.tether), or nothing."""
+    from slurmkit.launch.tether import arm
     from slurmkit.train.signals import StopRequest, register_stack_dump
+
+    if args and args[0].isdigit():
+        arm(int(args[0]))
 
     # As the trainer does before its imports: a time-limit warning or SIGTERM that comes now is
     # kept for the trainer's first step boundary instead of killing the process.
@@ -213,7 +221,7 @@ def serve() -> int:
 if __name__ == "__main__":
     from slurmkit.procexit import leave
 
-    code = serve()
+    code = serve(sys.argv[1:])
     sys.stdout.flush()
     sys.stderr.flush()
     leave(code)

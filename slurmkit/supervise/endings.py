@@ -18,7 +18,8 @@ from slurmkit.supervise.classify import Evidence
 from slurmkit.supervise.policy import Action, Decision, State
 from slurmkit.supervise.preemption import requeue_after_preemption
 from slurmkit.supervise.requeue import job_ref, refused_by_slurm, requeue_now
-from slurmkit.supervise.slurmview import DECISION_RETRY, DECISION_TIMEOUT_S
+from slurmkit.supervise.liveness import slurm_says_dead
+from slurmkit.supervise.slurmview import DECISION_RETRY, DECISION_TIMEOUT_S, node_health
 from slurmkit.supervise.succession import Claim, Done, Watched, read_done, succeed, write_done
 from slurmkit.supervise.deciding import Deciding
 from slurmkit.supervise.loopbase import EXIT_WAIT_S
@@ -181,20 +182,38 @@ class Endings(Deciding):
             self.ledger.append("end", status="stopped", exit_code=1, reason=reason)
             self._leave_done(State.STOPPED.value, 1)
             return 1
-        reason = f"node_loss of node 0 ({node0}): {why}; requeue without it"
-        refusal = self.requeue_refused(gen, (node0,), failure=True)
+        exclude = [] if self._node0_healthy(gen, node0) else [node0]
+        reason = f"node_loss of node 0 ({node0}): {why}; " + (
+            "requeue without it" if exclude else "requeue keeping it (its agent died, the node is healthy)")
+        refusal = self.requeue_refused(gen, tuple(exclude), failure=True)
         if refusal is not None:
-            code = self.stop_unrequeued(gen, f"{reason}; requeue refused: {refusal}", [node0])
+            code = self.stop_unrequeued(gen, f"{reason}; requeue refused: {refusal}", exclude)
             self._leave_done(State.STOPPED.value, code)
             return code
         if claim.superseded():  # stalled in the Slurm queries: the one that took over requeues
             return 1
-        self.ledger.append("decision", generation=gen, action=Action.REQUEUE.value, reason=reason, exclude=[node0])
-        self.ledger.append("exclusion", nodes=[node0], how="requeue")
+        self.ledger.append("decision", generation=gen, action=Action.REQUEUE.value, reason=reason, exclude=exclude)
+        if exclude:
+            self.ledger.append("exclusion", nodes=exclude, how="requeue")
         self._failure_requeue = True
-        code = self.requeue(reason, (node0,))
+        code = self.requeue(reason, tuple(exclude))
         self._leave_done(State.REQUEUEING.value if code == 0 else State.STOPPED.value, code)
         return code
+
+    def _node0_healthy(self, gen: int, node0: str) -> bool:
+        """Whether node 0 lost only its agent (SIGKILLed, OOM-killed) while the node is fine:
+        Slurm does not call it dead and its slurmd answers (one bounded query, one probe).
+        Excluding it would throw a healthy node away (seen in a chaos campaign: node 0's agent
+        SIGKILLed, the requeue without it). Its ranks died with the agent (slurmkit.launch.tether)."""
+        if self.slurm is None:
+            return False
+        state, answers = node_health([node0], self.slurm, self.probe_slurmd).get(node0, (None, None))
+        if state is None or slurm_says_dead(state) or not answers:
+            return False
+        self.ledger.append("node_kept", node=node0, generation=gen, slurm_state=state,
+                           why=f"node 0's agent on {node0} lost but the node is healthy (Slurm says {state}): "
+                               "its slurmd answers: not excluded")
+        return True
 
     def _requeued_in_slurm(self) -> bool:
         """One bounded query: has Slurm requeued this job past this attempt (or is it pending)?

@@ -326,9 +326,9 @@ class DyingStore:
         return call
 
 
-@pytest.mark.parametrize("with_slurm", [False, True])
+@pytest.mark.parametrize("with_slurm,slurmd_up", [(False, False), (True, False), (True, True)])
 def test_node0_lost_the_successor_records_it_and_requeues_without_node0(
-        tmp_path: Path, with_slurm: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, with_slurm: bool, slurmd_up: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     requeued: list[tuple[str, tuple[str, ...]]] = []
     monkeypatch.setattr("slurmkit.supervise.endings.requeue_now",
                         lambda client, job, exclude, **kw: requeued.append((job, tuple(exclude))))
@@ -336,8 +336,11 @@ def test_node0_lost_the_successor_records_it_and_requeues_without_node0(
     c = Cluster(tmp_path, [Script(gate=gate), Script(gate=gate), Script(gate=gate)], node_timeout_s=0.3,
                 slurm=SlurmClient(FakeSlurm({"debug": "n[0-2]"})) if with_slurm else None)
     dying = {nr: DyingStore(c.store) for nr in (1, 2)}
+    probes: list[tuple[str, int]] = []
     for nr, d in dying.items():
         c.sups[nr].channel.store = d
+        # Node 0's slurmd: down (the node died) or answering (only its agent died).
+        c.sups[nr].probe_slurmd = lambda addr, port: probes.append((addr, port)) or slurmd_up
     c.sups[0].channel.post_port(0, 12345)  # node 0 started generation 0, then its node died
 
     def kill_node0_once_running() -> None:
@@ -352,9 +355,17 @@ def test_node0_lost_the_successor_records_it_and_requeues_without_node0(
     assert failure["cls"] == "node_loss" and failure["node"] == "n0"
     assert "has not answered" in failure["evidence"] and "recorded by n1" in failure["evidence"]
     (decision,) = c.ledger.of("decision")
+    if slurmd_up:  # a healthy node whose agent died is not thrown away (its ranks died with the agent)
+        assert decision["exclude"] == [] and "requeue keeping it" in decision["reason"]
+        assert codes == {1: 0, 2: 1} and decision["action"] == "requeue" and requeued == [("7", ())]
+        (kept,) = c.ledger.of("node_kept")
+        assert kept["node"] == "n0" and "its slurmd answers" in kept["why"] and len(probes) == 1
+        assert not c.ledger.of("exclusion")
+        return
     assert decision["exclude"] == ["n0"]
     if with_slurm:
         assert codes == {1: 0, 2: 1} and decision["action"] == "requeue" and requeued == [("7", ("n0",))]
+        assert not c.ledger.of("node_kept") and len(probes) == 1
     else:
         assert codes == {1: 1, 2: 1} and decision["action"] == "stop" and requeued == []
 

@@ -86,6 +86,7 @@ def test_node0_and_node_rank_1_lost_together_node_rank_2_records_and_requeues(
     dying = {nr: DyingStore(c.store) for nr in (2, 3)}
     for nr, d in dying.items():
         c.sups[nr].channel.store = d
+        c.sups[nr].probe_slurmd = lambda addr, port: False  # the nodes died: their slurmd too
     c.sups[0].channel.post_port(0, 12345)  # node 0 started generation 0; then n0 and n1 died
 
     def kill_once_running() -> None:

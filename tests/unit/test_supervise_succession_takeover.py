@@ -154,6 +154,7 @@ def node0_dies_once_running(c: Cluster, agents: list[int]) -> None:
     dying = {nr: DyingStore(c.store) for nr in agents}
     for nr, d in dying.items():
         c.sups[nr].channel.store = d
+        c.sups[nr].probe_slurmd = lambda addr, port: False  # node 0's node died: its slurmd too
     c.sups[0].channel.post_port(0, 12345)  # node 0 started generation 0, then its node died
 
     def kill() -> None:
