@@ -120,6 +120,11 @@ def previous_attempt(run_dir: str, job_id: str, restart_count: int,
     return Previous(attempt, prev.handled_by, outcome, nodes, dead, ended, queued, held)
 
 
+#: How a requeue decision Slurm made itself (recorded at the next allocation's start) begins:
+#: its outcome is that allocation, there is no requeue event of an agent before it.
+BY_SLURM = "by Slurm"
+
+
 class _Ledger(Protocol):
     def append(self, event: str, **fields: object) -> None: ...
 
@@ -138,5 +143,5 @@ def record_previous(ledger: _Ledger, prev: Previous | None, now: float) -> None:
                 "itself (no agent recorded it)")
     ledger.append("failure", cls=cls.value, node=",".join(prev.dead), evidence=evidence,
                   time_of_fault=prev.ended if prev.ended is not None else now)
-    ledger.append("decision", action="requeue", reason=f"by Slurm ({prev.outcome})",
+    ledger.append("decision", action="requeue", reason=f"{BY_SLURM} ({prev.outcome})",
                   exclude=list(prev.dead))

@@ -154,6 +154,24 @@ def test_a_requeue_decision_without_a_new_allocation_is_inconsistent() -> None:
     assert "ledger_consistent" in failing(good_facts(events=drop(good_ledger(), "requeue")))
 
 
+def slurm_handled_node_loss() -> list[dict]:
+    """The node loss of good_ledger handled by Slurm alone (its NODE_FAIL requeue; the agents
+    died before deciding), as the next allocation's agent records it (slurmkit.supervise.previous)."""
+    events = [e for e in good_ledger() if not (T0 + 40 <= e["t"] < T0 + 50)]
+    at = next(i for i, e in enumerate(events) if e["event"] == "allocation_start" and e["t"] > T0 + 40)
+    events[at:at] = [ev(49.8, "previous_attempt", attempt="5-0", handled_by="slurm", outcome="NODE_FAIL"),
+                     ev(49.9, "failure", cls="node_loss", node="node2"),
+                     ev(49.95, "decision", action="requeue", reason="by Slurm (NODE_FAIL)", exclude=["node2"])]
+    return events
+
+
+def test_a_requeue_slurm_made_itself_is_consistent_once_the_next_allocation_starts() -> None:
+    # Seen in the 50-seed campaign (seed 5): node 0 lost, Slurm's NODE_FAIL requeue recovered.
+    assert "ledger_consistent" not in failing(good_facts(events=slurm_handled_node_loss()))
+    never = [e for e in slurm_handled_node_loss() if not (e["event"] == "allocation_start" and e["t"] > T0 + 40)]
+    assert "ledger_consistent" in failing(good_facts(events=never))
+
+
 def test_a_time_limit_checkpoint_without_a_requeue_is_inconsistent() -> None:
     events = good_ledger()
     events.insert(-1, ev(70.5, "checkpointed_on_signal", generation=0, signal="time_limit", step=32))

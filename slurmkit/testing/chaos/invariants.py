@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurmkit.supervise.classes import CLASS_INFO, FailureClass
+from slurmkit.supervise.previous import BY_SLURM
 from slurmkit.testing.chaos.menu import BY_NAME
 
 Event = Mapping[str, Any]
@@ -274,6 +275,12 @@ def _outcome_problem(d: Event, later: Sequence[Event]) -> str | None:
         if not any(e.get("event") == "ranks_started" and gen is not None and e.get("generation") == gen + 1
                    for e in later):
             return f"decision {action} (generation {gen}) but no ranks of generation {gen + 1 if gen is not None else '?'} started"
+        return None
+    if action == "requeue" and str(d.get("reason", "")).startswith(BY_SLURM):
+        # Slurm requeued the job itself (a NODE_FAIL, a preemption): recorded by the next
+        # allocation's agent right before its start (slurmkit.supervise.previous).
+        if not any(e.get("event") == "allocation_start" for e in later):
+            return f"decision requeue {d.get('reason')} but no new allocation started"
         return None
     if action == "requeue":
         rq = next((i for i, e in enumerate(later) if e.get("event") == "requeue"), None)
