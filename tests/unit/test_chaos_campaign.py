@@ -60,6 +60,12 @@ def test_plan_only_prints_the_plans_and_touches_no_cluster() -> None:
     assert [line.split(":")[0] for line in out] == ["seed 1", "seed 2", "seed 3"]
 
 
+def test_a_run_too_short_for_its_faults_is_said_in_one_line() -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--seeds", "1", "--steps", "20", "--plan-only"], say=lambda _: None)
+    assert str(exc.value).startswith("chaos: steps=20 with interval=4") and "raise steps to 28" in str(exc.value)
+
+
 def test_the_tool_runs_from_a_checkout() -> None:
     res = subprocess.run([sys.executable, os.path.join(REPO, "tools", "chaos"), "--menu"],
                          capture_output=True, text=True, timeout=120)

@@ -197,8 +197,11 @@ def main(argv: Sequence[str] | None = None, say: Callable[[str], None] | None = 
             say(f"    {c.name:<22} {'ok  ' if c.ok else 'FAIL'} {c.detail}")
         return 0 if v.ok else 1
     seeds = a.seeds if a.seeds is not None else [a.seed]
-    plans = [draw_plan(s, steps=a.steps, interval=a.interval, min_faults=a.min_faults,
-                       max_faults=a.max_faults, extra=tuple(a.override)) for s in seeds]
+    try:
+        plans = [draw_plan(s, steps=a.steps, interval=a.interval, min_faults=a.min_faults,
+                           max_faults=a.max_faults, extra=tuple(a.override)) for s in seeds]
+    except ValueError as exc:  # a run too short for the faults asked for: said, no traceback
+        raise SystemExit(f"chaos: {exc}") from None
     for plan in plans:
         say(describe_plan(plan))
     if a.plan_only:
