@@ -84,6 +84,17 @@ def rank_command(command: list[str]) -> list[str]:
     return list(command)
 
 
+def safe_path_env(command: list[str]) -> dict[str, str]:
+    """``PYTHONSAFEPATH=1`` (``python -P``, Python 3.11+) for ``python -m``/``-c`` commands: their
+    working directory (the run directory, on a shared file system) is then not put first on
+    ``sys.path``, so a ``torch.py`` or ``slurmkit/`` left there cannot shadow the real module.
+    A script (``python train.py``) keeps its own directory on the path, where its sibling
+    modules are. Nothing for other programs; a user's own setting stands."""
+    argv = rank_command(command)
+    python = bool(argv) and os.path.basename(argv[0]).startswith("python")
+    return {"PYTHONSAFEPATH": "1"} if python and len(argv) > 1 and argv[1] in ("-m", "-c") else {}
+
+
 class NodeAgent:
     """This node's ranks of one generation: start, watch, stop (the loop's ``Node``)."""
 
@@ -137,6 +148,7 @@ class NodeAgent:
                                      master_addr=master_addr or self.ctx.master_addr, master_port=port)
         rank = who.rank
         env = dict(self.env)
+        env.update(safe_path_env(self.cfg.job.command))
         # The batch script exports these on Slurm; local mode has no script, so set them here.
         env.update(self.cfg.cluster.env)
         env.update(self.cfg.job.env)

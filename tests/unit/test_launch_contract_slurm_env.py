@@ -113,3 +113,16 @@ def test_slurm_task_view_shapes(rpn: int, nodes: int, tasks_per_node: str) -> No
 ])
 def test_rank_cpus_env(inherited: dict[str, str], rpn: int, want: dict[str, str]) -> None:
     assert contract.rank_cpus_env(inherited, rpn) == want
+
+
+def test_a_module_planted_in_the_run_directory_does_not_shadow_the_real_one(tmp_path) -> None:
+    """``python -c``/``-m`` ranks run in the run directory; with PYTHONSAFEPATH it is not on
+    sys.path (Python 3.11+), so a planted json.py is not what ``import json`` finds."""
+    if sys.version_info < (3, 11):
+        pytest.skip("PYTHONSAFEPATH needs Python 3.11")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "json.py").write_text("raise SystemExit('planted json.py imported')\n")
+    node = agent(tmp_path, 0)
+    node.start(gen=0, slot=0, port=29512, master_addr="10.0.0.7")
+    seen = probes(node)  # each rank exited 0 and printed its probe: the real json was imported
+    assert sorted(seen) == [0, 1]
