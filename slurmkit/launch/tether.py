@@ -43,8 +43,10 @@ def arm(parent_pid: int) -> bool:
 
 
 def command(parent_pid: int, argv: Sequence[str]) -> list[str]:
-    """``argv`` started through the tether to ``parent_pid``."""
-    return [sys.executable, "-m", MODULE, str(parent_pid), "--", *argv]
+    """``argv`` started through the tether to ``parent_pid``; with ``-P`` (Python 3.11+) the
+    working directory (the run directory) is not searched for the tether's own modules."""
+    safe = ["-P"] if sys.version_info >= (3, 11) else []
+    return [sys.executable, *safe, "-m", MODULE, str(parent_pid), "--", *argv]
 
 
 def main(args: Sequence[str]) -> int:
