@@ -143,3 +143,81 @@ def test_a_discarded_standby_ends_with_its_process_group(tmp_path) -> None:
     assert sb.proc.returncode is not None
     with pytest.raises(ProcessLookupError):
         os.killpg(sb.pid, 0)
+
+
+# ---------------------------------------------------------------------- the agent's side
+def _agent(tmp_path, monkeypatch):
+    """A real NodeAgent for `python -m slurmkit.train` whose standbys are `cat` processes (they
+    echo the hand-over line and end at EOF, like a standby that became a rank and finished)."""
+    from slurmkit.config import compose
+    from slurmkit.launch.agent import NodeAgent
+    from slurmkit.launch.context import NodeContext
+    from slurmkit.supervise.ledger import Ledger
+
+    spawned: list[standby.Standby] = []
+
+    def spawn(prefix, env, *, local_rank, cwd, parent=None):
+        proc = subprocess.Popen(["cat"], env=dict(env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd)
+        spawned.append(standby.Standby(local_rank, proc, tuple(prefix), dict(env)))
+        return spawned[-1]
+
+    monkeypatch.setattr(standby, "spawn", spawn)
+    cfg = compose(["+exp=tiny", "health=off", "topology.enabled=false", "job.command=[python,-m,slurmkit.train]"])
+    ctx = NodeContext(node_rank=1, num_nodes=2, node_name="n1", nodes=("n0", "n1"), job_id="77",
+                      restart_count=0, master_addr="10.0.0.7", executor="slurm")
+    env = {"PATH": os.environ.get("PATH", ""), "SLURMKIT_NODE_LOCAL_DIR": str(tmp_path / "local"),
+           "SLURM_JOB_ID": "77"}
+    (tmp_path / "local").mkdir()
+    (tmp_path / "run").mkdir()
+    node = NodeAgent(str(tmp_path / "run"), cfg, ctx, env, Ledger(str(tmp_path / "run" / "ledger.jsonl"),
+                                                                  source="agent:n1"))
+    return node, spawned
+
+
+def test_the_agent_hands_its_standbys_their_ranks_and_starts_cold_when_it_cannot(tmp_path, monkeypatch) -> None:
+    node, spawned = _agent(tmp_path, monkeypatch)
+    node.warm_up()  # as agent_main does: slot 1 of 2 (node rank 1), port unknown yet
+    assert [sb.local_rank for sb in spawned] == [0, 1] and set(node.standbys) == {0, 1}
+    assert spawned[0].env["RANK"] == "2" and spawned[0].env["PYTHONSAFEPATH"] == "1"
+    node.start(gen=0, slot=1, port=29555, master_addr="10.0.0.7")
+    assert [p.pid for p in node.procs] == [sb.pid for sb in spawned] and node.standbys == {}
+    for p, sb in zip(node.procs, spawned):
+        assert p.proc.wait(timeout=30) == 0  # cat: echoed the line, then EOF
+        p.reader.join(timeout=10)
+        line = json.loads(open(p.log_path).read().splitlines()[0])
+        assert line["v"] == 1 and line["set"]["MASTER_PORT"] == "29555" and line["args"] == []
+        assert "OMP_NUM_THREADS" not in line["set"]  # same as at spawn: not handed over
+    node.ledger.flush()
+    (started,) = [json.loads(x) for x in open(tmp_path / "run" / "ledger.jsonl") if '"ranks_started"' in x]
+    assert started["warm"] == [True, True] and started["pids"] == [sb.pid for sb in spawned]
+
+    # A standby whose start-up environment differs is discarded and the rank starts cold.
+    node.warm_up(gen=1, slot=1)
+    stale = node.standbys[0]
+    node.env["OMP_NUM_THREADS"] = "7"  # read when Python and torch start: cannot be handed over
+    monkeypatch.setattr("slurmkit.launch.agent.spawn_rank", lambda cmd, env, **kw: _cold(cmd, env, **kw))
+    node.start(gen=1, slot=1, port=29556, master_addr="10.0.0.7")
+    assert stale.proc.returncode is not None  # discarded (killed and reaped)
+    assert all(p.pid not in {sb.pid for sb in spawned} for p in node.procs)
+    node.ledger.flush()
+    last = [json.loads(x) for x in open(tmp_path / "run" / "ledger.jsonl") if '"ranks_started"' in x][-1]
+    assert last["generation"] == 1 and last["warm"] == [False, False]
+    node.kill_leftovers()
+
+
+def _cold(cmd, env, **kw):
+    from slurmkit.launch.ranks import spawn_rank
+
+    assert cmd[1:4] == ["-P", "-m", "slurmkit.launch.tether"] or cmd[1:3] == ["-m", "slurmkit.launch.tether"], cmd
+    return spawn_rank(["true"], env, **kw)  # the tether and the trainer are not what this test is about
+
+
+def test_a_warning_discards_the_standbys(tmp_path, monkeypatch) -> None:
+    node, spawned = _agent(tmp_path, monkeypatch)
+    node.warm_up()
+    node.signal_kind = "time_limit"  # the allocation is ending: no next generation will need them
+    node._keep_standbys(0, {})
+    assert node.standbys == {} and all(sb.proc.returncode is not None for sb in spawned)
+    node.warm_up()  # and none are started any more
+    assert node.standbys == {} and len(spawned) == 2
