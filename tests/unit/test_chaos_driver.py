@@ -192,3 +192,26 @@ def test_the_save_that_meets_a_full_disk_is_over_once_saved_anywhere_or_failed_e
     assert d._save_after(16, 7.5, "nvme") is None  # an older save is no answer
     d = driver(tmp_path / "c", RUN + [(8.0, "ckpt_failed", {"step": 16, "tier": "lustre", "reason": "io_error"})])
     assert d._save_after(13, 7.5, "nvme")["event"] == "ckpt_failed"
+
+
+def test_a_tier_fault_placed_after_the_last_save_is_not_injected(tmp_path, monkeypatch) -> None:
+    """Seen in the 50-seed campaign (seed 47): the tmpfs took seconds to set up, the run saved
+    its last step meanwhile, and the fill was recorded as injected, then 'never noticed'."""
+    from slurmkit.testing.chaos import nvme
+
+    steps = draw_plan(1).steps
+    d = driver(tmp_path, [*RUN, (8.0, "ckpt_saved", {"step": steps, "tier": "nvme"})])
+    released: list[object] = []
+    full = nvme.FullTier(path=str(tmp_path / "nvme"), size_bytes=1 << 20, filler_bytes=1 << 20, mounted=False)
+    monkeypatch.setattr(nvme, "node_nvme_dir", lambda run_dir, node: str(tmp_path / "nvme"))
+    monkeypatch.setattr(nvme, "preflight_min_free", lambda run_dir: 0)
+    monkeypatch.setattr(nvme, "fill_tier", lambda path, min_free: full)
+    monkeypatch.setattr(nvme, "release", released.append)
+    monkeypatch.setattr(d, "node_of_slot", lambda slot: "node1")
+    with pytest.raises(RunOver, match="saved its last step"):
+        d.fill_nvme(PlannedFault("nvme_full", "after_save", saves=1, offset=1, target=0), step=steps - 1)
+    assert released == [full] and not d.filled_nodes  # filler gone, no node counted as filled
+    assert not [e for e in d.events() if e.get("event") == "fault_injected"]
+    assert d._last_save_made() == steps
+    (tmp_path / "x").mkdir()
+    assert driver(tmp_path / "x", RUN)._last_save_made() is None
