@@ -11,6 +11,7 @@ from slurmkit.testing.chaos.campaign import parser
 from slurmkit.testing.chaos.menu import AFTER_SAVE, DURING_RESTART, IMPLEMENTED, MENU, item, pairs
 from slurmkit.testing.chaos.plan import (
     NODE_BUDGET_KINDS,
+    SUSPECT_KINDS,
     TAKES_A_SAVE,
     RunPlan,
     armed_spec,
@@ -39,12 +40,22 @@ def test_plans_keep_their_constraints(seed: int) -> None:
     _check_constraints(draw_plan(seed, steps=32, interval=4))
 
 
+def test_the_50_seed_campaigns_plans_keep_their_constraints() -> None:
+    # seed 50 of that campaign (28 steps) planned two NCCL aborts on slot 0 and two node
+    # losses: three exclusions for a 2-node job on 4 nodes, and a stop with 93
+    for seed in range(1, 51):
+        _check_constraints(draw_plan(seed, steps=28, interval=4))
+
+
 def _check_constraints(plan: RunPlan) -> None:
     assert 3 <= len(plan.faults) <= 6
     # a kill inside a save uses the save it hits as well, a time-limit warning its stop checkpoint
     assert sum(f.saves + (f.moment == AFTER_SAVE and f.kind in TAKES_A_SAVE) for f in plan.faults) <= 32 // 4 - 1
     node_faults = sum(f.kind in NODE_BUDGET_KINDS for f in plan.faults)
-    assert node_faults <= (1 if plan.spare_nodes else 2)
+    # a second NCCL abort or hang on a train slot excludes its node too (the repeat rule)
+    slots = [f.target // plan.ranks_per_node for f in plan.faults if f.kind in SUSPECT_KINDS]
+    repeats = len(slots) - len(set(slots))
+    assert node_faults + repeats <= (1 if plan.spare_nodes else 2), plan
     for i, f in enumerate(plan.faults):
         assert (f.kind, f.moment) in pairs()
         if f.moment == AFTER_SAVE:
