@@ -32,6 +32,9 @@ DECISION_TIMEOUT_S = 5.0
 #: How long a lost agent's slurmd gets to accept a connection (a dead host never answers).
 SLURMD_PROBE_TIMEOUT_S = 2.0
 
+#: Slurm's SlurmdPort when slurm.conf sets none.
+DEFAULT_SLURMD_PORT = 6818
+
 #: Does the slurmd at (address, port) accept a connection?
 SlurmdProbe = Callable[[str, int], bool]
 
@@ -63,13 +66,31 @@ def node_health(names: Collection[str], client: SlurmClient,
         log.warning("scontrol show node %s failed: %s", ",".join(names), exc)
         return {}
     out: dict[str, tuple[str, bool | None]] = {}
+    default: str | None = None
     for n in found:
         state = "+".join([n.state, *n.flags])
         port = n.raw.get("Port", "")
+        if not port and not slurm_says_dead(state):
+            # scontrol prints a node's Port only where it differs from the cluster's SlurmdPort:
+            # on most sites no node has one (seen here: node1 on the default port was never
+            # probed, so a SIGKILLed agent there could not be told from a dead node)
+            default = _slurmd_port(client) if default is None else default
+            port = default
         alive = (probe(n.node_addr or n.node_hostname or n.name, int(port))
                  if port.isdigit() and not slurm_says_dead(state) else None)
         out[n.name] = (state, alive)
     return out
+
+
+def _slurmd_port(client: SlurmClient) -> str:
+    """The cluster's SlurmdPort (one bounded ``scontrol show config``); Slurm's default 6818
+    when the controller does not say."""
+    try:
+        value = client.bounded(DECISION_RETRY, DECISION_TIMEOUT_S).config().get("SlurmdPort", "").strip()
+    except SlurmError as exc:
+        log.warning("scontrol show config failed: %s", exc)
+        value = ""
+    return value if value.isdigit() else str(DEFAULT_SLURMD_PORT)
 
 
 def node_evidence(lost: list[str], client: SlurmClient,

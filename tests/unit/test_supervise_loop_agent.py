@@ -250,6 +250,12 @@ def test_the_slurmd_probe_tells_a_listening_daemon_from_a_dead_one() -> None:
     health = node_health(["n1", "n2"], client(fake), lambda addr, p: seen.append(p) or True)
     assert health == {"n1": ("IDLE", True), "n2": ("DOWN+NOT_RESPONDING", None)}, health
     assert seen == [17002]  # the node Slurm calls dead is not probed
+    # A node on the cluster's SlurmdPort shows no Port (as scontrol prints it; on most sites no
+    # node does): it is probed on the SlurmdPort from `scontrol show config`.
+    seen.clear()
+    assert node_health(["n0", "n1"], client(fake), lambda addr, p: seen.append(p) or True) == {
+        "n0": ("IDLE", True), "n1": ("IDLE", True)}
+    assert seen == [17001, 17002]
 
 
 def test_a_spares_agent_error_fails_no_generation(tmp_path: Path) -> None:

@@ -72,7 +72,7 @@ class FakeController:
         self.config = {"ClusterName": cluster_name or "fake", "KillWait": "30 sec",
                        "SlurmdTimeout": "300 sec", "MinJobAge": "300 sec",
                        "SlurmctldTimeout": "120 sec", "MessageTimeout": "10 sec",
-                       "JobRequeue": "1", **(config or {})}
+                       "JobRequeue": "1", "SlurmdPort": "17001", **(config or {})}
         self.jobs: dict[str, FakeJob] = {}
         self.purged: set[str] = set()
         self.controller_up = True
@@ -222,7 +222,8 @@ class FakeController:
             if missing:
                 raise FakeCommandFailure(f"Node {missing[0]} not found")
             order = list(self.nodes)
-            return "".join(self.nodes[n].line(17000 + order.index(n) + 1) + "\n" for n in names)
+            default = self.config.get("SlurmdPort", "")
+            return "".join(self.nodes[n].line(17000 + order.index(n) + 1, default) + "\n" for n in names)
         if what == "partition":
             return "".join(self._partition_line(p) + "\n" for p in self.partitions
                            if target in (None, p))

@@ -129,13 +129,15 @@ class FakeNode:
         rest = [f for f in self.flags if f != "NOT_RESPONDING"]
         return "+".join([base, *rest])
 
-    def line(self, port: int) -> str:
+    def line(self, port: int, default_port: str = "") -> str:
+        """As scontrol prints a node: ``Port=`` only where it differs from the SlurmdPort."""
         alloc = 2 if self.state == "ALLOCATED" else 0
+        shown = "" if str(port) == default_port else f" Port={port}"
         parts = [
             f"NodeName={self.name} Arch=x86_64 CoresPerSocket=1 ",
             f"CPUAlloc={alloc} CPUEfctv={self.cpus} CPUTot={self.cpus} CPULoad=0.00",
             "AvailableFeatures=(null) ActiveFeatures=(null)", f"Gres={self.gres}",
-            f"NodeAddr=127.0.0.1 NodeHostName=fakehost Port={port} Version=22.05.8",
+            f"NodeAddr=127.0.0.1 NodeHostName=fakehost{shown} Version=22.05.8",
             "OS=Linux 6.1.0-18-amd64 #1 SMP PREEMPT_DYNAMIC Debian 6.1.76-1 (2024-02-01) ",
             f"RealMemory={self.real_memory_mb} AllocMem=0 FreeMem=3000",
             f"Sockets={self.cpus} Boards=1",
