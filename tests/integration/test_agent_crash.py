@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
@@ -68,3 +69,44 @@ def test_sigkill_of_an_agent_on_a_healthy_node_relaunches_it_in_the_allocation(
     print(f"\nagent SIGKILLed -> relaunched agent's first beat {relaunched['t'] - killed:.1f} s "
           f"(srun to beat {relaunched['first_beat_s']:.1f} s), -> ranks of generation 1 started "
           f"{mine['t'] - killed:.1f} s, -> checkpoint restored {min(restored) - killed:.1f} s")
+
+
+def test_sigkill_of_node0s_agent_requeues_keeping_the_node_and_takes_its_ranks_along(
+        cluster_env, reference, tmp_path) -> None:
+    """Node 0's agent (it also holds the agents' store) SIGKILLed while its node lives: the
+    successor requeues keeping the node (its slurmd answers) and no rank of the killed agent
+    outlives it (slurmkit.launch.tether). Found by the 50-seed chaos campaign (seed 4): the node
+    was excluded and one of its ranks was still running after the job had completed."""
+    env = slurm_env(cluster_env)
+    job, run_dir = submit([*COMMON, "job.name=f-agent0"], env, str(tmp_path))
+    step = wait_for_step(run_dir, 1, 13)
+    (start,) = events(run_dir, "allocation_start")
+    node0 = str(start["nodes"][0])  # ranks 0 and 1
+    orphans = [rank_pid(run_dir, r) for r in (0, 1)]
+    pid = agent_pid(run_dir, 0)
+    mark_fault(run_dir, "agent_sigkill", node=node0, step=step)
+    os.kill(pid, signal.SIGKILL)
+    for orphan in orphans:  # tied to their agent: the kernel ends them with it
+        wait_gone(orphan)
+    assert_recovered(run_dir, job, env, reference, step)
+    (failure,) = [e for e in events(run_dir, "failure") if e["node"] == node0]
+    assert failure["cls"] == "node_loss" and "node 0" in failure["evidence"], failure
+    (kept,) = events(run_dir, "node_kept")
+    assert kept["node"] == node0 and "its slurmd answers" in kept["why"], kept
+    (decision,) = [e for e in events(run_dir, "decision") if e.get("action") == "requeue"]
+    assert decision["exclude"] == [] and "requeue keeping it" in decision["reason"], decision
+    assert not events(run_dir, "exclusion")
+    assert len(events(run_dir, "allocation_start")) == 2
+
+
+def wait_gone(pid: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return
+        except OSError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"rank pid {pid} outlived its SIGKILLed agent by {timeout_s:.0f} s")

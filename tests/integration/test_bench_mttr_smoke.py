@@ -52,7 +52,8 @@ def test_mttr_bench_measures_a_rank_crash(cluster_env, tmp_path) -> None:
     assert set(fields) == {"crash_detect_s", "crash_resume_s", "crash_baseline_resume_s",
                            "crash_torchrun_detect_s", "crash_torchrun_resume_s", "mttr_vs_torchrun_crash",
                            "crash_ft_detect_s", "crash_ft_resume_s", "mttr_vs_ft_crash", "ft_available",
-                           "goodput"}, fields
+                           "goodput", "warm_standby"}, fields
+    assert fields["warm_standby"] == "yes" and "slurmkit ranks from warm standbys" in res.stdout, fields
     detect, resume = float(fields["crash_detect_s"]), float(fields["crash_resume_s"])
     assert detect > 0 and resume > detect, (detect, resume, res.stdout)
     assert fields["crash_baseline_resume_s"] == "na" and fields["goodput"] == "na", fields

@@ -1,15 +1,18 @@
 """A short chaos campaign on the real local cluster: ``tools/chaos`` end to end.
 
-Two fixed seeds, 3 faults each, 20 steps, a checkpoint every 4 steps, one reference run:
-seed 5 crashes the run's own S3 server so that a promotion to S3 meets the outage, then kills
-the node of train slot 0, then SIGSTOPs a rank (a hang); seed 29 fills the NVMe tier of one
-node (a real size-limited tmpfs: root needed), then SIGKILLs two ranks on two nodes 0.3 s
-apart, then one rank. Steps last at least 1 s (``--step-delay-s 1``): on an idle machine a
-0.25 s step let a run pass the next fault's aim while the previous fault was still being
+Three fixed seeds, 3-4 faults each, 20 steps, a checkpoint every 4 steps, one reference run.
+Together they inject every item of the menu at least once (asserted from the plans), three of
+them inside the previous fault's restart: seed 60 hangs a rank (SIGSTOP), SIGKILLs two ranks
+0.3 s apart, then a rank while the ranks restart, then aborts a rank with an NCCL error line;
+seed 90 SIGKILLs a rank inside a save, kills the node of train slot 1 while the ranks restart,
+then fills a node's NVMe tier (a real size-limited tmpfs: root needed); seed 213 SIGKILLs node
+0's agent (its node lives: the successor requeues keeping it), sends the time-limit warning
+while the next allocation's ranks start, then crashes the run's own S3 server while a
+promotion is due. Steps last at least 1 s (``--step-delay-s 1``): on an idle machine
+a 0.25 s step let a run pass the next fault's aim while the previous fault was still being
 placed (an S3 outage is reported and undone in ~5 s), and the fault was never reached.
-Every invariant must hold, the
-faults must be in the runs' ledgers as injected, and the summary line must add up. The long
-campaign is `tools/chaos --seeds 1-50` (docs/chaos.md).
+Every invariant must hold, the faults must be in the runs' ledgers as injected, and the
+summary line must add up. The long campaign is `tools/chaos --seeds 1-50` (docs/chaos.md).
 """
 
 from __future__ import annotations
@@ -22,23 +25,24 @@ import sys
 import pytest
 
 from slurmkit.supervise.ledger import read_ledger
+from slurmkit.testing.chaos.menu import BY_NAME
 from slurmkit.testing.chaos.plan import draw_plan
 
 pytestmark = pytest.mark.integration
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHAOS = os.path.join(ROOT, "tools", "chaos")
-SEEDS, STEPS, INTERVAL = [5, 29], 20, 4
-SHAPE = ["--steps", str(STEPS), "--interval", str(INTERVAL), "--min-faults", "3", "--max-faults", "3",
-         "--step-delay-s", "1"]
+SEEDS, STEPS, INTERVAL, MIN_FAULTS, MAX_FAULTS = [60, 90, 213], 20, 4, 3, 4
+SHAPE = ["--steps", str(STEPS), "--interval", str(INTERVAL), "--min-faults", str(MIN_FAULTS),
+         "--max-faults", str(MAX_FAULTS), "--step-delay-s", "1"]
 
 
 @pytest.mark.timeout(1800)
 def test_short_campaign_keeps_every_invariant(cluster_env, tmp_path) -> None:
-    plans = [draw_plan(s, steps=STEPS, interval=INTERVAL, min_faults=3, max_faults=3) for s in SEEDS]
-    kinds = {f.kind for p in plans for f in p.faults}
-    # the plans this test is about: the three tier faults among them
-    assert {"s3_down_during_promotion", "node_loss", "rank_sigstop", "nvme_full", "two_at_once",
-            "rank_sigkill"} <= kinds, kinds
+    plans = [draw_plan(s, steps=STEPS, interval=INTERVAL, min_faults=MIN_FAULTS, max_faults=MAX_FAULTS)
+             for s in SEEDS]
+    # every item of the menu at least once, and faults inside a restart
+    assert {f.kind for p in plans for f in p.faults} == set(BY_NAME), plans
+    assert sum(f.moment == "during_restart" for p in plans for f in p.faults) >= 3, plans
     out = tmp_path / "runs.jsonl"
     env = {**os.environ, **cluster_env, "SLURMKIT_CLUSTER_DIR": os.environ.get("SLURMKIT_CLUSTER_DIR",
                                                                                "/tmp/slurmkit-cluster")}
@@ -51,7 +55,7 @@ def test_short_campaign_keeps_every_invariant(cluster_env, tmp_path) -> None:
     assert last.startswith("RESULT "), log
     fields = dict(kv.split("=", 1) for kv in last.split()[1:])
     n = len(SEEDS)
-    assert fields["runs"] == str(n) and fields["faults"] == str(3 * n), last
+    assert fields["runs"] == str(n) and fields["faults"] == str(sum(len(p.faults) for p in plans)), last
     assert fields["survived"] == fields["bit_exact"] == str(n), last
     assert fields["healthy_excluded"] == "0" and fields["failed_seeds"] == "none", last
     assert int(fields["max_lost_steps"]) <= INTERVAL, last

@@ -19,6 +19,7 @@ from tests.integration.faults import (
     COMMON, INTERVAL, diagnose, events, final, finish, kill_node, mark_fault, rank_pid, restore_node, submit,
     wait_for_step,
 )
+from slurmkit.testing.chaos import procs
 from slurmkit.train.faults import DATA_STALL_LINE
 from tests.integration.helpers import slurm_env
 
@@ -40,7 +41,8 @@ def assert_recovered(run_dir: str, job: str, env, reference: str, fault_step: in
 
 
 def test_sigkill_of_one_rank_restarts_in_the_allocation(env, reference, tmp_path) -> None:
-    job, run_dir = submit([*COMMON, "job.name=f-kill"], env, str(tmp_path))
+    # The next generation's standbys start as soon as the ranks beat (default: after 60 s).
+    job, run_dir = submit([*COMMON, "job.name=f-kill", "supervisor.warm_standby_after_s=0"], env, str(tmp_path))
     step = wait_for_step(run_dir, 3, 13)
     mark_fault(run_dir, "sigkill", rank=3, step=step)
     os.kill(rank_pid(run_dir, 3), signal.SIGKILL)
@@ -48,6 +50,21 @@ def test_sigkill_of_one_rank_restarts_in_the_allocation(env, reference, tmp_path
     (failure,) = events(run_dir, "failure")
     assert failure["cls"] == "rank_crash" and failure["rank"] == 3, failure
     assert [d["action"] for d in events(run_dir, "decision")] == ["restart"]
+    # Both generations' ranks came from warm standbys (slurmkit.launch.standby): generation 0's
+    # imported while the agents met, generation 1's while generation 0 trained.
+    started = events(run_dir, "ranks_started")
+    assert sorted(e["generation"] for e in started) == [0, 0, 1, 1]
+    assert all(e["warm"] == [True, True] for e in started), started
+    restarted = {r: pid for e in started if e["generation"] == 1 for r, pid in zip(e["ranks"], e["pids"])}
+    assert 3 in restarted and restarted[3] != rank_pid_of_generation(run_dir, 3, 0)
+    # Nothing of the job is left: the standbys prepared for a generation 2 ended with their agents.
+    left = [f"{p.pid}: {' '.join(p.cmdline)}" for p in procs.scan(run_dir, job)]
+    assert not left, left
+
+
+def rank_pid_of_generation(run_dir: str, rank: int, gen: int) -> int:
+    (e,) = [e for e in events(run_dir, "ranks_started") if e["generation"] == gen and rank in e["ranks"]]
+    return int(e["pids"][e["ranks"].index(rank)])
 
 
 def test_sigstop_of_one_rank_is_a_hang(env, reference, tmp_path) -> None:
