@@ -130,6 +130,24 @@ class SubmitConfig:
 
 
 @dataclass
+class LaunchConfig:
+    """How the batch script starts the node agents (sbatch_templates/launch_agents.sh.j2)."""
+
+    # Nodes per srun step. Node 0's agent always has a step of its own; the others share steps
+    # of this many nodes, so a job of N nodes costs 1 + ceil((N-1)/nodes_per_step) step
+    # creates and srun processes on the batch host per attempt. A lost node ends its whole
+    # step: node 0 relaunches the agents of the step's healthy nodes. 0: chosen from the job's
+    # size (slurmkit.render.sbatch.nodes_per_step: one node per step up to 33 nodes, then at
+    # most 33 steps).
+    nodes_per_step: int = 0
+
+    def __post_init__(self) -> None:
+        if self.nodes_per_step < 0:
+            raise ConfigError(f"launch.nodes_per_step={self.nodes_per_step}", "0 (chosen from the job's size) "
+                              "or a node count >= 1", "set launch.nodes_per_step=0")
+
+
+@dataclass
 class SupervisorConfig:
     """The node agents' supervisor: restart limits, spares and liveness deadlines.
 
@@ -219,6 +237,7 @@ class SlurmkitConfig:
     cluster: ClusterConfig = MISSING
     job: JobConfig = field(default_factory=JobConfig)
     submit: SubmitConfig = field(default_factory=SubmitConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

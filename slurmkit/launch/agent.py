@@ -26,7 +26,7 @@ from slurmkit.config import SlurmkitConfig, load_frozen
 from slurmkit.health.clock import ClockTicker, injected_offset_s
 from slurmkit.health.preflight import Peers, node_preflight
 from slurmkit.health.result import Verdict
-from slurmkit.launch.context import NodeContext, node_context
+from slurmkit.launch.context import GROUP_LOG_ENV, NodeContext, group_log, node_context, redirect_output
 from slurmkit.launch.fdlimit import raise_fd_limit, store_fds_needed
 from slurmkit.launch import stackdump, standby, tether
 from slurmkit.launch.ranks import RankProcess, spawn_rank, stop_ranks, watch_rank
@@ -518,6 +518,16 @@ def settle_heap() -> int:
 def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
     """Entry point on every node (submitit callable and `python -m slurmkit.launch RUN_DIR`)."""
     env = dict(os.environ) if env is None else dict(env)
+    if env.get(GROUP_LOG_ENV) and not env.get("SLURMKIT_NODE_RANK"):
+        # a step of several nodes: each agent's log where a step of one would put it
+        own_log = group_log(env, node_context(env).node_rank) or ""
+        try:
+            redirect_output(own_log)
+        except OSError as exc:  # a link planted in the run directory, a full disk: the step's log
+            print(f"slurmkit agent: Detected: cannot write {own_log} ({exc}). Requirement: the run directory's "
+                  "logs are plain files only this user writes. Fix: check the run directory's owner and "
+                  "permissions (slurmkit refuses links there); this agent logs to its step's file instead.",
+                  file=sys.stderr, flush=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
     try:  # before anything is read from it: the run directory decides what this job runs
         check_run_dir(run_dir)

@@ -3,12 +3,18 @@ environment; and which run directory a job array's task works in."""
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from slurmkit.errors import SlurmkitError
 from slurmkit.slurm.hostlist import expand_hostlist
+
+#: Set on an agents' srun step of several nodes (sbatch_templates/launch_agents.sh.j2): the
+#: directory where each of its agents writes its own log (``group_log``).
+GROUP_LOG_ENV = "SLURMKIT_GROUP_LOG_DIR"
 
 
 @dataclass(frozen=True)
@@ -41,15 +47,20 @@ class NodeContext:
 def node_context(env: Mapping[str, str]) -> NodeContext:
     """Build the context from Slurm's task environment, or from submitit's local executor."""
     if "SLURM_NODEID" in env and "SLURM_JOB_ID" in env:
-        # One srun step per node (sbatch_templates/launch_agents.sh.j2) says where it is itself:
-        # inside a one-node step SLURM_NODEID is always 0.
+        name = env.get("SLURMD_NODENAME") or socket.gethostname()
+        # The agents' srun steps (sbatch_templates/launch_agents.sh.j2) say where each agent is:
+        # a step of one node names its node rank (inside it SLURM_NODEID is always 0); in a step
+        # of several, SLURM_NODEID counts the step's nodes, so the agent finds its own node in
+        # the job's list.
         if env.get("SLURMKIT_NODES") and env.get("SLURMKIT_NODE_RANK"):
             nodes = tuple(env["SLURMKIT_NODES"].split(","))
             node_rank, num_nodes = int(env["SLURMKIT_NODE_RANK"]), len(nodes)
+        elif env.get("SLURMKIT_NODES") and env.get(GROUP_LOG_ENV):
+            nodes = tuple(env["SLURMKIT_NODES"].split(","))
+            node_rank, num_nodes = _rank_in(nodes, name), len(nodes)
         else:
             nodes = tuple(expand_hostlist(env.get("SLURM_JOB_NODELIST", env.get("SLURMD_NODENAME", ""))))
             node_rank, num_nodes = int(env["SLURM_NODEID"]), int(env.get("SLURM_NNODES", len(nodes) or 1))
-        name = env.get("SLURMD_NODENAME") or socket.gethostname()
         # srun launches from the batch host (node 0); its address is given to every task.
         addr = env.get("SLURM_LAUNCH_NODE_IPADDR") or (nodes[0] if nodes else "127.0.0.1")
         return NodeContext(
@@ -68,6 +79,41 @@ def node_context(env: Mapping[str, str]) -> NodeContext:
     raise SlurmkitError(
         "Detected: neither Slurm's task environment (SLURM_NODEID) nor submitit's local one. "
         "Requirement: the node agent runs inside a job. Fix: start it with `python -m slurmkit.submit`.")
+
+
+def _rank_in(nodes: tuple[str, ...], name: str) -> int:
+    """This node's rank in a step of several nodes: its place in the job's node list (never 0:
+    node 0's agent has a step of its own)."""
+    if name not in nodes or nodes.index(name) == 0:
+        raise SlurmkitError(
+            f"Detected: an agent in a step of several nodes on {name!r}, which is "
+            f"{'node 0' if name in nodes else 'not in SLURMKIT_NODES'} ({len(nodes)} nodes). Requirement: the "
+            "batch script's steps (sbatch_templates/launch_agents.sh.j2) name nodes of the job's list, node 0 in "
+            "a step of its own. Fix: submit with `python -m slurmkit.submit`; do not start agents by hand.")
+    return nodes.index(name)
+
+
+def group_log(env: Mapping[str, str], node_rank: int) -> str | None:
+    """Where an agent of a step of several nodes writes its output: the file a step of one
+    node would have (``<log dir>/<job id>_node<rank>_log.out``, which ``slurmkit logs`` and
+    the relauncher look for); None in a step of one node (srun's --output names it)."""
+    log_dir = env.get(GROUP_LOG_ENV)
+    if not log_dir or env.get("SLURMKIT_NODE_RANK"):
+        return None
+    return os.path.join(log_dir, f"{env.get('SLURM_JOB_ID', 'job')}_node{node_rank}_log.out")
+
+
+def redirect_output(path: str) -> None:
+    """Point this process's stdout and stderr (and its children's) at ``path``, appended to
+    and never through a link planted in the run directory."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o640)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    finally:
+        os.close(fd)
 
 
 def _task_id(env: Mapping[str, str]) -> int | None:

@@ -57,6 +57,8 @@ class JobSpec:
     # sha256 of the frozen config.yaml, exported to the agents ($SLURMKIT_CONFIG_SHA256), which
     # refuse a changed one (slurmkit/rundir.py); None: not checked (sweeps, a dry run)
     config_sha256: str | None = None
+    # Nodes per srun step of the agents' launch (launch.nodes_per_step, resolved: >= 1).
+    nodes_per_step: int = 1
 
     @property
     def world_size(self) -> int:
@@ -85,6 +87,23 @@ def _check_resources(cfg: SlurmkitConfig, nodes: int, cpus: int | None) -> None:
         raise ConfigError(f"job.mem_gb={j.mem_gb} on nodes with {c.mem_gb_per_node} GB",
                           f"at most {c.mem_gb_per_node} GB per node",
                           f"set job.mem_gb={c.mem_gb_per_node} or less")
+
+
+#: launch.nodes_per_step=0 keeps at most this many srun steps for the agents (node 0's and the
+#: others'): one node per step up to this many nodes, then groups that grow with the job.
+AUTO_STEPS = 33
+
+
+def nodes_per_step(nodes: int, configured: int) -> int:
+    """The nodes of each agents' srun step but node 0's (which has one of its own).
+
+    ``configured`` >= 1 is taken as given; 0 chooses from the job's size: one per node while
+    that is at most AUTO_STEPS steps, else the smallest group that keeps the steps at
+    AUTO_STEPS (64 nodes per step at 2,049 nodes: 33 step creates instead of 2,049)."""
+    if configured >= 1:
+        return configured
+    others = max(nodes - 1, 0)
+    return max(1, -(-others // (AUTO_STEPS - 1)))
 
 
 def array_spec(count: int, parallelism: int) -> str:
@@ -130,6 +149,7 @@ def build_jobspec(cfg: SlurmkitConfig, run_dir: str, srun_args: list[str] | None
         env=tuple(sorted(env.items())), srun_args=tuple(srun_args or ()),
         no_kill=layout.spare_nodes > 0, array=array,
         reservation=c.reservation, wckey=c.wckey, switches=c.switches, segment=c.segment,
+        nodes_per_step=nodes_per_step(nodes, cfg.launch.nodes_per_step),
     )
     # Nothing is written before these pass (submit renders before it creates the run directory).
     check_printable(spec)

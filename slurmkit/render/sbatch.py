@@ -87,33 +87,41 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
     return params
 
 
-def launch_agents(log_dir: str | None, args: list[str], command: str) -> str:
-    """Shell lines that start one agent per node, each in its own srun step.
+def launch_agents(log_dir: str | None, args: list[str], command: str, group: int = 1) -> str:
+    """Shell lines that start one agent per node: node 0's in an srun step of its own, the
+    others in steps of ``group`` nodes (launch.nodes_per_step, resolved).
 
     ``log_dir`` None: the agents log into "$SLURMKIT_RUN_DIR/logs", which the batch script sets
     per array task (sbatch_templates/setup.sh.j2).
     """
+    if type(group) is not int or group < 1:
+        raise ValueError(f"nodes per step must be an int >= 1, not {group!r}")
     prefix = shlex.join(["srun", "--unbuffered", *args])
     return _env().get_template("launch_agents.sh.j2").render(
-        log_dir=log_dir, srun_prefix=prefix, command=command).rstrip("\n")
+        log_dir=log_dir, srun_prefix=prefix, command=command, group=group).rstrip("\n")
 
 
 class SlurmkitExecutor(SlurmExecutor):
-    """submitit's SlurmExecutor whose script starts one srun step per node (see
-    sbatch_templates/launch_agents.sh.j2) instead of one step over all nodes."""
+    """submitit's SlurmExecutor whose script starts the agents in srun steps of
+    ``nodes_per_step`` nodes, node 0's alone (see sbatch_templates/launch_agents.sh.j2),
+    instead of one step over all nodes."""
+
+    nodes_per_step = 1
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         lines = super()._make_submission_file_text(command, uid).splitlines()
         idx = [i for i, ln in enumerate(lines) if ln.startswith("srun ")]
         if len(idx) != 1:
             raise RuntimeError(f"expected one srun line in submitit's script, found {len(idx)}")
-        lines[idx[0]] = launch_agents(str(self.folder), list(self.parameters.get("srun_args", [])), command)
+        lines[idx[0]] = launch_agents(str(self.folder), list(self.parameters.get("srun_args", [])), command,
+                                      self.nodes_per_step)
         return "\n".join(lines) + "\n"
 
 
 def make_executor(spec: JobSpec, python: str | None = None) -> SlurmkitExecutor:
     ex = SlurmkitExecutor(folder=os.path.join(spec.run_dir, "submitit"), python=python)
     ex.update_parameters(**executor_parameters(spec))
+    ex.nodes_per_step = spec.nodes_per_step
     return ex
 
 
@@ -133,7 +141,7 @@ def render_standalone(spec: JobSpec, script_path: str, python: str | None = None
     py = python or sys.executable
     log_dir = None if spec.array else os.path.join(spec.run_dir, "logs")
     launch = launch_agents(log_dir, srun_args(spec),
-                           shlex.join([py, "-u", "-m", AGENT_MODULE, spec.run_dir]))
+                           shlex.join([py, "-u", "-m", AGENT_MODULE, spec.run_dir]), spec.nodes_per_step)
     return _env().get_template("standalone.sbatch.j2").render(
         spec=spec, script_path=script_path, mem=_mem(spec.mem_gb) if spec.mem_gb is not None else "",
         exclude=exclude_expr(spec) or "", launch=launch)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import replace
 
 from slurmkit.launch.cancel_request import read_cancel_request
 from slurmkit.slurm.errors import SlurmError
@@ -121,11 +122,11 @@ class Deciding(SupervisorBase):
         self.straggler_actions.decided(gen, failure)
         spares = [n for n in self.spares if n not in lost]
         kept = self.agents_lost_on_healthy_nodes(gen, evidence, lost)
-        relaunched = self.relaunch_kept(gen, failure, evidence, lost, kept)
-        if relaunched is not None:
-            return relaunched
         can_requeue = (self.cfg.job.requeue and self.slurm is not None
                        and (warned is None or read_cancel_request(self.run_dir) is None))
+        relaunched = self.relaunch_kept(gen, failure, evidence, lost, kept, spares)
+        if relaunched is not None:
+            return relaunched
         decision, self.history = decide(failure, self.history, self._ckpt_step(), self.limits, spares, lost,
                                         agent_lost=kept, warned=warned, can_requeue=can_requeue,
                                         bad_nodes=bad_nodes(evidence))
@@ -171,32 +172,51 @@ class Deciding(SupervisorBase):
 
     # ------------------------------------------------------------------ relaunching (node 0)
     def relaunch_kept(self, gen: int, failure: Failure, evidence: list[Evidence], lost: list[str],
-                      kept: list[str]) -> Decision | None:
+                      kept: list[str], spares: list[str]) -> Decision | None:
         """A restart with the lost agents relaunched in their slots (slurmkit.supervise.relaunch),
         or None to decide as before (a spare, else a requeue keeping the node). Only when the
-        root cause is the lost agents themselves (node_loss), every lost node is kept (healthy),
-        no node is proven bad, the allocation is not ending, restarts are left, and each node's
-        relaunch cap (supervisor.agent_relaunches) is not used up; and only once every new
-        agent has beaten (a failed relaunch is said in the ledger, then decided as before)."""
+        root cause is the lost agents themselves (node_loss), no node is proven bad, the
+        allocation is not ending, restarts are left, and each node's relaunch cap
+        (supervisor.agent_relaunches) is not used up; and only once every new agent has beaten
+        (a failed relaunch is said in the ledger, then decided as before).
+
+        Lost nodes that are not kept (dead) come with the kept ones when they shared an srun
+        step (launch.nodes_per_step > 1: a lost node ends its whole step, and Slurm kills the
+        agents of the others). Spares then take the dead nodes' slots in the same decision and
+        the kept nodes' agents are relaunched into the slots as they are after it; without a
+        spare for each dead node (a requeue) nothing is relaunched."""
         r = self.relauncher
-        if (r is None or not lost or set(kept) != set(lost) or failure.cls != FailureClass.NODE_LOSS
+        if (r is None or not kept or failure.cls != FailureClass.NODE_LOSS
                 or bad_nodes(evidence) or self.node.signal_kind is not None
                 or self.history.restarts >= self.limits.max_restarts
                 or any(n not in self.node_map for n in lost)):
             return None
-        used = [n for n in lost if r.left(n) == 0]
+        dead = [n for n in lost if n not in kept]
+        moved: Decision | None = None
+        after = self.history
+        node_map, spares_after = list(self.node_map), list(spares)
+        if dead:
+            if failure.node not in dead:  # the step's dead node is what failed, not its kept peers
+                failure = replace(failure, node=dead[0])
+            moved, after = decide(failure, self.history, self._ckpt_step(), self.limits, spares, dead,
+                                  bad_nodes=bad_nodes(evidence))
+            if moved.action != Action.REPLACE_NODE:
+                return None
+            for name in moved.exclude:  # as apply_replacement will do it
+                if name in node_map:
+                    node_map[node_map.index(name)] = spares_after.pop(0)
+        used = [n for n in kept if r.left(n) == 0]
         for name in used:
             self.ledger.append("agent_relaunch_failed", node=name, node_rank=self._rank_of[name], generation=gen + 1,
                                why=f"supervisor.agent_relaunches={r.limit}: its relaunches in this allocation are "
                                    "used up")
         if used:
             return None
-        result = r.relaunch(self.channel, self.where.attempt, gen + 1, [self._rank_of[n] for n in self.node_map],
-                            [self._rank_of[n] for n in self.spares if n not in lost],
-                            [(n, self._rank_of[n]) for n in lost])
+        result = r.relaunch(self.channel, self.where.attempt, gen + 1, [self._rank_of[n] for n in node_map],
+                            [self._rank_of[n] for n in spares_after], [(n, self._rank_of[n]) for n in kept])
         if not result.ok:
-            log.warning("relaunch of the agent on %s failed: %s", ",".join(lost), result.why)
-            for name in lost:
+            log.warning("relaunch of the agent on %s failed: %s", ",".join(kept), result.why)
+            for name in kept:
                 self.ledger.append("agent_relaunch_failed", node=name, node_rank=self._rank_of[name],
                                    generation=gen + 1, relaunch=r.used(name),
                                    why=f"{result.why}: a spare takes its slot, else the job requeues keeping it")
@@ -205,12 +225,17 @@ class Deciding(SupervisorBase):
             self.liveness.forget(x.node_rank)  # the new agent is judged by its own beats
             self._lost.pop(x.node_rank, None)
             self.ledger.append("agent_relaunched", node=x.node, node_rank=x.node_rank, generation=gen + 1,
-                               relaunch=x.relaunch, slot=self.node_map.index(x.node),
+                               relaunch=x.relaunch, slot=node_map.index(x.node),
                                first_beat_s=round(x.first_beat_s, 2), command=list(x.step.command), log=x.step.log)
+        names = ",".join(sorted(kept))
+        if moved is not None:  # the dead nodes' slots go to spares (the decision's history)
+            self.history = after
+            return Decision(Action.REPLACE_NODE, f"{moved.reason}; the agents of its srun step's healthy "
+                            f"nodes relaunched on {names} (nodes kept)", moved.exclude)
         # The node's agent, not the program, failed: a restart, but not one more toward the crash loop.
         self.history = self.history.restarted()
         where = f"{failure.cls.value} on rank {failure.rank} ({failure.node}): {failure.evidence}"
-        return Decision(Action.RESTART, f"{where}; agent relaunched on {','.join(sorted(lost))} (node kept): "
+        return Decision(Action.RESTART, f"{where}; agent relaunched on {names} (node kept): "
                         f"restart {self.history.restarts} in the allocation")
 
     # ------------------------------------------------------------------ requeue caps (node 0)

@@ -146,6 +146,59 @@ def test_agent_relaunches_0_never_relaunches(tmp_path: Path, requeued: list[tupl
     assert c.decisions() == [(0, Action.REQUEUE, ())] and requeued == [("7", ())]
 
 
+def shared_step_cluster(tmp_path: Path, spare: bool) -> tuple[Cluster, list[AgentStep]]:
+    """n0 alone in its srun step, n1 and n2 in one step (launch.nodes_per_step=2), n3 a spare
+    (when ``spare``). n1 died (Slurm: DOWN*), which ended the step: n2's agent was killed with
+    it while n2 is healthy (MIXED, its slurmd answers). Both beat three times, then nothing."""
+    fake = FakeSlurm({"debug": "n[0-3]" if spare else "n[0-2]"})
+    scripts = [Script(), Script(), Script()] + ([Script()] if spare else [])
+    c = Cluster(tmp_path, scripts, train_nodes=3, spare_nodes=1 if spare else 0, node_timeout_s=0.5,
+                slurm=client(fake))
+    slurmd(c, answers=True)
+    fake.nodes["n1"].state = "DOWN*"
+    fake.nodes["n2"].state = "MIXED"
+    for tick in (1, 2, 3):
+        c.sups[1].channel.beat(1, tick)
+        c.sups[2].channel.beat(2, tick)
+    steps: list[AgentStep] = []
+
+    def spawn(name: str, nr: int, relaunch: int) -> AgentStep:
+        steps.append(AgentStep(c, name, nr, relaunch))
+        return steps[-1]
+
+    c.sups[0].relauncher = Relauncher(spawn, limit=1, first_beat_s=2.0, poll_s=0.01)
+    return c, steps
+
+
+def test_a_lost_node_in_a_shared_step_takes_a_spare_and_its_step_peers_are_relaunched(
+        tmp_path: Path, requeued: list[tuple[str, tuple[str, ...]]]) -> None:
+    c, steps = shared_step_cluster(tmp_path, spare=True)
+    assert c.run(agents=[0, 3]) == {0: 0, 3: 0}
+    (step,) = steps  # n2's agent only: n1 is dead
+    assert wait_code(step) == 0
+    # n2 rejoins in its own slot, with the slots as they are after the spare took n1's
+    assert step.rejoined == Rejoin("7-0", 1, 1, 2, (0, 3, 2), ())
+    assert step.node.started == [(1, 2, 12345)]
+    assert c.nodes[3].started == [(1, 1, 12345)]  # the spare in n1's slot
+    assert c.decisions() == [(0, Action.REPLACE_NODE, ("n1",))]
+    reason = c.ledger.of("decision")[0]["reason"]
+    assert "replacing n1 with a spare" in reason and "relaunched on n2" in reason
+    (failure,) = c.ledger.of("failure")
+    assert failure["cls"] == "node_loss"
+    assert [k["node"] for k in c.ledger.of("node_kept")] == ["n2"]
+    (rel,) = c.ledger.of("agent_relaunched")
+    assert (rel["node"], rel["slot"], rel["generation"]) == ("n2", 2, 1)
+    assert requeued == [] and [e["status"] for e in c.ledger.of("end")] == ["completed"]
+
+
+def test_a_lost_node_in_a_shared_step_without_a_spare_requeues_without_it_and_relaunches_nothing(
+        tmp_path: Path, requeued: list[tuple[str, tuple[str, ...]]]) -> None:
+    c, steps = shared_step_cluster(tmp_path, spare=False)
+    assert c.run(agents=[0]) == {0: 0}
+    assert steps == []
+    assert c.decisions() == [(0, Action.REQUEUE, ("n1",))] and requeued == [("7", ("n1",))]
+
+
 def test_the_cap_is_per_node_and_allocation() -> None:
     store = dist.HashStore()
     ch = Channel(store, "7-0", TOKEN, ("n0", "n1"))

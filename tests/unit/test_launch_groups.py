@@ -1,0 +1,150 @@
+"""The agents launched in srun steps of several nodes (launch.nodes_per_step): the size chosen
+from the job, the batch script's steps (the rendered shell run with a recording srun), and each
+agent finding its node rank and its log in a step of several nodes."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurmkit.config.compose import compose
+from slurmkit.errors import ConfigError, SlurmkitError
+from slurmkit.launch.context import GROUP_LOG_ENV, group_log, node_context
+from slurmkit.render.jobspec import AUTO_STEPS, build_jobspec, nodes_per_step
+from slurmkit.render.sbatch import launch_agents, render_standalone
+
+
+@pytest.mark.parametrize("nodes,configured,expected", [
+    (1, 0, 1), (4, 0, 1), (AUTO_STEPS, 0, 1), (AUTO_STEPS + 1, 0, 2), (2049, 0, 64), (2048, 0, 64),
+    (4, 3, 3), (2048, 1, 1),
+])
+def test_nodes_per_step(nodes: int, configured: int, expected: int) -> None:
+    assert nodes_per_step(nodes, configured) == expected
+    steps = 1 + -(-(nodes - 1) // expected)
+    if configured == 0:
+        assert steps <= AUTO_STEPS
+
+
+def test_a_negative_nodes_per_step_is_refused() -> None:
+    with pytest.raises(ConfigError) as exc:
+        compose(["+exp=tiny", "cluster=local_slurm", "launch.nodes_per_step=-1"])
+    assert "launch.nodes_per_step=-1" in str(exc.value) and "Fix:" in str(exc.value)
+
+
+def test_the_spec_carries_the_resolved_size() -> None:
+    cfg = compose(["+exp=tiny", "cluster=local_slurm", "job.nodes=3", "launch.nodes_per_step=2"])
+    assert build_jobspec(cfg, "/shared/runs/x", []).nodes_per_step == 2
+    cfg = compose(["+exp=tiny", "cluster=local_slurm", "job.nodes=3"])
+    assert build_jobspec(cfg, "/shared/runs/x", []).nodes_per_step == 1
+
+
+def run_launch(tmp_path: Path, nodes: list[str], group: int) -> list[list[str]]:
+    """Run the rendered launch lines with an srun that records its environment's node rank and
+    log directory and its arguments (one line per srun)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    record = tmp_path / "sruns"
+    (bindir / "srun").write_text(
+        "#!/bin/bash\n"
+        f"echo \"${{SLURMKIT_NODE_RANK:--}}|${{SLURMKIT_GROUP_LOG_DIR:--}}|$*\" >> {record}\n")
+    (bindir / "scontrol").write_text("#!/bin/bash\nprintf '%s\\n' " + " ".join(nodes) + "\n")
+    for f in bindir.iterdir():
+        f.chmod(0o755)
+    script = tmp_path / "launch.sh"
+    script.write_text(launch_agents(str(tmp_path / "logs"), ["--kill-on-bad-exit=0"], "agent RUN", group) + "\n")
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", SLURM_JOB_NODELIST="x")
+    res = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return [line.split("|") for line in sorted(record.read_text().splitlines())]
+
+
+def test_node_0_has_a_step_of_its_own_and_the_others_share_steps(tmp_path: Path) -> None:
+    nodes = [f"n{i}" for i in range(7)]
+    logs = str(tmp_path / "logs")
+    sruns = run_launch(tmp_path, nodes, 3)
+    assert len(sruns) == 3  # 1 + ceil(6 / 3) step creates, not 7
+    by_list = {next(a for a in args.split() if a.startswith("--nodelist=")): (rank, log, args)
+               for rank, log, args in sruns}
+    rank, log, args = by_list["--nodelist=n0"]
+    assert (rank, log) == ("0", "-") and "--nodes=1 --ntasks=1" in args
+    assert f"--output={logs}/%j_node0_log.out" in args
+    for members, first in (("n1,n2,n3", 1), ("n4,n5,n6", 4)):
+        rank, log, args = by_list[f"--nodelist={members}"]
+        assert (rank, log) == ("-", logs)  # each agent finds its own rank and log
+        assert "--nodes=3 --ntasks=3 --ntasks-per-node=1" in args and args.endswith("agent RUN")
+        assert f"--output={logs}/%j_step{first}_%t_log.out" in args
+
+
+def test_a_short_last_step_and_one_node_per_step(tmp_path: Path) -> None:
+    nodes = [f"n{i}" for i in range(6)]
+    (tmp_path / "a").mkdir()
+    lists = sorted(a for _, _, args in run_launch(tmp_path / "a", nodes, 4) for a in args.split()
+                   if a.startswith("--nodelist="))
+    assert lists == ["--nodelist=n0", "--nodelist=n1,n2,n3,n4", "--nodelist=n5"]
+    (tmp_path / "b").mkdir()
+    sruns = run_launch(tmp_path / "b", nodes, 1)
+    assert sorted(r for r, _, _ in sruns) == ["0", "1", "2", "3", "4", "5"]  # one step per node, as before
+
+
+def test_the_standalone_script_renders_the_configured_size() -> None:
+    cfg = compose(["+exp=tiny", "cluster=local_slurm", "job.nodes=3", "launch.nodes_per_step=2"])
+    spec = build_jobspec(cfg, "/shared/runs/x", [])
+    assert "SLURMKIT_GROUP=2\n" in render_standalone(spec, "/shared/runs/x/job.sbatch", python="python3")
+    assert "SLURMKIT_GROUP=5\n" in render_standalone(dataclasses.replace(spec, nodes_per_step=5),
+                                                     "/shared/runs/x/job.sbatch", python="python3")
+    with pytest.raises(ValueError):
+        launch_agents(None, [], "agent", 0)
+
+
+GROUP_ENV = {"SLURM_JOB_ID": "41", "SLURM_NODEID": "1", "SLURM_NNODES": "3", "SLURM_JOB_NODELIST": "n[0-6]",
+             "SLURMKIT_NODES": "n0,n1,n2,n3,n4,n5,n6", "SLURMD_NODENAME": "n5", GROUP_LOG_ENV: "/logs"}
+
+
+def test_an_agent_in_a_shared_step_finds_its_node_rank_and_log() -> None:
+    ctx = node_context(GROUP_ENV)  # the step's SLURM_NODEID (1) and SLURM_NNODES (3) are the step's
+    assert (ctx.node_rank, ctx.num_nodes, ctx.node_name) == (5, 7, "n5")
+    assert group_log(GROUP_ENV, 5) == "/logs/41_node5_log.out"
+    # a step of one node (and a relaunched agent) names its rank and its --output: no redirect
+    assert group_log({**GROUP_ENV, "SLURMKIT_NODE_RANK": "5"}, 5) is None
+    assert group_log({k: v for k, v in GROUP_ENV.items() if k != GROUP_LOG_ENV}, 5) is None
+
+
+@pytest.mark.parametrize("name", ["n9", "n0"])
+def test_a_shared_step_on_a_node_not_in_the_list_or_node_0_is_refused(name: str) -> None:
+    with pytest.raises(SlurmkitError) as exc:
+        node_context({**GROUP_ENV, "SLURMD_NODENAME": name})
+    text = str(exc.value)
+    assert "Detected:" in text and "Fix:" in text and repr(name) in text
+
+
+REDIRECT = """
+import os, sys
+from slurmkit.launch.context import redirect_output
+redirect_output(sys.argv[1])
+print("from python")
+os.system("echo from a child")
+print("to stderr", file=sys.stderr)
+"""
+
+
+def test_redirect_output_appends_for_the_process_and_its_children(tmp_path: Path) -> None:
+    log = tmp_path / "41_node5_log.out"
+    log.write_text("earlier\n")
+    res = subprocess.run([sys.executable, "-c", REDIRECT, str(log)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout == "" and res.stderr == ""
+    assert log.read_text().splitlines() == ["earlier", "from python", "from a child", "to stderr"]
+
+
+def test_redirect_output_does_not_follow_a_planted_link(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.write_text("keep\n")
+    link = tmp_path / "41_node5_log.out"
+    link.symlink_to(target)
+    res = subprocess.run([sys.executable, "-c", REDIRECT, str(link)], capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and "Too many levels of symbolic links" in res.stderr
+    assert target.read_text() == "keep\n"
