@@ -87,9 +87,10 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
     return params
 
 
-def launch_agents(log_dir: str | None, args: list[str], command: str, group: int = 1) -> str:
+def launch_agents(log_dir: str | None, args: list[str], command: str, group: int = 1, train: int = 0) -> str:
     """Shell lines that start one agent per node: node 0's in an srun step of its own, the
-    others in steps of ``group`` nodes (launch.nodes_per_step, resolved).
+    others in steps of ``group`` nodes (launch.nodes_per_step, resolved), no step holding both
+    one of the first ``train`` nodes (the train nodes) and a spare.
 
     ``log_dir`` None: the agents log into "$SLURMKIT_RUN_DIR/logs", which the batch script sets
     per array task (sbatch_templates/setup.sh.j2).
@@ -98,7 +99,7 @@ def launch_agents(log_dir: str | None, args: list[str], command: str, group: int
         raise ValueError(f"nodes per step must be an int >= 1, not {group!r}")
     prefix = shlex.join(["srun", "--unbuffered", *args])
     return _env().get_template("launch_agents.sh.j2").render(
-        log_dir=log_dir, srun_prefix=prefix, command=command, group=group).rstrip("\n")
+        log_dir=log_dir, srun_prefix=prefix, command=command, group=group, train=train).rstrip("\n")
 
 
 class SlurmkitExecutor(SlurmExecutor):
@@ -107,6 +108,7 @@ class SlurmkitExecutor(SlurmExecutor):
     instead of one step over all nodes."""
 
     nodes_per_step = 1
+    train_nodes = 0
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         lines = super()._make_submission_file_text(command, uid).splitlines()
@@ -114,14 +116,14 @@ class SlurmkitExecutor(SlurmExecutor):
         if len(idx) != 1:
             raise RuntimeError(f"expected one srun line in submitit's script, found {len(idx)}")
         lines[idx[0]] = launch_agents(str(self.folder), list(self.parameters.get("srun_args", [])), command,
-                                      self.nodes_per_step)
+                                      self.nodes_per_step, self.train_nodes)
         return "\n".join(lines) + "\n"
 
 
 def make_executor(spec: JobSpec, python: str | None = None) -> SlurmkitExecutor:
     ex = SlurmkitExecutor(folder=os.path.join(spec.run_dir, "submitit"), python=python)
     ex.update_parameters(**executor_parameters(spec))
-    ex.nodes_per_step = spec.nodes_per_step
+    ex.nodes_per_step, ex.train_nodes = spec.nodes_per_step, spec.train_nodes
     return ex
 
 
@@ -141,7 +143,8 @@ def render_standalone(spec: JobSpec, script_path: str, python: str | None = None
     py = python or sys.executable
     log_dir = None if spec.array else os.path.join(spec.run_dir, "logs")
     launch = launch_agents(log_dir, srun_args(spec),
-                           shlex.join([py, "-u", "-m", AGENT_MODULE, spec.run_dir]), spec.nodes_per_step)
+                           shlex.join([py, "-u", "-m", AGENT_MODULE, spec.run_dir]), spec.nodes_per_step,
+                           spec.train_nodes)
     return _env().get_template("standalone.sbatch.j2").render(
         spec=spec, script_path=script_path, mem=_mem(spec.mem_gb) if spec.mem_gb is not None else "",
         exclude=exclude_expr(spec) or "", launch=launch)

@@ -43,7 +43,7 @@ def test_the_spec_carries_the_resolved_size() -> None:
     assert build_jobspec(cfg, "/shared/runs/x", []).nodes_per_step == 1
 
 
-def run_launch(tmp_path: Path, nodes: list[str], group: int) -> list[list[str]]:
+def run_launch(tmp_path: Path, nodes: list[str], group: int, train: int = 0) -> list[list[str]]:
     """Run the rendered launch lines with an srun that records its environment's node rank and
     log directory and its arguments (one line per srun)."""
     bindir = tmp_path / "bin"
@@ -56,7 +56,7 @@ def run_launch(tmp_path: Path, nodes: list[str], group: int) -> list[list[str]]:
     for f in bindir.iterdir():
         f.chmod(0o755)
     script = tmp_path / "launch.sh"
-    script.write_text(launch_agents(str(tmp_path / "logs"), ["--kill-on-bad-exit=0"], "agent RUN", group) + "\n")
+    script.write_text(launch_agents(str(tmp_path / "logs"), ["--kill-on-bad-exit=0"], "agent RUN", group, train) + "\n")
     env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", SLURM_JOB_NODELIST="x")
     res = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -89,6 +89,13 @@ def test_a_short_last_step_and_one_node_per_step(tmp_path: Path) -> None:
     (tmp_path / "b").mkdir()
     sruns = run_launch(tmp_path / "b", nodes, 1)
     assert sorted(r for r, _, _ in sruns) == ["0", "1", "2", "3", "4", "5"]  # one step per node, as before
+
+
+def test_no_step_holds_a_train_node_and_a_spare(tmp_path: Path) -> None:
+    nodes = [f"n{i}" for i in range(8)]  # 5 train nodes, 3 spares
+    lists = sorted(a for _, _, args in run_launch(tmp_path, nodes, 3, train=5) for a in args.split()
+                   if a.startswith("--nodelist="))
+    assert lists == ["--nodelist=n0", "--nodelist=n1,n2,n3", "--nodelist=n4", "--nodelist=n5,n6,n7"]
 
 
 def test_the_standalone_script_renders_the_configured_size() -> None:
