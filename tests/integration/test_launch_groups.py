@@ -30,7 +30,7 @@ from tests.integration.helpers import slurm_env
 pytestmark = pytest.mark.integration
 
 
-def test_a_node_lost_from_a_shared_step_takes_a_spare_and_its_step_peer_is_relaunched(
+def test_a_node_lost_from_a_shared_step_takes_a_spare_and_its_step_peer_trains_on(
         cluster_env, tmp_path) -> None:
     env = slurm_env(cluster_env)
     # health=off: a pre-flight link test on this loaded machine may give the spare away first
