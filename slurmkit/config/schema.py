@@ -137,8 +137,8 @@ class LaunchConfig:
     # of this many nodes, so a job of N nodes costs 1 + ceil((N-1)/nodes_per_step) step
     # creates and srun processes on the batch host per attempt. A lost node ends its whole
     # step: node 0 relaunches the agents of the step's healthy nodes. 0: chosen from the job's
-    # size (slurmkit.render.sbatch.nodes_per_step: one node per step up to 33 nodes, then at
-    # most 33 steps).
+    # size (slurmkit.render.jobspec.nodes_per_step: one node per step up to 17 nodes, then at
+    # most 17 steps; 128 nodes per step at 2,049 nodes).
     nodes_per_step: int = 0
 
     def __post_init__(self) -> None:

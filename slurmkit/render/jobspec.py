@@ -91,7 +91,11 @@ def _check_resources(cfg: SlurmkitConfig, nodes: int, cpus: int | None) -> None:
 
 #: launch.nodes_per_step=0 keeps at most this many srun steps for the agents (node 0's and the
 #: others'): one node per step up to this many nodes, then groups that grow with the job.
-AUTO_STEPS = 33
+#: Measured on the local cluster (64 emulated nodes, tools/bench/launch_scale.py): starting all
+#: agents took 3.0-3.2 s in one step, 3.35 s in 9, 5.44 s in 33 and 6.7-7.5 s in 64, about 65 ms
+#: per step; 17 steps stay within about 1 s of one step while a shared step that srun ends
+#: leaves node 0 at most N/16 agents to relaunch (128 at 2,048 nodes).
+AUTO_STEPS = 17
 
 
 def nodes_per_step(nodes: int, configured: int) -> int:
@@ -99,7 +103,7 @@ def nodes_per_step(nodes: int, configured: int) -> int:
 
     ``configured`` >= 1 is taken as given; 0 chooses from the job's size: one per node while
     that is at most AUTO_STEPS steps, else the smallest group that keeps the steps at
-    AUTO_STEPS (64 nodes per step at 2,049 nodes: 33 step creates instead of 2,049)."""
+    AUTO_STEPS (128 nodes per step at 2,049 nodes: 17 step creates instead of 2,049)."""
     if configured >= 1:
         return configured
     others = max(nodes - 1, 0)

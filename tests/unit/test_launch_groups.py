@@ -20,7 +20,7 @@ from slurmkit.render.sbatch import launch_agents, render_standalone
 
 
 @pytest.mark.parametrize("nodes,configured,expected", [
-    (1, 0, 1), (4, 0, 1), (AUTO_STEPS, 0, 1), (AUTO_STEPS + 1, 0, 2), (2049, 0, 64), (2048, 0, 64),
+    (1, 0, 1), (4, 0, 1), (AUTO_STEPS, 0, 1), (AUTO_STEPS + 1, 0, 2), (2049, 0, 128), (2048, 0, 128), (64, 0, 4),
     (4, 3, 3), (2048, 1, 1),
 ])
 def test_nodes_per_step(nodes: int, configured: int, expected: int) -> None:

@@ -18,7 +18,7 @@ job's size, slurmkit.render.jobspec.nodes_per_step). Rounds alternate the shapes
 
 Part 2, emulated (no Slurm): the same launch lines run for N up to 2,048 nodes with an srun that
 only records its arguments: the sruns (= step creates) per attempt per shape and their growth
-exponent in N (per node: 1; the default: 0 past 33 nodes).
+exponent in N (per node: 1; the default: 0 past 17 nodes).
 
     tools/local-cluster up --nodes 32
     python tools/bench/launch_scale.py [--rounds 3] [--group 0] [--nodes 0 (all idle)]
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--nodes", type=int, default=0, help="nodes per job (0: every idle node)")
     p.add_argument("--group", type=int, default=0, help="launch.nodes_per_step of the grouped shape "
-                   "(0: slurmkit's choice for the size; on a cluster of at most 33 nodes that is 1, so "
+                   "(0: slurmkit's choice for the size; on a cluster of at most 17 nodes that is 1, so "
                    "give one, e.g. 8)")
     p.add_argument("--emulate", default="64,256,1024,2048", help="node counts of part 2")
     p.add_argument("--cluster-dir", default=DEFAULT_CLUSTER_DIR)
