@@ -47,6 +47,7 @@ from slurmkit.supervise.liveness import Beater
 from slurmkit.supervise.loop import Supervisor, Where
 from slurmkit.supervise.monitor import RankMonitor, expects_heartbeats
 from slurmkit.supervise.relaunch import Relauncher, read_rejoin, srun_spawn
+from slurmkit.supervise.stepsended import STEPS_ENDED_ENV, StepsEnded
 from slurmkit.supervise.slurmview import kill_wait_warning
 from slurmkit.supervise.spool import SpoolReader
 from slurmkit.supervise.stragglers import NodeWindow
@@ -574,6 +575,8 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
                      free_port=free_port, end_watch=end_watch(ctx, channel, store.port), beater=beater)
     if rejoin is not None:
         sup.rejoin(rejoin)
+    if ctx.node_rank == 0 and env.get(STEPS_ENDED_ENV):  # the batch script's word on the agents' steps
+        sup.steps_ended = StepsEnded(env[STEPS_ENDED_ENV], len(ctx.nodes))
     if ctx.node_rank == 0 and slurm is not None and cfg.supervisor.agent_relaunches > 0:
         sup.relauncher = Relauncher(
             srun_spawn(lambda: batch_srun_prefix(cfg, run_dir), run_dir, env, ctx.restart_count),

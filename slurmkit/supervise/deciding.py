@@ -20,6 +20,7 @@ from slurmkit.supervise.slurmview import DECISION_RETRY, DECISION_TIMEOUT_S, nod
 from slurmkit.supervise.liveness import Lost, slurm_says_dead
 from slurmkit.supervise.loopbase import PLANNED_REQUEUE, REQUEUE_MARKS, SupervisorBase
 from slurmkit.supervise.relaunch import Relauncher
+from slurmkit.supervise.stepsended import StepsEnded
 from slurmkit.supervise.timeouts import liveness_deadline_s
 
 log = logging.getLogger(__name__)
@@ -30,18 +31,31 @@ class Deciding(SupervisorBase):
 
     #: Node 0 with Slurm: relaunches a lost agent on a healthy node (set by the agent's entry point).
     relauncher: Relauncher | None = None
+    #: Node 0 in a batch script: the agents' srun steps it says ended (set by the agent's entry point).
+    steps_ended: StepsEnded | None = None
 
     # ------------------------------------------------------------------ liveness (node 0)
     def lost_agents(self) -> list[Lost]:
-        """Agents (train nodes and spares) confirmed lost since the last call."""
+        """Agents (train nodes and spares) confirmed lost since the last call: silent (liveness),
+        or in an srun step the batch script says ended with a non-zero code (stepsended)."""
         members = {*self.node_map, *self.spares}  # a set: this runs every poll, over N agents
         watched = [nr for nr, name in enumerate(self.where.nodes)
                    if nr != 0 and nr not in self._lost and name in members]
         self.liveness.observe(self.channel.beats(watched))
-        new = [x for x in self.liveness.lost() if x.node_rank in watched]
+        watching = set(watched)
+        new = [x for x in self.liveness.lost() if x.node_rank in watching]
+        for step in self.steps_ended.new() if self.steps_ended is not None else []:
+            for nr in step.node_ranks:
+                # a node whose agent node 0 relaunched runs in a step of node 0's, not this one
+                if nr in watching and all(x.node_rank != nr for x in new) and not self._relaunched(nr):
+                    new.append(Lost(nr, 0.0, f"its srun step (node ranks {step.first}-{step.first + step.count - 1}) "
+                                    f"ended with code {step.code}", self.liveness.slurm_state(nr)))
         for x in new:
             self._lost[x.node_rank] = x
         return new
+
+    def _relaunched(self, nr: int) -> bool:
+        return self.relauncher is not None and self.relauncher.used(self.where.nodes[nr]) > 0
 
     def check_peers(self, gen: int) -> None:
         for x in self.lost_agents():

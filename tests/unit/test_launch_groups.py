@@ -155,3 +155,53 @@ def test_redirect_output_does_not_follow_a_planted_link(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-c", REDIRECT, str(link)], capture_output=True, text=True, timeout=60)
     assert res.returncode != 0 and "Too many levels of symbolic links" in res.stderr
     assert target.read_text() == "keep\n"
+
+
+def test_a_step_that_ends_first_is_said_in_the_log_and_in_the_file_node_0_reads(tmp_path: Path) -> None:
+    """The step of n1-n3 fails at once (as srun does when it cannot create the step); node 0's
+    agent, still running, finds the line in $SLURMKIT_STEPS_ENDED (copied here before the script
+    removes the file at its end)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    seen = tmp_path / "seen"
+    (bindir / "srun").write_text(
+        "#!/bin/bash\n"
+        "case \"$*\" in\n"
+        "  *--nodelist=n0\\ *) for i in $(seq 300); do grep -q '^1 3 ' \"$SLURMKIT_STEPS_ENDED\" && break; "
+        f"sleep 0.1; done; cp \"$SLURMKIT_STEPS_ENDED\" {seen}; exit 93 ;;\n"
+        "  *--nodelist=n1,n2,n3\\ *) exit 3 ;;\n"
+        "  *) for i in $(seq 300); do [ -e " + str(seen) + " ] && break; sleep 0.1; done ;;\n"
+        "esac\n")
+    (bindir / "scontrol").write_text("#!/bin/bash\nprintf '%s\\n' n0 n1 n2 n3 n4 n5 n6\n")
+    for f in bindir.iterdir():
+        f.chmod(0o755)
+    script = tmp_path / "launch.sh"
+    script.write_text(launch_agents(str(tmp_path / "logs"), [], "agent RUN", 3, 7) + "\n")
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", SLURM_JOB_NODELIST="x", TMPDIR=str(tmp_path))
+    res = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 93  # node 0's code is the job's, as before
+    assert seen.read_text().splitlines()[0] == "1 3 3"
+    assert "the agents' srun step of node ranks 1-3 ended with code 3" in res.stderr
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("slurmkit-steps.")]  # removed at the end
+
+
+def test_node_0_reads_each_ended_step_once_and_only_non_zero_codes(tmp_path: Path) -> None:
+    from slurmkit.supervise.stepsended import StepEnded, StepsEnded
+
+    path = tmp_path / "steps"
+    path.write_text("")
+    r = StepsEnded(str(path), 7)
+    assert r.new() == []
+    path.write_text("1 3 3\n4 3 0\n")
+    assert r.new() == [StepEnded(1, 3, 3)]
+    assert r.new() == []  # read once
+    with path.open("a") as f:
+        f.write("4 3 137\n9 9 1\n1 x 2\n4 3")  # out of range, garbage, a line still being written
+    assert r.new() == [StepEnded(4, 3, 137)]
+    with path.open("a") as f:
+        f.write(" 1\n")
+    assert r.new() == [StepEnded(4, 3, 1)] and list(StepEnded(4, 3, 1).node_ranks) == [4, 5, 6]
+    link = tmp_path / "link"
+    link.symlink_to(path)
+    assert StepsEnded(str(link), 7).new() == []  # not a plain file: ignored
+    assert StepsEnded(None, 7).new() == [] and StepsEnded(str(tmp_path / "missing"), 7).new() == []

@@ -18,6 +18,7 @@ from slurmkit.supervise.endwatch import EndWatch
 from slurmkit.supervise.loop import Supervisor, Where
 from slurmkit.supervise.policy import Action
 from slurmkit.supervise.relaunch import REJOIN_ENV, Relauncher, read_rejoin, step_env
+from slurmkit.supervise.stepsended import StepsEnded
 from slurmkit.testing.fakeslurm import FakeSlurm
 from tests.unit.test_supervise_loop import TOKEN, Cluster, Script, ScriptedNode
 from tests.unit.test_supervise_loop_agent import client, requeued, slurmd  # noqa: F401 - requeued: a fixture
@@ -197,6 +198,34 @@ def test_a_lost_node_in_a_shared_step_without_a_spare_requeues_without_it_and_re
     assert c.run(agents=[0]) == {0: 0}
     assert steps == []
     assert c.decisions() == [(0, Action.REQUEUE, ("n1",))] and requeued == [("7", ("n1",))]
+
+
+def test_a_step_the_batch_script_says_ended_is_a_lost_agent_at_once(
+        tmp_path: Path, requeued: list[tuple[str, tuple[str, ...]]]) -> None:
+    # A liveness deadline of minutes: only the batch script's word can end generation 0 quickly.
+    fake = FakeSlurm({"debug": "n[0-1]"})
+    c = Cluster(tmp_path, [Script(), Script()], node_timeout_s=120.0, startup_timeout_s=120.0, slurm=client(fake))
+    slurmd(c, answers=True)
+    fake.nodes["n1"].state = "MIXED"
+    c.sups[1].channel.beat(1, 1)
+    ended = tmp_path / "slurmkit-steps.abc"
+    ended.write_text("1 1 137\n")  # n1's step ended: its agent SIGKILLed
+    c.sups[0].steps_ended = StepsEnded(str(ended), 2)
+    steps: list[AgentStep] = []
+
+    def spawn(name: str, nr: int, relaunch: int) -> AgentStep:
+        steps.append(AgentStep(c, name, nr, relaunch))
+        return steps[-1]
+
+    c.sups[0].relauncher = Relauncher(spawn, limit=1, first_beat_s=5.0, poll_s=0.01)
+    assert c.run(agents=[0]) == {0: 0}
+    (failure,) = c.ledger.of("failure")
+    assert failure["node"] == "n1" and "its srun step (node ranks 1-1) ended with code 137" in failure["evidence"]
+    assert [r["node"] for r in c.ledger.of("agent_relaunched")] == ["n1"] and wait_code(steps[0]) == 0
+    # the same node's old step said again (or late): its agent runs in node 0's step now
+    with ended.open("a") as f:
+        f.write("1 1 9\n")
+    assert c.sups[0].lost_agents() == []
 
 
 def test_the_cap_is_per_node_and_allocation() -> None:
