@@ -64,8 +64,9 @@ class Deciding(SupervisorBase):
                 self.spares.remove(name)
                 self.ledger.append("spare_lost", node=name, why=x.why, silent_s=round(x.silent_s, 1))
                 continue
-            ev = Evidence(time.time(), name, -1, "agent", FailureClass.NODE_LOSS,
-                          f"agent on {name} silent for {x.silent_s:.1f} s ({x.why})")
+            said = (f"silent for {x.silent_s:.1f} s ({x.why})" if x.silent_s > 0
+                    else f"gone: {x.why}")  # the batch script's word (stepsended), no silence waited for
+            ev = Evidence(time.time(), name, -1, "agent", FailureClass.NODE_LOSS, f"agent on {name} {said}")
             self.channel.post_evidence(gen, x.node_rank, [ev])
             self.channel.post_failure(gen, name, -1, FailureClass.NODE_LOSS)
 
