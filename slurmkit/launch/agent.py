@@ -46,7 +46,7 @@ from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
 from slurmkit.supervise.liveness import Beater
 from slurmkit.supervise.loop import Supervisor, Where
 from slurmkit.supervise.monitor import RankMonitor, expects_heartbeats
-from slurmkit.supervise.relaunch import Relauncher, read_rejoin, srun_spawn
+from slurmkit.supervise.relaunch import Relauncher, read_rejoin, srun_spawn, srun_spawn_many
 from slurmkit.supervise.stepsended import STEPS_ENDED_ENV, StepsEnded
 from slurmkit.supervise.slurmview import kill_wait_warning
 from slurmkit.supervise.spool import SpoolReader
@@ -542,7 +542,7 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
     store = connect(ctx, run_dir)
     channel = Channel(store, ctx.attempt, load_token(run_dir, create=ctx.node_rank == 0), ctx.nodes)
     try:  # a relaunched agent: where it rejoins, checked before its first beat (node 0 waits for it)
-        rejoin = read_rejoin(channel, ctx.node_rank, ctx.attempt, env)
+        rejoin = read_rejoin(channel, ctx.node_rank, ctx.attempt, env, ctx.node_name)
     except SlurmkitError as exc:
         log.error("%s", exc)
         return 1
@@ -580,7 +580,8 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
     if ctx.node_rank == 0 and slurm is not None and cfg.supervisor.agent_relaunches > 0:
         sup.relauncher = Relauncher(
             srun_spawn(lambda: batch_srun_prefix(cfg, run_dir), run_dir, env, ctx.restart_count),
-            limit=cfg.supervisor.agent_relaunches, first_beat_s=cfg.supervisor.startup_timeout_s)
+            limit=cfg.supervisor.agent_relaunches, first_beat_s=cfg.supervisor.startup_timeout_s,
+            spawn_many=srun_spawn_many(lambda: batch_srun_prefix(cfg, run_dir), run_dir, env, ctx.restart_count))
     log.info("start-up heap settled: %d objects held back from the cyclic collector", settle_heap())
     try:
         # On an unexpected exception its ranks are stopped (never orphaned) and node 0 hears

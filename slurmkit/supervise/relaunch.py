@@ -27,11 +27,12 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from slurmkit.errors import SlurmkitError
+from slurmkit.launch.context import GROUP_LOG_ENV
 from slurmkit.supervise.channel import Channel, ChannelError, Rejoin
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ class Launched(Protocol):
 
 #: Start the agent of (node name, node rank) as its relaunch number ``relaunch``.
 Spawn = Callable[[str, int, int], Launched]
+#: Start the agents of several (node name, node rank, relaunch) in one srun step of those nodes.
+SpawnMany = Callable[[Sequence[tuple[str, int, int]]], Launched]
 
 
 @dataclass(frozen=True)
@@ -86,8 +89,12 @@ class Relauncher:
     """Node 0: relaunch lost agents, each node at most ``limit`` times in this allocation."""
 
     def __init__(self, spawn: Spawn, *, limit: int, first_beat_s: float, poll_s: float = 0.1,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 spawn_many: SpawnMany | None = None) -> None:
         self.spawn, self.limit, self.first_beat_s, self.poll_s = spawn, limit, first_beat_s, poll_s
+        # Several agents lost at once (the agents of a shared srun step: launch.nodes_per_step)
+        # come back in one step of their nodes, not one step each: one step-create RPC.
+        self.spawn_many = spawn_many
         self.clock, self.sleep = clock, sleep
         self._used: dict[str, int] = {}
         self._running: list[Launched] = []
@@ -107,20 +114,26 @@ class Relauncher:
         beat_s: dict[int, float] = {}  # node rank -> seconds from the first srun to its first beat
         t0 = self.clock()
         try:
+            posted = []
             for name, nr in lost:
                 n = self._used[name] = self.used(name) + 1
                 channel.reset_beat(nr)
                 channel.post_rejoin(nr, Rejoin(attempt, n, generation, list(slots).index(nr), tuple(slots),
                                                tuple(spares)))
-                steps.append((name, nr, n, self.spawn(name, nr, n)))
+                posted.append((name, nr, n))
+            if self.spawn_many is not None and len(posted) > 1:
+                shared = self.spawn_many(posted)
+                steps += [(name, nr, n, shared) for name, nr, n in posted]
+            else:
+                steps += [(name, nr, n, self.spawn(name, nr, n)) for name, nr, n in posted]
             why = self._wait_beats(channel, steps, t0, beat_s)
         except (OSError, RuntimeError, SlurmkitError) as exc:  # srun missing, the store failing
             why = f"could not relaunch: {type(exc).__name__}: {exc}"
         if why:
-            for _, _, _, step in steps:
+            for step in _distinct(s[3] for s in steps):
                 step.stop(0.0)
             return Result(False, why)
-        self._running += [step for _, _, _, step in steps]
+        self._running += _distinct(s[3] for s in steps)
         return Result(True, "", tuple(Started(name, nr, n, beat_s[nr], step) for name, nr, n, step in steps))
 
     def _wait_beats(self, channel: Channel, steps: list[tuple[str, int, int, Launched]], t0: float,
@@ -154,14 +167,34 @@ class Relauncher:
         self._running = []
 
 
+def _distinct(steps: Iterable[Launched]) -> list[Launched]:
+    """Each step once (the agents of one shared step hold the same one)."""
+    out: list[Launched] = []
+    for step in steps:
+        if all(step is not seen for seen in out):
+            out.append(step)
+    return out
+
+
 # ------------------------------------------------------------------ the new agent's side
-def read_rejoin(channel: Channel, node_rank: int, attempt: str, env: Mapping[str, str]) -> Rejoin | None:
+def read_rejoin(channel: Channel, node_rank: int, attempt: str, env: Mapping[str, str],
+                node_name: str = "") -> Rejoin | None:
     """A relaunched agent's rejoin message (None for a first agent: no REJOIN_ENV). It must be
     there and be the one of this relaunch: a message of an earlier relaunch, or none, is an
-    error (the new agent must not beat: node 0 then falls back as for a failed relaunch)."""
+    error (the new agent must not beat: node 0 then falls back as for a failed relaunch).
+
+    REJOIN_ENV is the relaunch number, or for agents relaunched in one shared step
+    ``name=number,name=number,...``, of which this agent takes its node's."""
     text = env.get(REJOIN_ENV)
     if not text:
         return None
+    if "=" in text:
+        mine = [v for k, _, v in (item.partition("=") for item in text.split(",")) if k == node_name]
+        if len(mine) != 1:
+            raise SlurmkitError(f"Detected: {REJOIN_ENV}={text[:200]!r} does not name this node ({node_name!r}) "
+                                "once. Requirement: the relaunch numbers node 0's agent starts a shared step "
+                                f"with. Fix: do not set {REJOIN_ENV} by hand.")
+        text = mine[0]
     if not text.isdigit() or int(text) < 1:
         raise SlurmkitError(f"Detected: {REJOIN_ENV}={text!r}. Requirement: the relaunch number node 0's agent "
                             f"starts a relaunched agent with (1, 2, ...). Fix: do not set {REJOIN_ENV} by hand.")
@@ -202,6 +235,23 @@ def srun_command(srun_prefix: Sequence[str], run_dir: str, node: str, output: st
             sys.executable, "-u", "-m", AGENT_MODULE, run_dir]
 
 
+def shared_srun_command(srun_prefix: Sequence[str], run_dir: str, nodes: Sequence[str], output: str) -> list[str]:
+    k = len(nodes)
+    return [*srun_prefix, f"--nodes={k}", f"--ntasks={k}", "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}",
+            f"--output={output}", sys.executable, "-u", "-m", AGENT_MODULE, run_dir]
+
+
+def shared_step_env(env: Mapping[str, str], agents: Sequence[tuple[str, int, int]], log_dir: str) -> dict[str, str]:
+    """The environment of one srun step that relaunches several agents: as ``step_env``, but
+    each agent finds its node rank in SLURMKIT_NODES and its relaunch number by its node's name,
+    and writes its log where the batch script's agent of that node did (GROUP_LOG_ENV)."""
+    out = step_env(env, agents[0][1], agents[0][2])
+    del out["SLURMKIT_NODE_RANK"]
+    out[REJOIN_ENV] = ",".join(f"{name}={n}" for name, _, n in agents)
+    out[GROUP_LOG_ENV] = log_dir
+    return out
+
+
 class SrunStep:
     """A relaunched agent's srun, a child of node 0's agent."""
 
@@ -237,5 +287,19 @@ def srun_spawn(srun_prefix: Callable[[], Sequence[str]], run_dir: str, env: Mapp
         command = srun_command(srun_prefix(), run_dir, node, output)
         log.warning("relaunching the agent of %s (node rank %d): %s", node, node_rank, " ".join(command))
         return SrunStep(command, step_env(env, node_rank, relaunch), output)
+
+    return spawn
+
+
+def srun_spawn_many(srun_prefix: Callable[[], Sequence[str]], run_dir: str, env: Mapping[str, str],
+                    restart_count: int) -> SpawnMany:
+    """How node 0's agent starts several agents again in one srun step of their nodes."""
+    def spawn(agents: Sequence[tuple[str, int, int]]) -> Launched:
+        first = min(nr for _, nr, _ in agents)
+        where = log_dir(run_dir, first)
+        output = os.path.join(where, f"%j_a{restart_count}r{max(n for _, _, n in agents)}_step{first}_%t_log.out")
+        command = shared_srun_command(srun_prefix(), run_dir, [name for name, _, _ in agents], output)
+        log.warning("relaunching the agents of %d nodes in one step: %s", len(agents), " ".join(command))
+        return SrunStep(command, shared_step_env(env, agents, where), output)
 
     return spawn

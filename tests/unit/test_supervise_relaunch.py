@@ -17,7 +17,11 @@ from slurmkit.supervise.channel import Channel, ChannelError, Rejoin
 from slurmkit.supervise.endwatch import EndWatch
 from slurmkit.supervise.loop import Supervisor, Where
 from slurmkit.supervise.policy import Action
-from slurmkit.supervise.relaunch import REJOIN_ENV, Relauncher, read_rejoin, step_env
+from slurmkit.errors import SlurmkitError
+from slurmkit.launch.context import GROUP_LOG_ENV
+from slurmkit.supervise.relaunch import (
+    REJOIN_ENV, Relauncher, read_rejoin, shared_srun_command, shared_step_env, step_env,
+)
 from slurmkit.supervise.stepsended import StepsEnded
 from slurmkit.testing.fakeslurm import FakeSlurm
 from tests.unit.test_supervise_loop import TOKEN, Cluster, Script, ScriptedNode
@@ -226,6 +230,68 @@ def test_a_step_the_batch_script_says_ended_is_a_lost_agent_at_once(
     with ended.open("a") as f:
         f.write("1 1 9\n")
     assert c.sups[0].lost_agents() == []
+
+
+class SharedStep:
+    """Several relaunched agents in one step, as srun_spawn_many starts them."""
+
+    def __init__(self, c: Cluster, agents: list[tuple[str, int, int]]) -> None:
+        self.parts = [AgentStep(c, name, nr, n) for name, nr, n in agents]
+        self.command, self.log = ["fake-srun", ",".join(a[0] for a in agents)], "/logs/shared"
+
+    def poll(self) -> int | None:
+        codes = [p.poll() for p in self.parts]
+        return None if None in codes else max(c for c in codes if c is not None)
+
+    def stop(self, wait_s: float) -> None:
+        for p in self.parts:
+            p.stop(wait_s)
+
+
+def test_agents_lost_together_come_back_in_one_step(tmp_path: Path, requeued: list[tuple[str, tuple[str, ...]]]) -> None:
+    fake = FakeSlurm({"debug": "n[0-2]"})
+    c = Cluster(tmp_path, [Script(), Script(), Script()], node_timeout_s=0.5, slurm=client(fake))
+    slurmd(c, answers=True)
+    for name, nr in (("n1", 1), ("n2", 2)):
+        fake.nodes[name].state = "MIXED"
+        for tick in (1, 2, 3):
+            c.sups[nr].channel.beat(nr, tick)
+    calls: list[list[tuple[str, int, int]]] = []
+    shared: list[SharedStep] = []
+
+    def spawn(name: str, nr: int, relaunch: int) -> AgentStep:
+        raise AssertionError("one step per agent")
+
+    def spawn_many(agents: Any) -> SharedStep:
+        calls.append(list(agents))
+        shared.append(SharedStep(c, list(agents)))
+        return shared[-1]
+
+    c.sups[0].relauncher = Relauncher(spawn, limit=1, first_beat_s=2.0, poll_s=0.01, spawn_many=spawn_many)
+    assert c.run(agents=[0]) == {0: 0}
+    assert calls == [[("n1", 1, 1), ("n2", 2, 1)]]  # one srun step for both
+    assert [wait_code(p) for p in shared[0].parts] == [0, 0]
+    assert [p.rejoined.slot for p in shared[0].parts if p.rejoined] == [1, 2]
+    assert sorted(r["node"] for r in c.ledger.of("agent_relaunched")) == ["n1", "n2"]
+    assert c.decisions() == [(0, Action.RESTART, ())] and requeued == []
+
+
+def test_a_shared_relaunch_step_names_each_agents_relaunch_and_log(tmp_path: Path) -> None:
+    env = {"SLURM_JOB_ID": "7", "SLURM_STEPID": "0", "SLURMKIT_NODE_RANK": "0", "SLURMKIT_NODES": "n0,n1,n2,n3",
+           "SLURM_JOB_NUM_NODES": "4", "SLURM_JOB_NODELIST": "n[0-3]", "SLURMD_NODENAME": "n0"}
+    out = shared_step_env(env, [("n2", 2, 1), ("n3", 3, 2)], "/runs/x/submitit")
+    assert "SLURMKIT_NODE_RANK" not in out and "SLURMD_NODENAME" not in out and "SLURM_STEPID" not in out
+    assert out[REJOIN_ENV] == "n2=1,n3=2" and out[GROUP_LOG_ENV] == "/runs/x/submitit"
+    assert out["SLURM_NNODES"] == "4"
+    cmd = shared_srun_command(["srun", "--unbuffered"], "/runs/x", ["n2", "n3"], "/runs/x/submitit/o_%t")
+    assert cmd[:7] == ["srun", "--unbuffered", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
+                       "--nodelist=n2,n3", "--output=/runs/x/submitit/o_%t"]
+    # each agent of the step takes its own node's relaunch number
+    ch = channel()
+    ch.post_rejoin(2, Rejoin("7-0", 2, 4, 1, (0, 2), ()))
+    assert read_rejoin(ch, 2, "7-0", {REJOIN_ENV: "n1=1,n2=2"}, "n2") == Rejoin("7-0", 2, 4, 1, (0, 2), ())
+    with pytest.raises(SlurmkitError, match="does not name this node"):
+        read_rejoin(ch, 2, "7-0", {REJOIN_ENV: "n1=1,n2=2"}, "n9")
 
 
 def test_the_cap_is_per_node_and_allocation() -> None:
