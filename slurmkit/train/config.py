@@ -134,6 +134,9 @@ class TrainConfig:
     # torch.use_deterministic_algorithms, and DDP gradients summed in rank order whatever the
     # bucket layout (slurmkit.train.reduce): bit-exact resume, at some speed.
     deterministic: bool = True
+    # torch.compile each transformer block (in place: checkpoint keys do not change). Faster
+    # steps on a GPU; the first step of every generation pays the compile.
+    compile: bool = False
     cpu_peak_tflops: float = 0.5  # peak TFLOP/s of one CPU rank, for MFU on CPU runs
 
     def __post_init__(self) -> None:

@@ -32,17 +32,26 @@ class RMSNorm(nn.Module):
 
 
 def rotary_table(head_dim: int, max_seq_len: int, theta: float) -> torch.Tensor:
-    """Complex rotations e^{i * pos * theta^(-2k/d)} of shape (max_seq_len, head_dim // 2)."""
+    """Cosines and sines of pos * theta^(-2k/d): shape (max_seq_len, head_dim // 2, 2), fp32.
+
+    Real numbers, not complex: the same rotation, and torch.compile generates code for it
+    (inductor has no complex kernels and falls back to eager ones around them).
+    """
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
-    return torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
+    return torch.stack((angles.cos(), angles.sin()), dim=-1).to(torch.float32)
 
 
 def apply_rotary(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs of channels of x (batch, seq, heads, head_dim) by the position's angle."""
-    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-    rotated = pairs * table[: x.shape[1]].view(1, x.shape[1], 1, -1)
-    return torch.view_as_real(rotated).flatten(-2).type_as(x)
+    """Rotate pairs of channels of x (batch, seq, heads, head_dim) by the position's angle.
+
+    Pair (a, b) at position p becomes (a cos - b sin, a sin + b cos), computed in fp32.
+    """
+    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
+    a, b = pairs[..., 0], pairs[..., 1]
+    rot = table[: x.shape[1]].view(1, x.shape[1], 1, -1, 2)
+    cos, sin = rot[..., 0], rot[..., 1]
+    return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2).type_as(x)
 
 
 class Attention(nn.Module):
@@ -147,6 +156,14 @@ class Transformer(nn.Module):
             else:
                 h = block(h, rope)
         return self.output(self.norm(h)).float()
+
+
+def compile_blocks(model: Transformer) -> None:
+    """torch.compile every block in place (``Module.compile``: parameter names, and so
+    checkpoint keys, stay as they are). The blocks share one code, so the compile is paid
+    once per generation, at its first step."""
+    for block in model.layers:
+        block.compile()
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,7 @@ from slurmkit.train.faults import FaultInjector
 from slurmkit.train.flops import flops_per_token
 from slurmkit.train.heartbeat import Heartbeat
 from slurmkit.train.metrics import MetricsWriter, step_metrics
-from slurmkit.train.model import Transformer, loss_fn
+from slurmkit.train.model import Transformer, compile_blocks, loss_fn
 from slurmkit.train.parallel import Runtime, param_digest, require_supported, unwrap, wrap
 from slurmkit.train.reduce import CommClock
 from slurmkit.train.schedule import WarmupCosine
@@ -104,6 +104,8 @@ class Trainer:
     def _build(self) -> None:
         torch.manual_seed(self.t.seed)  # identical init on every rank before sharding
         base = Transformer(self.m, activation_checkpointing=self.p.activation_checkpointing)
+        if self.t.compile:
+            compile_blocks(base)
         self.model: nn.Module = wrap(base.to(self.runtime.device), self.strategy, self.runtime,
                                      self.p, rank_order=self.t.deterministic, comm_clock=self.comm_clock)
         self.optimizer = self._new_optimizer()

@@ -6,7 +6,7 @@ import torch
 
 from slurmkit.train.config import ModelConfig
 from slurmkit.train.flops import param_count
-from slurmkit.train.model import Transformer, apply_rotary, loss_fn, rotary_table
+from slurmkit.train.model import Transformer, apply_rotary, compile_blocks, loss_fn, rotary_table
 
 CFG = ModelConfig(name="t", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96,
                   vocab_size=128, max_seq_len=32)
@@ -82,3 +82,25 @@ def test_a_few_steps_fit_a_fixed_batch() -> None:
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0] - 1.0
+
+
+def test_rotary_matches_the_complex_rotation() -> None:
+    # The real (cos, sin) form is the complex product (a + ib) * e^{i pos theta_k} written out.
+    table = rotary_table(8, 16, 10000.0)
+    x = torch.randn(2, 16, 3, 8)
+    pairs = torch.view_as_complex(x.reshape(2, 16, 3, 4, 2).contiguous())
+    angles = torch.view_as_complex(table.contiguous()).view(1, 16, 1, 4)
+    expected = torch.view_as_real(pairs * angles).flatten(-2)
+    assert torch.allclose(apply_rotary(x, table), expected, atol=1e-6)
+
+
+def test_compiled_blocks_keep_parameter_names_and_outputs() -> None:
+    torch.manual_seed(0)
+    eager = Transformer(CFG)
+    compiled = Transformer(CFG)
+    compiled.load_state_dict(eager.state_dict())
+    compile_blocks(compiled)
+    assert list(compiled.state_dict()) == list(eager.state_dict())  # checkpoint keys unchanged
+    tokens = torch.randint(0, CFG.vocab_size, (2, 16))
+    with torch.no_grad():
+        assert torch.allclose(compiled(tokens), eager(tokens), atol=1e-4)
