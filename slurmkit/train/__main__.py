@@ -134,7 +134,14 @@ def run(env: Mapping[str, str], early_stop: StopRequest | None = None) -> int:
                           fix="resubmit to write a fresh frozen config")
     m, p = section(raw, "model", ModelConfig), section(raw, "parallel", ParallelConfig)
     t = section(raw, "train", TrainConfig)
-    runtime = select_runtime(t, local_rank, device=device_of(env))  # SLURMKIT_DEVICE, the agent's choice
+    chosen = device_of(env)
+    runtime = select_runtime(t, local_rank, device=chosen)  # SLURMKIT_DEVICE, the agent's choice
+    if chosen is not None and chosen.kind == "cuda" and runtime.device.type != "cuda":
+        # By design on an emulated GPU cluster (no CUDA here); anywhere else a setup error
+        # that would otherwise show only as a very slow run.
+        print(f"slurmkit.train: the agent chose cuda:{chosen.index} but CUDA is not available "
+              f"(CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', 'unset')!r}): computing on the CPU",
+              file=sys.stderr, flush=True)
     on_gpu = runtime.device.type == "cuda"
     peak = float(OmegaConf.select(raw, "cluster.gpu_peak_tflops", default=0) or 0)
     ctx = RankContext(
