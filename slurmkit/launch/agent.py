@@ -55,7 +55,11 @@ from slurmkit.supervise.timeouts import beat_interval_s, failure_env
 from slurmkit.train.heartbeat import node_local_dir, private_dir
 from slurmkit.train.signals import STACK_FILE_ENV
 
-NCCL_PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"  # torch reads <value><rank>.pipe
+# ProcessGroupNCCL's flight-recorder FIFO is <value><rank>.pipe. torch >= 2.7 reads only the
+# TORCH_FR_ name (seen with torch 2.11 on an H200: with the old name alone no FIFO was made and
+# a hang left no dump); older releases read only the TORCH_NCCL_ one. Both are set.
+NCCL_PIPE_ENV = "TORCH_FR_DEBUG_INFO_PIPE_FILE"
+NCCL_PIPE_ENV_OLD = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
 
 log = logging.getLogger(__name__)
 LEDGER_FLUSH_INTERVAL_S = 2.0  # an agent's ledger events are batched for at most this long
@@ -171,15 +175,17 @@ class NodeAgent:
         })
         # ProcessGroupNCCL's flight-recorder FIFO (slurmkit.launch.stackdump), node-local; a
         # user's own setting stands.
-        env.setdefault(NCCL_PIPE_ENV, os.path.join(self.local_dir, "nccl_pipe", "rank_"))
+        stem = env.get(NCCL_PIPE_ENV) or env.get(NCCL_PIPE_ENV_OLD) or os.path.join(self.local_dir, "nccl_pipe", "rank_")
+        env.setdefault(NCCL_PIPE_ENV, stem)
+        env.setdefault(NCCL_PIPE_ENV_OLD, stem)
         return env
 
     def _nccl_stems(self) -> tuple[str, str]:
         """(FIFO stem, dump stem) of the flight recorder, as rank_env gives them to the ranks."""
         env = {**self.env, **self.cfg.cluster.env, **self.cfg.job.env}
         env.update(failure_env(self.cfg, self.run_dir, env))
-        return (env.get(NCCL_PIPE_ENV) or os.path.join(self.local_dir, "nccl_pipe", "rank_"),
-                env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", ""))
+        return (env.get(NCCL_PIPE_ENV) or env.get(NCCL_PIPE_ENV_OLD) or os.path.join(self.local_dir, "nccl_pipe", "rank_"),
+                env.get("TORCH_FR_DUMP_TEMP_FILE") or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", ""))
 
     def _stack_file(self, rank: int) -> str:
         return os.path.join(self.local_dir, "stacks", f"rank{rank}.txt")

@@ -18,9 +18,11 @@ How a rank's stack is taken:
   ``--nonblocking`` for a stopped process, which py-spy cannot suspend again. Without py-spy the
   record says so.
 - On a GPU, NCCL's flight recorder is dumped too: each rank's ProcessGroupNCCL reads a FIFO
-  (``TORCH_NCCL_DEBUG_INFO_PIPE_FILE<rank>.pipe``, set by the agent in the node-local directory)
-  and writes its trace to ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>`` when anything is written to
-  it. Untested here (CPU only: gloo has no flight recorder).
+  (``TORCH_FR_DEBUG_INFO_PIPE_FILE<rank>.pipe``, and the pre-2.7 name
+  ``TORCH_NCCL_DEBUG_INFO_PIPE_FILE``, set by the agent in the node-local directory) and writes
+  its trace to ``TORCH_FR_DUMP_TEMP_FILE<rank>`` when anything is written to it. Not shown
+  working yet: on an H200 with torch 2.11 only the old names were set and no dump was made;
+  ``tools/bench/gpu_check.py`` counts the dumps of a real NCCL hang (CPU: gloo has none).
 
 The full stacks (at most ``STACK_LINES`` lines per rank) go into this node's ``hang_stacks``
 ledger event and its log; node 0 gets only a verdict per node (slurmkit.supervise.stacks).

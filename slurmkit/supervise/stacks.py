@@ -123,10 +123,21 @@ _DISTRIBUTED_FILE = re.compile(r"(?:^|/)torch/(?:distributed/|nn/parallel/distri
 _BACKWARD = re.compile(r"(?:^|/)torch/autograd/(?:graph|__init__)\.py$")
 
 
+# A rank blocked syncing with its GPU waits for the NCCL work queued before the sync: DDP and
+# FSDP launch their all-reduces without waiting, so on a GPU the peer of a stuck rank blocks in
+# the next device sync, which Python shows as the line that syncs. The reference trainer syncs
+# in a function of its own for this; torch.cuda's synchronize calls are frames of their own.
+_DEVICE_WAITS = (("slurmkit/train/trainer.py", "wait_for_device"), ("torch/cuda/__init__.py", "synchronize"),
+                 ("torch/cuda/streams.py", "synchronize"))
+
+
 def collective_frame(frames: Sequence[Frame]) -> Frame | None:
     """The innermost frame that waits inside a collective (or a backward pass with no Python
-    above it, where DDP's gradient all-reduce waits), None if the stack is not inside one."""
+    above it, where DDP's gradient all-reduce waits, or a sync with the GPU, where NCCL's
+    queued all-reduces are waited for), None if the stack is not inside one."""
     if frames and _BACKWARD.search(frames[0].file) and frames[0].function in ("_engine_run_backward", "backward"):
+        return frames[0]
+    if frames and any(frames[0].file.endswith(path) and frames[0].function == func for path, func in _DEVICE_WAITS):
         return frames[0]
     for f in frames:
         if _NATIVE_COLLECTIVE.search(f.function):

@@ -30,6 +30,9 @@ def failure_env(cfg: SlurmkitConfig, run_dir: str, base: Mapping[str, str]) -> d
         # TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated and, if set, counts as the user's choice).
         "TORCH_FR_BUFFER_SIZE": "2000",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        # Where the flight recorder's dumps go, under both names: torch >= 2.7 reads
+        # TORCH_FR_DUMP_TEMP_FILE, older releases the TORCH_NCCL_ one.
+        "TORCH_FR_DUMP_TEMP_FILE": os.path.join(run_dir, "nccl_trace", "rank_"),
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": os.path.join(run_dir, "nccl_trace", "rank_"),
         "TORCH_NCCL_PROPAGATE_ERROR": "1",
         # The watchdog's own heartbeat: longer than a collective may legally take.
@@ -39,6 +42,10 @@ def failure_env(cfg: SlurmkitConfig, run_dir: str, base: Mapping[str, str]) -> d
         wanted.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING")
     if "TORCH_NCCL_TRACE_BUFFER_SIZE" in base:
         wanted.pop("TORCH_FR_BUFFER_SIZE")
+    for new_name, old_name in (("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"),):
+        if new_name in base or old_name in base:  # either name set by the user is their choice
+            wanted.pop(new_name)
+            wanted.pop(old_name)
     return {k: v for k, v in wanted.items() if k not in base}
 
 

@@ -42,6 +42,16 @@ log = logging.getLogger(__name__)
 METRICS_FLUSH_INTERVAL_S = 5.0
 
 
+
+def wait_for_device(total: torch.Tensor) -> float:
+    """The step's loss on the host, once everything queued on the device has run. On a GPU
+    that includes the gradient all-reduces (NCCL runs them on the device, DDP and FSDP launch
+    them without waiting), so a rank whose peer stopped blocks here, not in a collective call.
+    Its own function so that a hung rank's stack names it: slurmkit.supervise.stacks reads this
+    frame as a wait for the peers (seen on an H200: the peer of a rank stalled in data loading
+    showed only this line of ``train_step``)."""
+    return float(total)
+
 class SaveHandle(Protocol):
     blocking_s: float
 
@@ -204,7 +214,7 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.advance()
-        local = float(total)  # waits for the device: the compute ends here
+        local = wait_for_device(total)  # the compute (and on a GPU its all-reduces) ends here
         comm = self.comm_clock.seconds - comm_before
         self.sections.update(data=data, comm=comm, compute=max(0.0, self._clock() - began - data - comm))
         return local, lr

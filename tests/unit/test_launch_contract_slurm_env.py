@@ -126,3 +126,17 @@ def test_a_module_planted_in_the_run_directory_does_not_shadow_the_real_one(tmp_
     node.start(gen=0, slot=0, port=29512, master_addr="10.0.0.7")
     seen = probes(node)  # each rank exited 0 and printed its probe: the real json was imported
     assert sorted(seen) == [0, 1]
+
+
+def test_flight_recorder_fifo_under_both_torch_names(tmp_path) -> None:
+    # torch >= 2.7 reads only TORCH_FR_DEBUG_INFO_PIPE_FILE (with only the old name, torch 2.11
+    # on an H200 made no FIFO); older releases read only TORCH_NCCL_DEBUG_INFO_PIPE_FILE.
+    (tmp_path / "run").mkdir()
+    env = agent(tmp_path, 1).rank_env(3, 1, 1, 29600, "10.0.0.9")
+    stem = env["TORCH_FR_DEBUG_INFO_PIPE_FILE"]
+    assert stem == env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] and stem.startswith(str(tmp_path / "local"))
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]
+    mine = agent(tmp_path, 1, ["+job.env.TORCH_NCCL_DEBUG_INFO_PIPE_FILE=/scratch/p_"])
+    env = mine.rank_env(3, 1, 1, 29600, "10.0.0.9")
+    assert env["TORCH_FR_DEBUG_INFO_PIPE_FILE"] == env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == "/scratch/p_"
+    assert mine._nccl_stems()[0] == "/scratch/p_"

@@ -3,6 +3,14 @@
 Every file under tests/data/stacks/ was captured on the development machine by
 tests/data/stacks/capture_stacks.py: rank 0 inside a collective, rank 1 asleep in ``load_batch``
 (a data loader stuck on a file system), each dumped by faulthandler (SIGUSR2) and by py-spy.
+
+``h200_nccl.*`` come from the reference trainer on an H200 (torch 2.11, NCCL over its socket
+transport, ``tools/bench/gpu_check.py``'s nccl section): rank 0 in a data_stall fault, rank 1
+waiting for the gradient all-reduce that NCCL had queued on the device. The ledger kept them in
+its bounded form; they are written back here in faulthandler's layout, and rank 1's innermost
+frame is the trainer's ``wait_for_device``, the function its device sync moved into after that
+run (then it was the sync line of ``train_step`` itself, and both ranks read as "outside": the
+hang's root was not found and the waiting rank's node was blamed).
 """
 
 from __future__ import annotations
@@ -44,6 +52,9 @@ TABLE = [
     # backward), rank 1 in a data_stall fault.
     ("trainer.rank0.faulthandler.txt", P.COLLECTIVE, "all_to_all_single", "all_to_all_single"),
     ("trainer.rank1.faulthandler.txt", P.OUTSIDE, "", "stalled_data_loading"),
+    # The same on a GPU: the waiting rank blocks in its device sync, behind NCCL's all-reduce.
+    ("h200_nccl.rank0.faulthandler.txt", P.OUTSIDE, "", "stalled_data_loading"),
+    ("h200_nccl.rank1.faulthandler.txt", P.COLLECTIVE, "wait_for_device", "wait_for_device"),
 ]
 
 
@@ -168,3 +179,22 @@ def test_a_verdict_crosses_the_channel_as_json_and_a_forged_place_is_refused() -
     assert "place" not in _hang("n0", 1, 1.0).to_json()
     with pytest.raises(ValueError):
         Evidence.from_json({**ev.to_json(), "place": "elsewhere"})
+
+
+def test_on_a_gpu_the_rank_outside_is_the_root_not_the_one_waiting_on_its_device() -> None:
+    stalled = read_stack((DATA / "h200_nccl.rank0.faulthandler.txt").read_text(), stopped=False)
+    waiting = read_stack((DATA / "h200_nccl.rank1.faulthandler.txt").read_text(), stopped=False)
+    verdicts = [Verdict(node="local1", rank=1, place=waiting.place, time=10.0),
+                Verdict(node="local0", rank=0, place=stalled.place, time=11.0)]
+    root = evidence_root(verdicts)
+    assert root is not None and root.rank == 0  # the earliest beat (rank 1) was blamed before
+
+
+def test_a_torch_cuda_synchronize_is_a_wait_and_a_plain_train_step_line_is_not() -> None:
+    sync = ('Current thread 0x1 (most recent call first):\n'
+            '  File "/v/lib/python3.12/site-packages/torch/cuda/__init__.py", line 1083 in synchronize\n'
+            '  File "/home/u/train.py", line 40 in step\n')
+    assert read_stack(sync, stopped=False).place == P.COLLECTIVE
+    plain = ('Current thread 0x1 (most recent call first):\n'
+             '  File "/home/u/train.py", line 207 in train_step\n')
+    assert read_stack(plain, stopped=False).place == P.OUTSIDE

@@ -12,7 +12,7 @@ from slurmkit.errors import ConfigError
 from slurmkit.supervise.timeouts import check_timeouts, failure_env
 
 WANTED = ["TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT",
-          "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_PROPAGATE_ERROR", "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"]
+          "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_PROPAGATE_ERROR", "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"]
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +39,7 @@ def test_failure_env_defaults(cfg: SlurmkitConfig) -> None:
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and int(env["TORCH_FR_BUFFER_SIZE"]) > 0
     assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/runs/r1/nccl_trace/rank_"
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]  # torch >= 2.7 and older
     assert env["TORCH_NCCL_PROPAGATE_ERROR"] == "1"
 
 
@@ -126,3 +127,9 @@ def test_warning_plus_kill_wait_too_short_for_a_snapshot(cfg: SlurmkitConfig) ->
 def test_old_flight_recorder_name_counts_as_the_users_choice(cfg: SlurmkitConfig) -> None:
     env = failure_env(cfg, "/runs/r1", {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"})
     assert "TORCH_FR_BUFFER_SIZE" not in env and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env
+
+
+@pytest.mark.parametrize("name", ["TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"])
+def test_a_users_dump_file_under_either_name_stands(cfg: SlurmkitConfig, name: str) -> None:
+    env = failure_env(cfg, "/runs/r1", {name: "/scratch/fr_"})
+    assert "TORCH_FR_DUMP_TEMP_FILE" not in env and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in env

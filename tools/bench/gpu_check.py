@@ -243,6 +243,7 @@ def section_nccl(work: str, gpu: bool, results: dict[str, Any]) -> None:
         resume = (after[0] - f.get("time_of_fault", f["t"])) if after else None
         decision = next((d for d in decisions if d["t"] >= f["t"]), {})
         results[f"fault{i}_class"] = cls
+        results[f"fault{i}_rank"] = f.get("rank")
         results[f"fault{i}_detect_s"] = round(detect, 2)
         results[f"fault{i}_resume_s"] = round(resume, 2) if resume is not None else "none"
         results[f"fault{i}_action"] = decision.get("action")
