@@ -67,7 +67,10 @@ def site_rows(caps: SiteCapabilities) -> list[tuple[str, str, str]]:
         gres += " (typed)" if caps.typed_gres else " (untyped)"
     return [
         ("Slurm", caps.version or "unknown", f"cluster {caps.cluster_name or 'unknown'}"),
-        ("--json output", _yes(caps.json_output), "text parsers are the fallback"),
+        ("--json output", _yes(caps.json_output),
+         "the supervisor reads sacct as JSON" if caps.json_accounting else
+         "sacct read as text: 22.05's JSON gives a failed step exit code 0" if caps.json_output else
+         "text parsers are the fallback"),
         ("sacct FailedNode", _yes(caps.failed_node_field), "Slurm 23.02+"),
         ("JobRequeue", _yes(caps.job_requeue, "1", "0"), "the site's default; the job asks --requeue or "
                                                          "--no-requeue (job.requeue)"),

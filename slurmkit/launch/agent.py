@@ -47,6 +47,7 @@ from slurmkit.supervise.liveness import Beater
 from slurmkit.supervise.loop import Supervisor, Where
 from slurmkit.supervise.monitor import RankMonitor, expects_heartbeats
 from slurmkit.supervise.relaunch import Relauncher, read_rejoin, srun_spawn, srun_spawn_many
+from slurmkit.slurm.capabilities import read_run_dir_copy
 from slurmkit.supervise.stepsended import STEPS_ENDED_ENV, StepsEnded
 from slurmkit.supervise.slurmview import kill_wait_warning
 from slurmkit.supervise.spool import SpoolReader
@@ -567,7 +568,9 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
                                 beat_interval_s(ctx.num_nodes, cfg.supervisor.poll_interval_s))
     progress = CheckpointProgress(tier_readers(cfg.store, {**env, "SLURMKIT_RUN_DIR": run_dir},
                                                ctx.node_name)).start()
-    slurm = SlurmClient(SubprocessRunner(env=env)) if ctx.executor == "slurm" else None
+    caps = read_run_dir_copy(run_dir) if ctx.executor == "slurm" else None  # written at submit
+    slurm = (SlurmClient(SubprocessRunner(env=env), json_accounting=caps is not None and caps.json_accounting)
+             if ctx.executor == "slurm" else None)
     if ctx.node_rank == 0 and slurm is not None:
         warning = kill_wait_warning(cfg.cluster.kill_wait_s, slurm)
         if warning:

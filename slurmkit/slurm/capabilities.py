@@ -125,6 +125,14 @@ class SiteCapabilities:
         return None if v is None else v[:2] >= release
 
     @property
+    def json_accounting(self) -> bool:
+        """Read sacct as JSON: ``--json`` works and the site runs 23.02 or later. 22.05's
+        data_parser v0.0.38 reports a failed step's exit code as success (on the local
+        cluster: step 3.batch FAILED, text ExitCode 9:0, JSON return_code 0), so there the
+        text columns stay the source."""
+        return bool(self.json_output) and bool(self.at_least((23, 2)))
+
+    @property
     def requeue_arg(self) -> str:
         """The sbatch argument that asks for requeue on this site: ``--requeue=expedite`` only
         where the probe found it enabled (elsewhere sbatch rejects it), else ``--requeue``."""

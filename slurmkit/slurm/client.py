@@ -13,8 +13,9 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Literal
 
 from slurmkit.errors import SubmissionError
-from slurmkit.slurm.errors import SlurmCommandError, SlurmJobStateError, SlurmWaitTimeout
+from slurmkit.slurm.errors import SlurmCommandError, SlurmJobStateError, SlurmParseError, SlurmWaitTimeout
 from slurmkit.slurm.hostlist import compress_hostlist, expand_hostlist
+from slurmkit.slurm.jsonparse import parse_sacct_json
 from slurmkit.slurm.parsers import (
     SACCT_FIELDS,
     SQUEUE_FORMAT,
@@ -62,12 +63,16 @@ class SlurmClient:
         timeout_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        json_accounting: bool = False,
     ) -> None:
         self.raw_runner = runner
         self.runner = RetryingRunner(runner, retry)
         self.timeout_s = timeout_s
         self.clock = clock
         self.sleep = sleep
+        # sacct --json where the site's capabilities say it is there and right
+        # (SiteCapabilities.json_accounting); text whenever a JSON answer cannot be read.
+        self.json_accounting = json_accounting
 
     def bounded(self, retry: RetryPolicy, timeout_s: float) -> SlurmClient:
         """The same runner (the same cluster, or the same fake) with a shorter retry budget.
@@ -77,7 +82,7 @@ class SlurmClient:
         client's own policy.
         """
         return SlurmClient(self.raw_runner, retry=retry, timeout_s=timeout_s, clock=self.clock,
-                           sleep=self.sleep)
+                           sleep=self.sleep, json_accounting=self.json_accounting)
 
     def _run(self, args: list[str], *, env: Mapping[str, str] | None = None) -> CommandResult:
         return self.runner.run(args, timeout_s=self.timeout_s, env=env)
@@ -126,6 +131,15 @@ class SlurmClient:
         incomplete (seen on 22.05: JobName ``allocation`` and only the batch host for a
         second). Prefer :meth:`job` while the controller still knows the job.
         """
+        if self.json_accounting:
+            args = ["sacct", "--json", "-j", job_id] + (["--duplicates"] if duplicates else [])
+            try:
+                return parse_sacct_json(self._run(args).stdout)
+            except (SlurmParseError, SlurmCommandError) as exc:
+                # Read as text from now on: a site whose JSON this client cannot use keeps
+                # working, and says so once.
+                log.warning("sacct --json unusable here (%s); reading sacct as text", exc)
+                self.json_accounting = False
         args = ["sacct", "--parsable2", "--noheader", "-o", ",".join(SACCT_FIELDS), "-j", job_id]
         if duplicates:
             args.insert(1, "--duplicates")

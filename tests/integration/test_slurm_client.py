@@ -230,3 +230,32 @@ def test_unreachable_controller_is_retried_then_reported(
     with pytest.raises(SubmissionError, match="Unable to contact slurm controller"):
         client.submit(script)
     assert len(sleeps) == 4  # a submission that never reached the controller is retried too
+
+
+def test_sacct_json_and_text_read_the_same_job_alike(client: SlurmClient, tmp_path: Path,
+                                                     jobs: list[str]) -> None:
+    # One real job both ways (slurmkit.slurm.jsonparse): a step that succeeds, one that fails,
+    # a batch script that exits 3. The JSON rows equal the text rows, except that 22.05's JSON
+    # calls a failed step's exit code SUCCESS/0: unknown (None) there, never a wrong 0.
+    script = write_script(tmp_path / "mixed.sh", "srun true\nsrun bash -c 'exit 4'\nexit 3",
+                          "--job-name=slurmkit-it-json", "--nodes=1", f"--output={tmp_path}/%j.out")
+    job_id = client.submit(script)
+    jobs.append(job_id)
+    client.wait_for_state(job_id, {"FAILED"}, WAIT_S, poll_s=0.5)
+    client.wait_for_state(job_id, {"FAILED"}, 60, poll_s=0.5, source="sacct")
+    wait_until(lambda: len(client.sacct(job_id)) >= 4, 60, "sacct to show the job and its steps")
+    text = {r.job_id: r for r in client.sacct(job_id)}
+    as_json = SlurmClient(client.raw_runner, retry=RetryPolicy(max_attempts=3), timeout_s=30,
+                          json_accounting=True)
+    rows = {r.job_id: r for r in as_json.sacct(job_id)}
+    assert as_json.json_accounting  # read as JSON, not fallen back to text
+    assert set(rows) == set(text) >= {job_id, f"{job_id}.batch", f"{job_id}.0", f"{job_id}.1"}
+    assert (text[job_id].state, text[job_id].exit_code, text[f"{job_id}.1"].exit_code) == ("FAILED", 3, 4)
+    for key, t in text.items():
+        j = rows[key]
+        same = ("name", "state", "start", "end", "elapsed_s", "node_list", "step", "base_job_id")
+        assert [getattr(j, f) for f in same] == [getattr(t, f) for f in same], key
+        if t.state == "FAILED" and t.step is not None:
+            assert j.exit_code in (None, t.exit_code), key
+        else:
+            assert (j.exit_code, j.exit_signal) == (t.exit_code, t.exit_signal), key
