@@ -21,6 +21,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -32,6 +33,9 @@ from slurmkit.rundir import RUN_DIR_MODE
 from slurmkit.render import JobSpec, build_jobspec, make_executor, render_standalone, render_submitit_script
 from slurmkit.submit_checks import check_run_root, check_store_backends, make_run_dir, remove_created
 from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
+
+if TYPE_CHECKING:
+    from slurmkit.slurm.capabilities import SiteCapabilities
 
 USAGE = __doc__ or ""
 log = logging.getLogger(__name__)
@@ -95,11 +99,13 @@ def freeze(cfg: SlurmkitConfig, run_dir: str, layout: Layout | None = None) -> N
     write_layout(run_dir, resolve_layout(cfg) if layout is None else layout)
 
 
-def freeze_site(run_dir: str, env: Mapping[str, str], err: Console) -> None:
+def freeze_site(run_dir: str, env: Mapping[str, str], err: Console) -> SiteCapabilities | None:
     """capabilities.json beside config.yaml: what the site can do, for the job's agents (cached
-    per user for an hour, slurmkit/slurm/capabilities.py). Never fails a submission."""
+    per user for an hour, slurmkit/slurm/capabilities.py); returned for the submission itself.
+    Never fails a submission."""
     from slurmkit.slurm.capabilities import site_capabilities, write_run_dir_copy
 
+    caps = None
     try:
         caps = site_capabilities(env)
         write_run_dir_copy(run_dir, caps)
@@ -110,6 +116,26 @@ def freeze_site(run_dir: str, env: Mapping[str, str], err: Console) -> None:
         print_error(err, f"Detected: the site probe learned nothing ({problem}). Requirement: none, "
                     "the job runs with the site's capabilities unknown. Fix: check that `scontrol "
                     "show config` answers here", "warning")
+    return caps
+
+
+def submit_with_site(spec: JobSpec, caps: SiteCapabilities | None, err: Console,
+                     submit: Callable[[JobSpec], Submitted]) -> Submitted:
+    """Submit asking for what the site has: ``--requeue=expedite`` where the probe found it
+    enabled. When sbatch refuses that (the probe is an hour old, the admin turned it off: its
+    message names the option), the job goes in again with plain ``--requeue``, and says so;
+    any other refusal stands."""
+    if not (spec.requeue and caps is not None and caps.expedited_requeue):
+        return submit(spec)
+    try:
+        return submit(dataclasses.replace(spec, requeue_expedite=True))
+    except SubmissionError as exc:
+        if "requeue" not in str(exc).lower():
+            raise  # refused for another reason (a partition, a QOS): that answer stands
+        print_error(err, f"Detected: sbatch refused --requeue=expedite ({str(exc).splitlines()[0][:300]}). "
+                    "Requirement: none, a plain --requeue does the job with Slurm's usual requeue hold. "
+                    "Fix: nothing; submitted again with --requeue", "warning")
+        return submit(spec)
 
 
 def frozen_text(cfg: SlurmkitConfig) -> bytes:
@@ -291,8 +317,9 @@ def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console)
     try:
         freeze(cfg, run_dir, layout)
         if cfg.cluster.kind == "slurm":
-            freeze_site(run_dir, env, err)
-        submitted = submit_slurm(spec) if cfg.cluster.kind == "slurm" else submit_local(spec)
+            submitted = submit_with_site(spec, freeze_site(run_dir, env, err), err, submit_slurm)
+        else:
+            submitted = submit_local(spec)
     except BaseException:
         remove_created(created, run_dir)
         raise

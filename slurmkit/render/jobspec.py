@@ -59,6 +59,9 @@ class JobSpec:
     config_sha256: str | None = None
     # Nodes per srun step of the agents' launch (launch.nodes_per_step, resolved: >= 1).
     nodes_per_step: int = 1
+    # --requeue=expedite instead of --requeue: set at submit where the site probe found it
+    # enabled (Slurm 25.11+, SlurmctldParameters=enable_expedited_requeue).
+    requeue_expedite: bool = False
 
     @property
     def world_size(self) -> int:

@@ -56,7 +56,10 @@ def srun_args(spec: JobSpec) -> list[str]:
 def executor_parameters(spec: JobSpec) -> dict[str, Any]:
     """Parameters for submitit's SlurmExecutor.update_parameters (names as submitit spells them)."""
     extra: dict[str, Any] = {"time": spec.time_limit, "signal": f"B:USR1@{spec.signal_lead_s}"}
-    extra["requeue" if spec.requeue else "no-requeue"] = True
+    if spec.requeue:
+        extra["requeue"] = "expedite" if spec.requeue_expedite else True
+    else:
+        extra["no-requeue"] = True
     if spec.no_kill:
         extra["no-kill"] = True
     params: dict[str, Any] = {

@@ -83,3 +83,27 @@ def test_local_mode_on_a_path_without_slurm(tmp_path) -> None:
     assert "(local)" in res.stdout
     out = read_json(os.path.join(run_dir, "allreduce.json"))
     assert out["world_size"] == 4 and out["sum"] == 6.0
+
+
+def test_expedited_requeue_refused_by_sbatch_falls_back_to_requeue(cluster_env, tmp_path) -> None:
+    # The site probe (cached) says 25.11 with enable_expedited_requeue, so submit asks for
+    # --requeue=expedite; the real 22.05 sbatch refuses it ("option '--requeue' doesn't allow an
+    # argument"), and the job goes in with plain --requeue, saying so.
+    import time
+
+    from slurmkit.slurm.capabilities import SiteCapabilities, cache_path, write_capabilities
+
+    env = {**slurm_env(cluster_env), "SLURMKIT_CACHE_DIR": str(tmp_path / "cache")}
+    (tmp_path / "cache").mkdir(mode=0o700)
+    write_capabilities(cache_path(env), SiteCapabilities(probed_at=time.time(), version="25.11.0",
+                                                         expedited_requeue=True, json_output=True))
+    res = submit_cli(["+exp=tiny", "job.nodes=1", "job.name=expedite", ALLREDUCE, f"submit.run_root={tmp_path}"],
+                     env, str(tmp_path))
+    assert res.returncode == 0, res.stderr + res.stdout
+    assert "sbatch refused --requeue=expedite" in res.stderr and "doesn't allow an argument" in res.stderr
+    job_id, run_dir = parse_submitted(res.stdout)
+    scripts = [os.path.join(run_dir, "submitit", n) for n in os.listdir(os.path.join(run_dir, "submitit"))
+               if n.endswith("_submission.sh")]
+    text = open(scripts[0]).read()
+    assert "#SBATCH --requeue\n" in text and "expedite" not in text
+    assert wait_terminal(job_id, env) == "COMPLETED"
