@@ -496,16 +496,17 @@ def own_address(master_addr: str, port: int) -> str:
         return socket.gethostname()
 
 
-def batch_srun_prefix(cfg: SlurmkitConfig, run_dir: str) -> list[str]:
+def batch_srun_prefix(cfg: SlurmkitConfig, run_dir: str, env: Mapping[str, str]) -> list[str]:
     """The srun (and its arguments) with which the batch script starts every agent
     (slurmkit.render.sbatch.launch_agents), from the run's frozen config and layout: a relaunched
-    agent's step is started the same way."""
+    agent's step is started the same way, in this attempt's named container when there is one."""
     from slurmkit.render.jobspec import build_jobspec
-    from slurmkit.render.sbatch import srun_args
+    from slurmkit.render.sbatch import container_name, srun_args
     from slurmkit.topology import srun_binding_args
 
     spec = build_jobspec(cfg, run_dir, list(srun_binding_args(cfg.topology)), layout=load_layout(run_dir, cfg))
-    return ["srun", "--unbuffered", *srun_args(spec)]
+    named = [f"--container-name={container_name(env)}"] if spec.container_image else []
+    return ["srun", "--unbuffered", *srun_args(spec), *named]
 
 
 def settle_heap() -> int:
@@ -588,9 +589,9 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
         sup.steps_ended = StepsEnded(env[STEPS_ENDED_ENV], len(ctx.nodes))
     if ctx.node_rank == 0 and slurm is not None and cfg.supervisor.agent_relaunches > 0:
         sup.relauncher = Relauncher(
-            srun_spawn(lambda: batch_srun_prefix(cfg, run_dir), run_dir, env, ctx.restart_count),
+            srun_spawn(lambda: batch_srun_prefix(cfg, run_dir, env), run_dir, env, ctx.restart_count),
             limit=cfg.supervisor.agent_relaunches, first_beat_s=cfg.supervisor.startup_timeout_s,
-            spawn_many=srun_spawn_many(lambda: batch_srun_prefix(cfg, run_dir), run_dir, env, ctx.restart_count))
+            spawn_many=srun_spawn_many(lambda: batch_srun_prefix(cfg, run_dir, env), run_dir, env, ctx.restart_count))
     log.info("start-up heap settled: %d objects held back from the cyclic collector", settle_heap())
     try:
         # On an unexpected exception its ranks are stopped (never orphaned) and node 0 hears

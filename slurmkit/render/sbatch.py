@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import jinja2
 import submitit
 from submitit.slurm.slurm import SlurmExecutor
 
+from slurmkit.errors import ConfigError
 from slurmkit.render.jobspec import JobSpec, exclude_expr
 from slurmkit.resources import packaged
 from slurmkit.rundir import shell_check
@@ -41,15 +43,46 @@ def setup_lines(spec: JobSpec) -> list[str]:
     return [ln for ln in text.splitlines() if ln.strip()]
 
 
+# pyxis: a named container is imported once per node and job and reused by the job's later
+# steps (the agents' relaunch steps, the steps of several nodes), where an unnamed one is
+# imported by every step. The name carries the attempt, so a requeued job never picks up the
+# container an earlier allocation left on a node (pyxis removes them at the job's end, unless
+# the site keeps them). The batch script expands it; node 0's relaunches compute the same.
+CONTAINER_NAME_SHELL = "slurmkit_${SLURM_JOB_ID}_${SLURM_RESTART_COUNT:-0}"
+
+
+def container_name(env: Mapping[str, str]) -> str:
+    """``CONTAINER_NAME_SHELL`` as the batch script expands it in ``env``."""
+    job, restart = env.get("SLURM_JOB_ID", ""), env.get("SLURM_RESTART_COUNT") or "0"
+    if not (job.isdigit() and restart.isdigit()):
+        raise ValueError(f"SLURM_JOB_ID={job!r} / SLURM_RESTART_COUNT={restart!r}: not a job's numbers")
+    return f"slurmkit_{job}_{restart}"
+
+
+def container_mounts(spec: JobSpec) -> list[str]:
+    """cluster.container_mounts, and the run directory at its own path unless a mount already
+    brings it: the agents and ranks inside the container write their logs, heartbeat ledger and
+    checkpoints there."""
+    if any(c in spec.run_dir for c in ",:"):
+        raise ConfigError(f"run directory {spec.run_dir!r} for a container job (cluster.container_image)",
+                          "a path without ',' or ':' (pyxis splits --container-mounts on them)",
+                          "set submit.run_root to a path without ',' and ':'")
+    mounts = list(spec.container_mounts)
+    sources = [m.split(":", 1)[0].rstrip("/") for m in mounts]
+    if not any(spec.run_dir == src or spec.run_dir.startswith(src + "/") for src in sources if src):
+        mounts.append(f"{spec.run_dir}:{spec.run_dir}")
+    return mounts
+
+
 def srun_args(spec: JobSpec) -> list[str]:
-    """Arguments of the srun that starts one node agent per node."""
+    """Arguments of the srun that starts one node agent per node (the container's name is added
+    where the step is started: it depends on the attempt)."""
     args = ["--kill-on-bad-exit=0", *spec.srun_args]
     if spec.no_kill:
         args.append("--no-kill")  # the step survives a lost node; the agents continue on a spare
     if spec.container_image:
         args.append(f"--container-image={spec.container_image}")
-        if spec.container_mounts:
-            args.append(f"--container-mounts={','.join(spec.container_mounts)}")
+        args.append(f"--container-mounts={','.join(container_mounts(spec))}")
     return args
 
 
@@ -90,7 +123,8 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
     return params
 
 
-def launch_agents(log_dir: str | None, args: list[str], command: str, group: int = 1, train: int = 0) -> str:
+def launch_agents(log_dir: str | None, args: list[str], command: str, group: int = 1, train: int = 0,
+                  container: bool = False) -> str:
     """Shell lines that start one agent per node: node 0's in an srun step of its own, the
     others in steps of ``group`` nodes (launch.nodes_per_step, resolved), no step holding both
     one of the first ``train`` nodes (the train nodes) and a spare.
@@ -101,6 +135,8 @@ def launch_agents(log_dir: str | None, args: list[str], command: str, group: int
     if type(group) is not int or group < 1:
         raise ValueError(f"nodes per step must be an int >= 1, not {group!r}")
     prefix = shlex.join(["srun", "--unbuffered", *args])
+    if container:  # expanded by the batch script: the attempt is known only there
+        prefix += f' --container-name="{CONTAINER_NAME_SHELL}"'
     return _env().get_template("launch_agents.sh.j2").render(
         log_dir=log_dir, srun_prefix=prefix, command=command, group=group, train=train).rstrip("\n")
 
@@ -112,6 +148,7 @@ class SlurmkitExecutor(SlurmExecutor):
 
     nodes_per_step = 1
     train_nodes = 0
+    container = False  # pyxis: name the agents' container per attempt (CONTAINER_NAME_SHELL)
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         lines = super()._make_submission_file_text(command, uid).splitlines()
@@ -119,7 +156,7 @@ class SlurmkitExecutor(SlurmExecutor):
         if len(idx) != 1:
             raise RuntimeError(f"expected one srun line in submitit's script, found {len(idx)}")
         lines[idx[0]] = launch_agents(str(self.folder), list(self.parameters.get("srun_args", [])), command,
-                                      self.nodes_per_step, self.train_nodes)
+                                      self.nodes_per_step, self.train_nodes, self.container)
         return "\n".join(lines) + "\n"
 
 
@@ -127,6 +164,7 @@ def make_executor(spec: JobSpec, python: str | None = None) -> SlurmkitExecutor:
     ex = SlurmkitExecutor(folder=os.path.join(spec.run_dir, "submitit"), python=python)
     ex.update_parameters(**executor_parameters(spec))
     ex.nodes_per_step, ex.train_nodes = spec.nodes_per_step, spec.train_nodes
+    ex.container = bool(spec.container_image)
     return ex
 
 
@@ -147,11 +185,11 @@ def render_standalone(spec: JobSpec, script_path: str, python: str | None = None
     log_dir = None if spec.array else os.path.join(spec.run_dir, "logs")
     launch = launch_agents(log_dir, srun_args(spec),
                            shlex.join([py, "-u", "-m", AGENT_MODULE, spec.run_dir]), spec.nodes_per_step,
-                           spec.train_nodes)
+                           spec.train_nodes, bool(spec.container_image))
     return _env().get_template("standalone.sbatch.j2").render(
         spec=spec, script_path=script_path, mem=_mem(spec.mem_gb) if spec.mem_gb is not None else "",
         exclude=exclude_expr(spec) or "", launch=launch)
 
 
-__all__ = ["executor_parameters", "make_executor", "render_standalone", "render_submitit_script",
+__all__ = ["CONTAINER_NAME_SHELL", "container_mounts", "container_name", "executor_parameters", "make_executor", "render_standalone", "render_submitit_script",
            "setup_lines", "srun_args", "submitit"]

@@ -205,3 +205,65 @@ def test_node_0_reads_each_ended_step_once_and_only_non_zero_codes(tmp_path: Pat
     link.symlink_to(path)
     assert StepsEnded(str(link), 7).new() == []  # not a plain file: ignored
     assert StepsEnded(None, 7).new() == [] and StepsEnded(str(tmp_path / "missing"), 7).new() == []
+
+
+def test_a_container_job_names_its_container_per_attempt_in_the_script_and_in_relaunches(tmp_path: Path) -> None:
+    # The batch script expands the name; node 0's relaunch (batch_srun_prefix) computes it:
+    # both must give the same name, or a relaunched agent would import the image again.
+    from slurmkit.render.sbatch import CONTAINER_NAME_SHELL, container_name
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    record = tmp_path / "sruns"
+    (bindir / "srun").write_text(f"#!/bin/bash\necho \"$*\" >> {record}\n")
+    (bindir / "scontrol").write_text("#!/bin/bash\nprintf '%s\\n' n0 n1 n2\n")
+    for f in bindir.iterdir():
+        f.chmod(0o755)
+    script = tmp_path / "launch.sh"
+    script.write_text(launch_agents(str(tmp_path / "logs"), ["--container-image=img"], "agent RUN", 2, 0,
+                                    container=True) + "\n")
+    for restart in ("", "2"):
+        record.write_text("")
+        env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", SLURM_JOB_NODELIST="x", SLURM_JOB_ID="77",
+                   SLURM_RESTART_COUNT=restart)
+        res = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        want = f"--container-name={container_name(env)}"
+        lines = record.read_text().splitlines()
+        assert len(lines) == 2 and all(want in line.split() for line in lines), lines
+        assert want == f"--container-name=slurmkit_77_{restart or 0}"
+    assert "${SLURM_RESTART_COUNT:-0}" in CONTAINER_NAME_SHELL
+
+
+def test_the_run_directory_is_mounted_unless_a_mount_brings_it() -> None:
+    import dataclasses
+
+    from slurmkit.config import compose
+    from slurmkit.errors import ConfigError
+    from slurmkit.render import build_jobspec
+    from slurmkit.render.sbatch import container_mounts
+
+    spec = build_jobspec(compose(["+exp=llama8b", "cluster=dgx_h100_container"]), "/lustre/runs/a/1", [])
+    assert container_mounts(spec) == ["/lustre/fsw:/lustre/fsw", "/raid/scratch:/nvme", "/lustre/runs/a/1:/lustre/runs/a/1"]
+    inside = dataclasses.replace(spec, run_dir="/lustre/fsw/me/runs/a/1")
+    assert container_mounts(inside) == ["/lustre/fsw:/lustre/fsw", "/raid/scratch:/nvme"]
+    sibling = dataclasses.replace(spec, run_dir="/lustre/fsw2/a")  # a prefix of the name is not the path
+    assert container_mounts(sibling)[-1] == "/lustre/fsw2/a:/lustre/fsw2/a"
+    with pytest.raises(ConfigError, match="pyxis splits"):
+        container_mounts(dataclasses.replace(spec, run_dir="/lustre/a,b/1"))
+
+
+def test_node_0_relaunches_into_the_same_named_container(tmp_path: Path) -> None:
+    from slurmkit.config import compose
+    from slurmkit.launch.agent import batch_srun_prefix
+    from slurmkit.submit import freeze
+
+    cfg = compose(["+exp=llama8b", "cluster=dgx_h100_container", "job.nodes=2"])
+    run_dir = str(tmp_path / "run")
+    os.makedirs(run_dir)
+    freeze(cfg, run_dir)
+    prefix = batch_srun_prefix(cfg, run_dir, {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "2"})
+    assert prefix[:2] == ["srun", "--unbuffered"] and prefix[-1] == "--container-name=slurmkit_77_2"
+    assert f"{run_dir}:{run_dir}" in next(a for a in prefix if a.startswith("--container-mounts=")).split("=", 1)[1].split(",")
+    plain = batch_srun_prefix(compose(["+exp=tiny", "job.nodes=2"]), run_dir, {"SLURM_JOB_ID": "77"})
+    assert not any(a.startswith("--container") for a in plain)
