@@ -130,9 +130,11 @@ def submit_with_site(spec: JobSpec, caps: SiteCapabilities | None, err: Console,
     try:
         return submit(dataclasses.replace(spec, requeue_expedite=True))
     except SubmissionError as exc:
-        if "requeue" not in str(exc).lower():
+        said = f"{exc} {exc.__cause__ or ''}"  # sbatch's own words are in the cause
+        if "requeue" not in said.lower():
             raise  # refused for another reason (a partition, a QOS): that answer stands
-        print_error(err, f"Detected: sbatch refused --requeue=expedite ({str(exc).splitlines()[0][:300]}). "
+        line = next((ln for ln in said.splitlines() if "requeue" in ln.lower()), said)
+        print_error(err, f"Detected: sbatch refused --requeue=expedite ({line.strip()[:300]}). "
                     "Requirement: none, a plain --requeue does the job with Slurm's usual requeue hold. "
                     "Fix: nothing; submitted again with --requeue", "warning")
         return submit(spec)

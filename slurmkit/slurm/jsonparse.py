@@ -128,9 +128,9 @@ _FAILED = frozenset({"FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"})
 def _row(job_id: str, base: str, step: str | None, het: int | None, name: str, states: list[str],
          reason: str | None, exit_code: Any, times: Mapping[str, Any], nodes: str | None) -> SacctRow:
     code, sig = _exit(exit_code)
-    if step is not None and code == 0 and not sig and _FAILED.intersection(states):
-        # 22.05's v0.0.38 prints a failed step's exit code as SUCCESS/0 (its text column said
-        # 9:0): a document that contradicts itself says nothing about the code.
+    if code == 0 and not sig and _FAILED.intersection(states):
+        # 22.05's v0.0.38 prints a failed step's or job's exit code as SUCCESS/0 (the text
+        # columns said 9:0, 3:0): a document that contradicts itself says nothing about the code.
         code, sig = None, None
     raw = {"JobID": job_id, "JobName": name, "State": " ".join(states), "NodeList": nodes or ""}
     return SacctRow(

@@ -105,5 +105,5 @@ def test_expedited_requeue_refused_by_sbatch_falls_back_to_requeue(cluster_env, 
     scripts = [os.path.join(run_dir, "submitit", n) for n in os.listdir(os.path.join(run_dir, "submitit"))
                if n.endswith("_submission.sh")]
     text = open(scripts[0]).read()
-    assert "#SBATCH --requeue\n" in text and "expedite" not in text
+    assert "#SBATCH --requeue\n" in text and "--requeue=expedite" not in text
     assert wait_terminal(job_id, env) == "COMPLETED"
