@@ -569,7 +569,8 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
                                 beat_interval_s(ctx.num_nodes, cfg.supervisor.poll_interval_s))
     progress = CheckpointProgress(tier_readers(cfg.store, {**env, "SLURMKIT_RUN_DIR": run_dir},
                                                ctx.node_name)).start()
-    caps = read_run_dir_copy(run_dir) if ctx.executor == "slurm" else None  # written at submit
+    # written at submit; only node 0 reads accounting (sacct), so only node 0 reads the copy
+    caps = read_run_dir_copy(run_dir) if ctx.executor == "slurm" and ctx.node_rank == 0 else None
     slurm = (SlurmClient(SubprocessRunner(env=env), json_accounting=caps is not None and caps.json_accounting)
              if ctx.executor == "slurm" else None)
     if ctx.node_rank == 0 and slurm is not None:
