@@ -230,6 +230,9 @@ def _job(events: Iterable[Mapping[str, Any]]) -> tuple[str | None, str | None]:
         if e.get("event") == "submitted":
             job_id = str(e["job_id"]) if e.get("job_id") is not None else job_id
             executor = str(e.get("executor") or "") or executor
+        elif (e.get("event") == "successor" or (e.get("event") == "allocation_start" and e.get("predecessor"))) \
+                and e.get("job_id") is not None:
+            job_id = str(e["job_id"])  # the run went on in the job this one submitted (successor.py)
         elif e.get("event") == "allocation_start" and job_id is None and e.get("job_id") is not None:
             job_id = str(e["job_id"])
             executor = str(e.get("executor") or "") or executor
@@ -496,7 +499,7 @@ def resolve(target: str, run_root: str) -> tuple[str, str]:
     for path in runs:
         edges = ledger_edges(path)
         if any(str(e.get("job_id")) == target for e in edges
-               if e.get("event") in ("submitted", "allocation_start")):
+               if e.get("event") in ("submitted", "allocation_start", "successor")):
             return "run", path
     raise ConfigError(f"no run under {os.path.abspath(run_root)} belongs to job {target}",
                       "the job's run directory below the run root",

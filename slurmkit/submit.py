@@ -267,9 +267,17 @@ def wait_job(s: Submitted, env: Mapping[str, str], timeout_s: float, *,
     client = SlurmClient(SubprocessRunner(env=env), clock=clock, sleep=sleep)
     terminal = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                 "PREEMPTED", "BOOT_FAIL", "DEADLINE"]
-    state = client.wait_for_state(s.job_id, terminal, timeout_s or 10 ** 9, poll_s=1.0, max_poll_s=30.0,
-                                  source="sacct")
-    return 0 if state == "COMPLETED" else 1
+    from slurmkit.supervise.successor import successor_of
+
+    job_id, deadline = s.job_id, clock() + (timeout_s or 10 ** 9)
+    while True:
+        state = client.wait_for_state(job_id, terminal, max(deadline - clock(), 1.0), poll_s=1.0,
+                                      max_poll_s=30.0, source="sacct")
+        nxt = successor_of(s.run_dir, job_id)  # the job handed the run to one it submitted
+        if nxt is None or nxt == job_id:
+            return 0 if state == "COMPLETED" else 1
+        print(f"job {job_id} handed the run over to job {nxt}: waiting for it", flush=True)
+        job_id = nxt
 
 
 def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console) -> int:

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 CLUSTER_KINDS = ("auto", "slurm", "local")
 REQUIRE_HEARTBEAT = ("auto", "true", "false")  # supervisor.require_heartbeat
+REQUEUE_AS = ("auto", "successor", "in_place")  # supervisor.requeue_as
 EXIT0_AFTER_SIGNAL = ("auto", "completed", "left")  # supervisor.exit0_after_signal
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -162,6 +163,11 @@ class SupervisorConfig:
     max_restarts: int = 5  # restarts inside one allocation before requeueing
     max_restarts_without_progress: int = 3  # then stop with exit code 93
     max_requeues: int = 20  # requeues after failures (time-limit ones not counted), then exit 93
+    # How the job requeues itself (slurmkit/supervise/successor.py): "successor" (it submits the
+    # job that takes over, excluding the bad nodes, and ends), "in_place" (scontrol requeue; with
+    # nodes to exclude, requeuehold and a helper outside the job), "auto" (successor when nodes
+    # are excluded or the site tracks processes in cgroups, where no helper outlives the job).
+    requeue_as: str = "auto"
     heartbeat_timeout_s: float = 60.0  # no step advance for this long: a hang
     startup_timeout_s: float = 300.0  # first heartbeat must come within this (see require_heartbeat)
     # Whether a rank that has never beaten is a hang after startup_timeout_s: "auto" (only for
@@ -215,6 +221,9 @@ class SupervisorConfig:
         if self.heartbeat_timeout_s <= 0:
             raise ConfigError(f"supervisor.heartbeat_timeout_s={self.heartbeat_timeout_s}",
                               "a positive number of seconds", "set supervisor.heartbeat_timeout_s=60")
+        if self.requeue_as not in REQUEUE_AS:
+            raise ConfigError(f"supervisor.requeue_as={self.requeue_as!r}", f"one of {', '.join(REQUEUE_AS)}",
+                              "set supervisor.requeue_as=auto")
         # A bool typed on the command line arrives as Python's str of it ("True").
         choice = str(self.require_heartbeat).lower()
         if choice not in REQUIRE_HEARTBEAT:

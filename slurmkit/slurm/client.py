@@ -213,6 +213,14 @@ class SlurmClient:
         self._run(["scontrol", "requeuehold" if hold else "requeue", job_id])
         log.info("requeued job %s%s", job_id, " held" if hold else "")
 
+    def update_job(self, job_id: str, **fields: str) -> None:
+        """``scontrol update JobId=<job> Key=Value ...`` (e.g. ``Requeue="0"``)."""
+        for key, value in fields.items():
+            if not key.isalnum() or any(c.isspace() or ord(c) < 32 for c in str(value)):
+                raise ValueError(f"refusing scontrol update field {key}={value!r}")
+        self._run(["scontrol", "update", f"jobid={job_id}", *(f"{k}={v}" for k, v in fields.items())])
+        log.info("job %s updated: %s", job_id, fields)
+
     def release(self, job_id: str) -> None:
         """``scontrol release``: lift a user/admin hold."""
         self._run(["scontrol", "release", job_id])

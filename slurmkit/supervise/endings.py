@@ -17,7 +17,9 @@ from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.classify import Evidence
 from slurmkit.supervise.policy import Action, Decision, State
 from slurmkit.supervise.preemption import requeue_after_preemption
-from slurmkit.supervise.requeue import job_ref, refused_by_slurm, requeue_now
+from slurmkit.slurm.capabilities import read_run_dir_copy
+from slurmkit.supervise.requeue import job_ref, refused_by_slurm, requeue_now, requeued_already
+from slurmkit.supervise.successor import SuccessorUnavailable, submit_successor
 from slurmkit.supervise.liveness import slurm_says_dead
 from slurmkit.supervise.slurmview import DECISION_RETRY, DECISION_TIMEOUT_S, node_health
 from slurmkit.supervise.succession import Claim, Done, Watched, read_done, succeed, write_done
@@ -60,6 +62,21 @@ class Endings(Deciding):
             self._mark_failure_requeue()
         if self.slurm is None:
             return 0
+        if self._as_successor(exclude):
+            try:
+                if not requeued_already(self.slurm, self.where.job_id, self.env):
+                    new = submit_successor(self.slurm, self.where.job_id, exclude, env=self.env,
+                                           run_dir=self.run_dir)
+                    self.ledger.append("successor", job_id=new, predecessor=self.where.job_id,
+                                       exclude=list(exclude), reason=reason)
+                    print(f"slurmkit supervisor: job {self.where.job_id} hands the run over to job {new}"
+                          + (f" (excluding {','.join(exclude)})" if exclude else ""), file=sys.stderr, flush=True)
+                    return 0
+            except SuccessorUnavailable as exc:
+                self.ledger.append("successor_refused", reason=str(exc), fallback="in_place",
+                                   generation=self.gen)
+                print(f"slurmkit supervisor: no successor job ({exc}): requeueing in place instead",
+                      file=sys.stderr, flush=True)
         try:
             requeue_now(self.slurm, self.where.job_id, exclude, env=self.env, run_dir=self.run_dir)
         except SlurmError as exc:
@@ -71,6 +88,18 @@ class Endings(Deciding):
             self.ledger.append("end", status="stopped", exit_code=EXIT_NO_REQUEUE, reason=why)
             return EXIT_NO_REQUEUE
         return 0
+
+    def _as_successor(self, exclude: tuple[str, ...]) -> bool:
+        """supervisor.requeue_as: auto takes a successor job where an in-place requeue would need
+        a helper outliving the job (nodes to exclude), or where cgroups would kill its release
+        helper (read from the run directory's capabilities.json: the failure path only)."""
+        mode = self.cfg.supervisor.requeue_as
+        if mode != "auto":
+            return mode == "successor"
+        if exclude:
+            return True
+        caps = read_run_dir_copy(self.run_dir)
+        return caps is not None and caps.proctrack == "cgroup"
 
     def apply_decision(self, d: Decision, gen: int) -> int | None:
         self.decisions.append((gen, d))

@@ -60,7 +60,7 @@ EVENTS: dict[str, EventSpec] = {
     "cancel_forced": _spec("", "job_id:str waited_s:num"),
     # --- node agents (the supervisor)
     "allocation_start": _spec("", "job_id:str attempt:str restart_count:int nodes:list "
-                                  "train_nodes:list spares:list executor:str"),
+                                  "train_nodes:list spares:list executor:str predecessor:str"),
     # what ended a requeued job's previous attempt (slurmkit.supervise.previous), at its next start
     "previous_attempt": _spec("attempt:str handled_by:str outcome:str",
                               "nodes:list ended:num queued_s:num held_s:num"),
@@ -79,6 +79,9 @@ EVENTS: dict[str, EventSpec] = {
     "decision": _spec("action:str", "generation:int reason:str exclude:list straggler:dict"),
     "exclusion": _spec("nodes:list how:str", "train_nodes:list"),
     "requeue": _spec("reason:str", "job_id:str exclude:list"),
+    # the requeue as a successor job (slurmkit.supervise.successor): the run goes on in job_id
+    "successor": _spec("job_id:str predecessor:str", "exclude:list reason:str"),
+    "successor_refused": _spec("reason:str", "fallback:str generation:int"),
     "checkpointed_on_signal": _spec("", "generation:int signal:str? step:int?"),
     "end": _spec("status:str", "exit_code:int generation:int reason:str signal:str? job_id:str "
                                "job_state:str"),

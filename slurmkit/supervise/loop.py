@@ -29,6 +29,7 @@ from slurmkit.supervise.monitor import EXIT_CHECKPOINTED_ON_SIGNAL
 from slurmkit.supervise.policy import Decision, State
 from slurmkit.supervise.previous import previous_attempt, record_previous
 from slurmkit.supervise.succession import clear_done
+from slurmkit.supervise.successor import PREDECESSOR_ENV
 from slurmkit.supervise.liveness import Liveness
 from slurmkit.supervise.endings import Endings
 from slurmkit.supervise.loopbase import (EXIT_WAIT_S, FAILED, REQUEUE_MARKS, STACKS_BARRIER_S, Ledger, Node,
@@ -57,7 +58,9 @@ class Supervisor(Endings):
                                                           self.where.restart_count, self.slurm), time.time())
             self.ledger.append("allocation_start", job_id=self.where.job_id, attempt=self.where.attempt,
                                restart_count=self.where.restart_count, nodes=list(self.where.nodes),
-                               train_nodes=self.node_map, spares=self.spares, executor=self.where.executor)
+                               train_nodes=self.node_map, spares=self.spares, executor=self.where.executor,
+                               **({"predecessor": self.env[PREDECESSOR_ENV]}
+                                  if self.env.get(PREDECESSOR_ENV, "").isdigit() else {}))
         gen = self.first_generation  # 0, or the generation a relaunched agent rejoins
         while True:
             self.gen = gen

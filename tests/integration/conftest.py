@@ -24,7 +24,7 @@ def reference(cluster_env, tmp_path_factory: pytest.TempPathFactory) -> str:
     env = slurm_env(cluster_env)
     d = tmp_path_factory.mktemp("ref")
     job, run_dir = submit([*COMMON, "job.name=reference"], env, str(d))
-    assert finish(job, env, timeout_s=600) == "COMPLETED", diagnose(run_dir, job, env)
+    assert finish(job, env, timeout_s=600, run_dir=run_dir) == "COMPLETED", diagnose(run_dir, job, env)
     out = final(run_dir)
     assert out["step"] == STEPS, out
     return str(out["param_sha256"])

@@ -82,8 +82,9 @@ def events(run_dir: str, name: str) -> list[dict]:
     return [e for e in read_ledger(run_dir) if e["event"] == name]
 
 
-def finish(job_id: str, env: Mapping[str, str], timeout_s: float = 400) -> str:
-    return wait_terminal(job_id, env, timeout_s)
+def finish(job_id: str, env: Mapping[str, str], timeout_s: float = 400, run_dir: str | None = None) -> str:
+    """The run's end: with ``run_dir``, that of the successor job the run was handed to, if any."""
+    return wait_terminal(job_id, env, timeout_s, run_dir)
 
 
 def diagnose(run_dir: str, job_id: str, env: Mapping[str, str]) -> str:
@@ -103,7 +104,12 @@ def diagnose(run_dir: str, job_id: str, env: Mapping[str, str]) -> str:
             "event", "source", "generation", "step", "cls", "rank", "node", "action", "reason",
             "old", "new", "why", "status", "exit_code", "tier", "evidence")}
         out.append(json.dumps(keep)[:400])
-    res = subprocess.run(["sacct", "-j", job_id, "-n", "-P", "--duplicates",
+    from slurmkit.supervise.successor import successor_of
+
+    jobs = [job_id]
+    while (nxt := successor_of(run_dir, jobs[-1])) is not None and nxt not in jobs:
+        jobs.append(nxt)  # the run handed over to a successor job: its rows too
+    res = subprocess.run(["sacct", "-j", ",".join(jobs), "-n", "-P", "--duplicates",
                           "--format=JobID,State,ExitCode,DerivedExitCode,NodeList,Elapsed"],
                          env=dict(env), capture_output=True, text=True, timeout=60)
     out.append("sacct:\n" + res.stdout + res.stderr)

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 
 from slurmkit.slurm.client import SlurmClient
@@ -35,12 +36,24 @@ def slurm_env(cluster_env: Mapping[str, str]) -> dict[str, str]:
     return {**os.environ, **cluster_env}
 
 
-def wait_terminal(job_id: str, env: Mapping[str, str], timeout_s: float = 300) -> str:
+def wait_terminal(job_id: str, env: Mapping[str, str], timeout_s: float = 300,
+                  run_dir: str | None = None) -> str:
+    """The terminal state of ``job_id``; with ``run_dir``, of the last job of the run (a job that
+    handed the run over to a successor job is followed to it: slurmkit.supervise.successor)."""
+    from slurmkit.supervise.successor import successor_of
+
     client = SlurmClient(SubprocessRunner(env=env))
-    try:
-        return client.wait_for_state(job_id, TERMINAL, timeout_s, poll_s=0.5, source="sacct")
-    except SlurmError:  # timed out, or ended in a state the list lacks: report what it is now
-        return client.job_state(job_id, source="sacct")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            state = client.wait_for_state(job_id, TERMINAL, max(deadline - time.monotonic(), 1.0), poll_s=0.5,
+                                          source="sacct")
+        except SlurmError:  # timed out, or ended in a state the list lacks: report what it is now
+            return client.job_state(job_id, source="sacct")
+        nxt = successor_of(run_dir, job_id) if run_dir is not None else None
+        if nxt is None:
+            return state
+        job_id = nxt
 
 
 def read_json(path: str) -> dict:

@@ -21,6 +21,8 @@ from tests.integration.faults import (
 )
 from slurmkit.testing.chaos import procs
 from slurmkit.train.faults import DATA_STALL_LINE
+from slurmkit.slurm.client import SlurmClient
+from slurmkit.slurm.runner import SubprocessRunner
 from tests.integration.helpers import slurm_env
 
 pytestmark = pytest.mark.integration
@@ -32,7 +34,7 @@ def env(cluster_env) -> dict[str, str]:
 
 
 def assert_recovered(run_dir: str, job: str, env, reference: str, fault_step: int) -> None:
-    state = finish(job, env)
+    state = finish(job, env, run_dir=run_dir)
     assert state == "COMPLETED", f"job {job} ended {state}\n{diagnose(run_dir, job, env)}"
     assert final(run_dir)["param_sha256"] == reference, "resumed run diverged from the uninterrupted one"
     restored = [e["step"] for e in events(run_dir, "ckpt_restored")]
@@ -94,7 +96,7 @@ def test_a_sigstopped_rank_in_a_data_stall_is_the_root_of_the_hang_with_its_stac
     _wait_for_line(os.path.join(run_dir, "logs", "rank1.log"), DATA_STALL_LINE)
     mark_fault(run_dir, "sigstop", rank=1, step=6)
     os.kill(rank_pid(run_dir, 1), signal.SIGSTOP)
-    state = finish(job, env)
+    state = finish(job, env, run_dir=run_dir)
     assert state == "COMPLETED", f"job {job} ended {state}\n{diagnose(run_dir, job, env)}"
     (failure,) = events(run_dir, "failure")
     assert failure["cls"] == "hang" and failure["rank"] == 1, failure
@@ -119,7 +121,7 @@ def test_nccl_error_line_and_abort(env, reference, tmp_path) -> None:
 def test_raise_at_the_same_step_stops_with_93_and_no_requeue(env, tmp_path) -> None:
     job, run_dir = submit([*COMMON, "job.name=f-loop", "+job.env.SLURMKIT_FAULT=raise:1:15",
                            "supervisor.max_restarts_without_progress=2"], env, str(tmp_path))
-    assert finish(job, env) == "FAILED"
+    assert finish(job, env, run_dir=run_dir) == "FAILED"
     from slurmkit.slurm.client import SlurmClient
     from slurmkit.slurm.runner import SubprocessRunner
 
@@ -154,5 +156,16 @@ def test_node_loss_without_a_spare_requeues_without_the_node(env, reference, tmp
     assert requeue["exclude"] == [lost]
     starts = events(run_dir, "allocation_start")
     assert len(starts) == 2 and lost not in starts[1]["nodes"]
-    # Released at once, not after Slurm's ~120 s requeue hold.
+    # Handed over to a successor job that excludes the node (no helper outside the job: what
+    # proctrack/cgroup allows), started at once, not after Slurm's ~120 s requeue hold.
+    (handover,) = events(run_dir, "successor")
+    assert handover["predecessor"] == job and handover["exclude"] == [lost]
+    assert starts[1]["job_id"] == handover["job_id"] != job and starts[1]["predecessor"] == job
     assert starts[1]["t"] - requeue["t"] < 60, starts[1]["t"] - requeue["t"]
+    client = SlurmClient(SubprocessRunner(env=env))
+    # The old job ended (NODE_FAIL: the lost node was still in it) and Slurm did not requeue it
+    # itself (Requeue=0 before the handover): one allocation of it in accounting, not two.
+    assert client.job_state(job, source="sacct") in ("COMPLETED", "NODE_FAIL")
+    assert len([r for r in client.sacct(job, duplicates=True) if r.job_id == job]) == 1
+    left = [f"{p.pid}: {' '.join(p.cmdline)}" for p in [*procs.scan(run_dir, job), *procs.scan(run_dir, handover["job_id"])]]
+    assert not left, left  # nothing either job started outlives it (no release helper)

@@ -67,7 +67,7 @@ def test_nodes_failing_preflight_are_replaced_before_training(env, tmp_path) -> 
                                f"job.exclude=[{','.join(others)}]" if others else "job.exclude=[]"],
                               env, str(tmp_path))
         try:
-            state = finish(job, env, timeout_s=900)  # it may queue behind other jobs for its three nodes
+            state = finish(job, env, timeout_s=900, run_dir=run_dir)  # it may queue behind other jobs for its three nodes
         finally:  # never leave it queued behind this test (scancel of an ended job only complains)
             subprocess.run(["scancel", job], env=env, capture_output=True, timeout=60, check=False)
     finally:
@@ -115,7 +115,7 @@ def test_a_node_whose_clock_is_off_is_replaced_and_the_links_are_measured(env, t
                            f"job.exclude=[{','.join(others)}]" if others else "job.exclude=[]"],
                           env, str(tmp_path))
     try:
-        state = finish(job, env, timeout_s=900)
+        state = finish(job, env, timeout_s=900, run_dir=run_dir)
     finally:
         subprocess.run(["scancel", job], env=env, capture_output=True, timeout=60, check=False)
     assert state == "COMPLETED", f"job {job} ended {state}\n{diagnose(run_dir, job, env)}"

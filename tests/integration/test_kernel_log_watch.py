@@ -42,7 +42,7 @@ def test_an_xid_in_the_kernel_log_while_ranks_run_moves_the_node_out(env, tmp_pa
         wait_for_step(run_dir, 2, INTERVAL + 2, timeout_s=600)  # past the first checkpoint
         with open(klog / f"{faulty}.log", "a") as f:
             f.write(XID_LINE)
-        state = finish(job, env, timeout_s=600)
+        state = finish(job, env, timeout_s=600, run_dir=run_dir)
     finally:  # never leave it queued behind this test (scancel of an ended job only complains)
         subprocess.run(["scancel", job], env=env, capture_output=True, timeout=60, check=False)
     assert state == "COMPLETED", f"job {job} ended {state}\n{diagnose(run_dir, job, env)}"

@@ -74,7 +74,7 @@ def test_a_shared_step_that_fails_to_start_and_a_node_lost_from_it(cluster_env, 
     mark_fault(run_dir, "node_loss", node=lost, step=step)
     try:
         kill_node(env, lost)
-        state = finish(job, env)
+        state = finish(job, env, run_dir=run_dir)
         assert state == "COMPLETED", f"job {job} ended {state}\n{diagnose(run_dir, job, env)}"
     finally:
         restore_node(env, lost)

@@ -88,7 +88,7 @@ def _lose_node0_and_recover(env, reference: str, tmp_path, name: str, *extra: st
         _wait_excluded(job, env, node0)
         restore_node(env, node0)
         back = True
-        state = finish(job, env, timeout_s=600)
+        state = finish(job, env, timeout_s=600, run_dir=run_dir)
         assert state == "COMPLETED", f"job {job} ended {state}\n{diagnose(run_dir, job, env)}"
     finally:
         if not back:

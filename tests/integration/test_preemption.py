@@ -53,7 +53,7 @@ def test_a_preempted_job_checkpoints_requeues_itself_and_resumes_bit_exact(
         assert time.monotonic() < deadline, f"no requeue after the preemption\n{diagnose(run_dir, job, env)}"
         time.sleep(0.5)
     assert finish(urgent, env, timeout_s=300) == "COMPLETED"
-    state = finish(job, env, timeout_s=600)
+    state = finish(job, env, timeout_s=600, run_dir=run_dir)
     assert state == "COMPLETED", f"job {job} ended {state}\n{diagnose(run_dir, job, env)}"
     assert final(run_dir)["param_sha256"] == reference, "resumed run diverged"
 

@@ -46,7 +46,7 @@ def env(cluster_env) -> dict[str, str]:
 def reference(env, tmp_path_factory) -> str:
     d = tmp_path_factory.mktemp("rp-ref")
     job, run_dir = submit([*COMMON, "job.name=rp-reference"], env, str(d))
-    assert finish(job, env) == "COMPLETED"
+    assert finish(job, env, run_dir=run_dir) == "COMPLETED"
     assert final(run_dir)["step"] == STEPS
     return str(final(run_dir)["param_sha256"])
 
@@ -73,7 +73,7 @@ def newest_saved_before_failure(run_dir: str, timeout_s: float = 300) -> int:
 
 
 def assert_resumed_bit_exact(run_dir: str, job: str, env, reference: str, step: int) -> dict:
-    state = finish(job, env)
+    state = finish(job, env, run_dir=run_dir)
     log = os.path.join(run_dir, "logs", "rank0.log")
     assert state == "COMPLETED", (state, open(log).read()[-3000:] if os.path.exists(log) else "")
     assert final(run_dir)["param_sha256"] == reference, "resumed run diverged"
@@ -179,7 +179,7 @@ def test_the_time_limit_warning_saves_to_the_shared_tier_and_the_requeue_resumes
         assert not events(run_dir, "end"), f"the run ended without a warning\n{_story(run_dir)}"
         time.sleep(0.5)
     _set_time_limit(job, env, 10)
-    state = finish(job, env, timeout_s=600)
+    state = finish(job, env, timeout_s=600, run_dir=run_dir)
     assert state == "COMPLETED", (state, _story(run_dir))
     assert final(run_dir)["param_sha256"] == reference
     (saved, *_) = events(run_dir, "checkpointed_on_signal")

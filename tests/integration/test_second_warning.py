@@ -101,7 +101,7 @@ def test_a_second_warning_after_a_restart_checkpoints_and_requeues_again(env, re
     assert not events(run_dir, "end"), diagnose(run_dir, job, env)
     warn(job, env, run_dir, step)
 
-    state = finish(job, env, timeout_s=600)
+    state = finish(job, env, timeout_s=600, run_dir=run_dir)
     story = diagnose(run_dir, job, env)
     assert state == "COMPLETED", f"job {job} ended {state}\n{story}"
     assert final(run_dir)["step"] == STEPS and final(run_dir)["param_sha256"] == reference, story

@@ -126,7 +126,7 @@ def test_a_throttled_node_is_named_then_moved_onto_the_spare_bit_exact(cluster_e
                 f.write(str(pid))
         throttled_at = heartbeat_step(slow_dir, slow_rank)
         named = wait_named(slow_dir, timeout_s=150)
-        slow_end = finish(slow_job, env, timeout_s=240) if named else "never named"
+        slow_end = finish(slow_job, env, timeout_s=240, run_dir=slow_dir) if named else "never named"
     finally:
         subprocess.run(["scancel", slow_job], env=env, capture_output=True, timeout=60, check=False)
         left_queue(slow_job, env)
@@ -154,7 +154,7 @@ def test_a_throttled_node_is_named_then_moved_onto_the_spare_bit_exact(cluster_e
     assert final(slow_dir)["step"] == STEPS
 
     # The clean run of the same config, as long as the slow one was meant to be: nobody named.
-    assert finish(clean_job, env, timeout_s=300) == "COMPLETED", diagnose(clean_dir, clean_job, env)
+    assert finish(clean_job, env, timeout_s=300, run_dir=clean_dir) == "COMPLETED", diagnose(clean_dir, clean_job, env)
     assert final(clean_dir)["step"] == STEPS
     assert events(clean_dir, "straggler") == [], events(clean_dir, "straggler")
     # Bit-exact: the moved run trained exactly what the uninterrupted one did.

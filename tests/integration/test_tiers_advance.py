@@ -122,7 +122,7 @@ def test_shared_and_object_tiers_advance_after_a_spare_and_a_requeue_onto_other_
                    run_dir, job, env)
     assert node0 not in starts[0]["nodes"], (node0, starts[0])
     assert str(starts[0]["train_nodes"][0]) != node0, starts[0]
-    state = finish(job, env, timeout_s=600)
+    state = finish(job, env, timeout_s=600, run_dir=run_dir)
     assert state == "COMPLETED", (state, diagnose(run_dir, job, env))
     assert final(run_dir)["step"] == STEPS
 

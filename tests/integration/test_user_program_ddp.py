@@ -89,7 +89,7 @@ def test_a_user_program_that_reports_its_checkpoints_survives_more_crashes_than_
         mark_fault(run_dir, "sigkill", rank=rank, step=step)
         os.kill(pid, signal.SIGKILL)
         killed_gen = gen
-    state = finish(job, env, timeout_s=180)
+    state = finish(job, env, timeout_s=180, run_dir=run_dir)
     assert state == "COMPLETED", f"job {job} ended {state}\n{diagnose(run_dir, job, env)}"
     failures = events(run_dir, "failure")
     assert [(f["cls"], f["rank"]) for f in failures] == [("rank_crash", r) for r in KILLS], failures
@@ -131,7 +131,7 @@ def test_the_same_program_without_reports_is_stopped_as_a_crash_loop(cluster_env
     pid = wait_while_running("two checkpoints of the program", saved_twice, job, run_dir, env)
     mark_fault(run_dir, "sigkill", rank=3)
     os.kill(pid, signal.SIGKILL)
-    assert finish(job, env, timeout_s=180) == "FAILED", diagnose(run_dir, job, env)
+    assert finish(job, env, timeout_s=180, run_dir=run_dir) == "FAILED", diagnose(run_dir, job, env)
     rows = [r for r in SlurmClient(SubprocessRunner(env=env)).sacct(job) if not r.is_step]
     assert rows[-1].exit_code == 93, rows
     end = events(run_dir, "end")[-1]

@@ -100,7 +100,7 @@ def test_a_lightning_trainer_sees_its_world_survives_a_killed_rank_and_resumes(c
     mark_fault(run_dir, "sigkill", rank=KILLED, step=ckpt_step)
     os.kill(ranks0[KILLED]["pid"], signal.SIGKILL)
 
-    state = finish(job, env, timeout_s=240)
+    state = finish(job, env, timeout_s=240, run_dir=run_dir)
     assert state == "COMPLETED", f"job {job} ended {state}\n{diagnose(run_dir, job, env)}"
     failures = events(run_dir, "failure")
     assert [(f["cls"], f["rank"]) for f in failures] == [("rank_crash", KILLED)], failures
