@@ -35,6 +35,8 @@ class Endings(Deciding):
 
     #: The generation ``run`` starts with: 0, or the one a relaunched agent rejoins.
     first_generation = 0
+    #: The successor job this agent handed the run to (slurmkit.supervise.successor), if any.
+    handed_to: str | None = None
 
     def rejoin(self, r: Rejoin) -> None:
         """This agent was relaunched by node 0 (slurmkit.supervise.relaunch): it takes its old slot
@@ -69,6 +71,7 @@ class Endings(Deciding):
                                            run_dir=self.run_dir)
                     self.ledger.append("successor", job_id=new, predecessor=self.where.job_id,
                                        exclude=list(exclude), reason=reason)
+                    self.handed_to = new
                     print(f"slurmkit supervisor: job {self.where.job_id} hands the run over to job {new}"
                           + (f" (excluding {','.join(exclude)})" if exclude else ""), file=sys.stderr, flush=True)
                     return 0
@@ -227,7 +230,22 @@ class Endings(Deciding):
         self._failure_requeue = True
         code = self.requeue(reason, tuple(exclude))
         self._leave_done(State.REQUEUEING.value if code == 0 else State.STOPPED.value, code)
+        if self.handed_to is not None:
+            self._end_for_successor()
         return code
+
+    def _end_for_successor(self) -> None:
+        """The run went to a successor job that waits for this one to end, but node 0 (the batch
+        script) died: without --no-kill Slurm ends this job only after SlurmdTimeout, with it
+        never (it stays RUNNING without its batch host until the time limit). So this job is
+        cancelled now; its own agents, this one included, end with it. Everything this agent
+        had to say is in the ledger (``successor`` is written at once) and the done marker."""
+        assert self.slurm is not None  # noqa: S101 - a successor job needs Slurm
+        try:
+            self.slurm.cancel(job_ref(self.where.job_id, self.env))
+        except SlurmError as exc:
+            log.warning("could not cancel job %s after handing the run to job %s: %s", self.where.job_id,
+                        self.handed_to, exc)
 
     def _node0_healthy(self, gen: int, node0: str) -> bool:
         """Whether node 0 lost only its agent (SIGKILLed, OOM-killed) while the node is fine:

@@ -41,7 +41,8 @@ LEDGER_NAME = "ledger.jsonl"
 # engineer tailing the file while node 0 decides): written at once, with what is held before them.
 URGENT = frozenset({"ranks_started", "failure", "decision", "exclusion", "requeue", "end",
                     "checkpointed_on_signal", "train_finished", "train_stopped",
-                    "ledger_write_failed", "config_warning", "allocation_start"})
+                    "ledger_write_failed", "config_warning", "allocation_start", "successor",
+                    "successor_refused"})
 RECORD_START = b'{"t": '  # every record the ledger writes begins so (the time is its first key)
 
 

@@ -37,6 +37,7 @@ import re
 import shutil
 from collections.abc import Mapping
 
+from slurmkit.errors import SubmissionError
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.errors import SlurmError
 from slurmkit.slurm.hostlist import compress_hostlist, expand_hostlist
@@ -136,17 +137,20 @@ def submit_successor(client: SlurmClient, job_id: str, exclude: tuple[str, ...] 
     submitter = sbatch or SlurmClient(SubprocessRunner(env=successor_env(env)))
     try:
         new = submitter.submit(script, extra_args=args, env={PREDECESSOR_ENV: job_id})
-    except SlurmError as exc:
+    except (SlurmError, SubmissionError) as exc:
         raise SuccessorUnavailable(f"sbatch refused the successor: {_last_line(exc)}") from exc
+    copy = os.path.join(os.path.dirname(pickled), f"{new}_submitted.pkl") if pickled is not None else None
     try:
-        if pickled is not None:
-            _copy_whole(pickled, os.path.join(os.path.dirname(pickled), f"{new}_submitted.pkl"))
+        if pickled is not None and copy is not None:
+            _copy_whole(pickled, copy)
         client.release(new)
     except (OSError, SlurmError) as exc:
         try:
             client.cancel(new)
         except SlurmError as again:
             log.error("could not cancel the half-made successor job %s: %s", new, again)
+        if copy is not None and os.path.exists(copy):
+            os.unlink(copy)
         raise SuccessorUnavailable(f"successor job {new} could not be prepared: {_last_line(exc)}") from exc
     log.warning("job %s hands the run over to job %s (excluding %s)", job_id, new,
                 ",".join(excluded) or "nothing")

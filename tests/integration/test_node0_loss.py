@@ -40,17 +40,22 @@ def env(cluster_env) -> dict[str, str]:
     return slurm_env(cluster_env)
 
 
-def _wait_requeued(job: str, env, since: float) -> float:
-    """Seconds from ``since`` until Slurm counts a requeue of ``job``: the first attempt does not
-    sit RUNNING with nothing running (with --no-kill Slurm itself would leave it so)."""
+def _wait_requeued(job: str, env, since: float, run_dir: str) -> tuple[float, str]:
+    """Seconds from ``since`` until the run left ``job`` (handed to a successor job, or Slurm
+    counts a requeue), and the job that carries it now: the first attempt does not sit RUNNING
+    with nothing running (with --no-kill Slurm itself would leave it so)."""
     from slurmkit.slurm.client import SlurmClient
     from slurmkit.slurm.runner import SubprocessRunner
+    from slurmkit.supervise.successor import successor_of
 
     client = SlurmClient(SubprocessRunner(env=env))
     deadline = time.monotonic() + 3 * ACT_WITHIN_S
     while time.monotonic() < deadline:
+        nxt = successor_of(run_dir, job)
+        if nxt is not None:
+            return time.time() - since, nxt
         if client.job(job).restart_cnt >= 1:
-            return time.time() - since
+            return time.time() - since, job
         time.sleep(0.5)
     raise AssertionError(f"job {job} still in its first attempt {3 * ACT_WITHIN_S:.0f} s after node 0 died: "
                          f"{client.job(job)}")
@@ -83,9 +88,9 @@ def _lose_node0_and_recover(env, reference: str, tmp_path, name: str, *extra: st
     back = False
     try:
         kill_node(env, node0)
-        requeued_after = _wait_requeued(job, env, killed_at)
+        requeued_after, carrier = _wait_requeued(job, env, killed_at, run_dir)
         # Node 0 comes back once the job excludes it: the next attempt must avoid an up node.
-        _wait_excluded(job, env, node0)
+        _wait_excluded(carrier, env, node0)
         restore_node(env, node0)
         back = True
         state = finish(job, env, timeout_s=600, run_dir=run_dir)
@@ -93,7 +98,10 @@ def _lose_node0_and_recover(env, reference: str, tmp_path, name: str, *extra: st
     finally:
         if not back:
             restore_node(env, node0)
-    assert requeued_after < ACT_WITHIN_S, f"Slurm requeued the job {requeued_after:.0f} s after node 0 died"
+    assert requeued_after < ACT_WITHIN_S, f"the run left job {job} {requeued_after:.0f} s after node 0 died"
+    # It went to a successor job (no helper outside the job) and the dead job was ended at once,
+    # not left RUNNING without its batch host (--no-kill) or until SlurmdTimeout.
+    assert carrier != job, "the successor requeued in place, not as a successor job"
 
     # The ledger: one successor recorded the loss, decided and requeued. Normally node rank 1;
     # each agent's stagger counts from its own notice of the loss, so on a loaded machine a

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slurmkit.supervise.ledger import Ledger, read_ledger
+from slurmkit.supervise.successor import successor_of
 from slurmkit.testing.chaos import nvme, procs
 from slurmkit.testing.chaos.invariants import Injected, RunFacts
 from slurmkit.testing.chaos.menu import AFTER_SAVE, item
@@ -223,7 +224,9 @@ def settled(state: str, terminal_since: float | None, now: float) -> bool:
     return word in ("COMPLETED", "CANCELLED") or (terminal_since is not None and now - terminal_since >= SETTLE_S)
 
 
-def wait_terminal(cluster: Cluster, job_id: str, timeout_s: float) -> str:
+def wait_terminal(cluster: Cluster, job_id: str, timeout_s: float, run_dir: str | None = None) -> str:
+    """The settled state of ``job_id``; with ``run_dir``, of the run's last job (one that handed
+    the run to a successor job is followed to it: slurmkit.supervise.successor)."""
     deadline = time.monotonic() + timeout_s
     state, since = "UNKNOWN", None
     while time.monotonic() < deadline:
@@ -231,7 +234,10 @@ def wait_terminal(cluster: Cluster, job_id: str, timeout_s: float) -> str:
         now = time.monotonic()
         since = (since or now) if state.split()[0] in TERMINAL else None
         if settled(state, since, now):
-            return state
+            nxt = successor_of(run_dir, job_id) if run_dir else None
+            if nxt is None:
+                return state
+            job_id, since = nxt, None
         time.sleep(1)
     return state
 
@@ -273,6 +279,12 @@ class Driver:
         now = self._state_checked = time.monotonic()
         state = self.cluster.job_state(self.job_id)
         self._terminal_since = (self._terminal_since or now) if state.split()[0] in TERMINAL else None
+        if state.split()[0] in TERMINAL and self.run_dir:
+            nxt = successor_of(self.run_dir, self.job_id)
+            if nxt is not None:  # the run goes on in the job this one handed it to
+                self.cluster.say(f"  job {self.job_id} handed the run over to job {nxt}")
+                self.job_id, self._terminal_since = nxt, None
+                return False
         return settled(state, self._terminal_since, now)
 
     def wait(self, what: str, cond: Callable[[], Any], poll_s: float = 0.2) -> Any:
@@ -612,7 +624,9 @@ class Driver:
                     not_reached = [g.describe() for g in self.plan.faults[i:]]
                     error = str(exc)
                     break
-            state = wait_terminal(self.cluster, self.job_id, max(60.0, self.deadline - time.monotonic()))
+            state = wait_terminal(self.cluster, self.job_id, max(60.0, self.deadline - time.monotonic()),
+                                  self.run_dir)
+            self.job_id = self._last_job()
             if state.split()[0] not in TERMINAL:
                 self.cluster.slurm("scancel", self.job_id)
                 error = (error + "; " if error else "") + f"run timed out ({state}); cancelled"
@@ -655,6 +669,12 @@ class Driver:
                 self.s3.close()
             except Exception as exc:  # noqa: BLE001
                 self.cluster.say(f"  could not stop the run's S3 server: {exc}")
+
+    def _last_job(self) -> str:
+        job = self.job_id
+        while (nxt := successor_of(self.run_dir, job)) is not None and nxt != job:
+            job = nxt
+        return job
 
     def leftover(self, grace_s: float = 60) -> list[str]:
         """Processes of the job still alive once Slurm says it ended (slurmd cleans up

@@ -173,7 +173,9 @@ class FakeSlurm(FakeController):
         return job.job_id + (f";{self.cluster_name}" if self.cluster_name else "") + "\n"
 
     def _new_job(self, opts: dict[str, str], command: str) -> FakeJob:
-        partition = opts.get("--partition") or next(iter(self.partitions))
+        partition = opts.get("--partition") or next(iter(self.partitions), None)
+        if partition is None:
+            raise FakeCommandFailure(_SUBMIT_FAILED + "No partition specified or system default partition")
         if partition not in self.partitions:
             raise FakeCommandFailure(_SUBMIT_FAILED + "Invalid partition name specified")
         try:

@@ -275,6 +275,8 @@ class FakeController:
                     raise FakeCommandFailure("Invalid TimeLimit value") from None
             elif key == "jobname":
                 job.name = value
+            elif key == "requeue":
+                job.requeue = value not in ("0", "no")
             else:
                 raise FakeCommandFailure(f"Update of this parameter is not supported: {key}")
         return ""
