@@ -65,3 +65,32 @@ def read_ledger(run_dir: str) -> list[dict]:
     from slurmkit.supervise.ledger import read_ledger as _read
 
     return list(_read(os.path.join(run_dir, "ledger.jsonl")))
+
+
+FREEZER = "/sys/fs/cgroup/freezer"
+
+
+def job_cgroup_tasks(job_id: str) -> dict[str, list[str]]:
+    """Under proctrack/cgroup: every process still in a cgroup of ``job_id`` on any emulated
+    node (``<freezer>/slurm_<node>/uid_<uid>/job_<id>/.../tasks``), by cgroup path."""
+    import glob
+
+    out: dict[str, list[str]] = {}
+    for tasks in glob.glob(os.path.join(FREEZER, "slurm*", "uid_*", f"job_{job_id}", "**", "tasks"), recursive=True):
+        try:
+            with open(tasks) as f:
+                pids = f.read().split()
+        except OSError:  # removed while read: empty
+            continue
+        if pids:
+            out[os.path.dirname(tasks)] = pids
+    return out
+
+
+def proctrack(env: Mapping[str, str]) -> str:
+    """The cluster's ProctrackType plugin without its prefix (``cgroup``, ``linuxproc``)."""
+    res = subprocess.run(["scontrol", "show", "config"], env=dict(env), capture_output=True, text=True, timeout=60)
+    for line in res.stdout.splitlines():
+        if line.startswith("ProctrackType"):
+            return line.split("=", 1)[1].strip().removeprefix("proctrack/")
+    return "unknown"

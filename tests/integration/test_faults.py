@@ -23,7 +23,7 @@ from slurmkit.testing.chaos import procs
 from slurmkit.train.faults import DATA_STALL_LINE
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.runner import SubprocessRunner
-from tests.integration.helpers import slurm_env
+from tests.integration.helpers import job_cgroup_tasks, proctrack, slurm_env
 
 pytestmark = pytest.mark.integration
 
@@ -169,3 +169,8 @@ def test_node_loss_without_a_spare_requeues_without_the_node(env, reference, tmp
     assert len([r for r in client.sacct(job, duplicates=True) if r.job_id == job]) == 1
     left = [f"{p.pid}: {' '.join(p.cmdline)}" for p in [*procs.scan(run_dir, job), *procs.scan(run_dir, handover["job_id"])]]
     assert not left, left  # nothing either job started outlives it (no release helper)
+    if proctrack(env) == "cgroup":  # and Slurm's own view: the jobs' cgroups hold no task (slurmd
+        deadline = time.monotonic() + 60  # removes them asynchronously after the job's end)
+        while (held := {**job_cgroup_tasks(job), **job_cgroup_tasks(handover["job_id"])}) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not held, held
