@@ -160,8 +160,17 @@ class SlurmkitExecutor(SlurmExecutor):
         return "\n".join(lines) + "\n"
 
 
-def make_executor(spec: JobSpec, python: str | None = None) -> SlurmkitExecutor:
-    ex = SlurmkitExecutor(folder=os.path.join(spec.run_dir, "submitit"), python=python)
+class _RenderingExecutor(SlurmkitExecutor):
+    """Only renders the script (a dry run): needs no srun on this machine (a laptop)."""
+
+    @classmethod
+    def affinity(cls) -> int:
+        return 1
+
+
+def make_executor(spec: JobSpec, python: str | None = None, *, render_only: bool = False) -> SlurmkitExecutor:
+    kind = _RenderingExecutor if render_only else SlurmkitExecutor
+    ex = kind(folder=os.path.join(spec.run_dir, "submitit"), python=python)
     ex.update_parameters(**executor_parameters(spec))
     ex.nodes_per_step, ex.train_nodes = spec.nodes_per_step, spec.train_nodes
     ex.container = bool(spec.container_image)
@@ -170,7 +179,7 @@ def make_executor(spec: JobSpec, python: str | None = None) -> SlurmkitExecutor:
 
 def render_submitit_script(spec: JobSpec, python: str | None = None) -> str:
     """The exact script ``make_executor(spec).submit(...)`` hands to sbatch."""
-    ex = make_executor(spec, python=python)
+    ex = make_executor(spec, python=python, render_only=True)
     return ex._make_submission_file_text(ex._submitit_command_str, "dryrun")
 
 

@@ -127,3 +127,14 @@ def test_hostile_job_name_is_refused_with_a_clear_error() -> None:
     with pytest.raises(ConfigError) as exc:
         compose(["+exp=tiny", 'job.name=x"; touch /tmp/pwned; "'])
     assert "job.name" in str(exc.value) and "Fix:" in str(exc.value)
+
+
+def test_a_dry_run_renders_on_a_machine_without_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """submitit's executor refuses to exist without srun; a dry run only renders the script
+    (a laptop, CI without Slurm), so it must not need one."""
+    import shutil
+
+    real = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "srun" else real(name, *a, **k))
+    text = render_submitit_script(_spec(["+exp=tiny"]), python="python3")
+    assert "#SBATCH --nodes=" in text and "srun --unbuffered" in text
