@@ -180,9 +180,11 @@ class Cluster:
         for node in sorted(self.killed):
             self.restore_node(node)
 
-    def cancel(self, job: str) -> None:
-        if job:
-            self.run(["scancel", job], timeout_s=60)
+    def cancel(self, job: str, run_dir: str = "") -> None:
+        """Cancel ``job`` and the successor jobs the run was handed to (a requeue that excludes
+        a node hands the run to a new job: slurmkit.supervise.successor)."""
+        for one in chain(job, run_dir):
+            self.run(["scancel", one], timeout_s=60)
 
     def wait_gone(self, job: str, deadline_s: float = 90.0) -> None:
         end = self.clock() + deadline_s
@@ -208,6 +210,16 @@ class Cluster:
         raise BenchError(f"{node} did not come back within {NODE_BACK_DEADLINE_S:.0f} s: restore it "
                          f"with `tools/local-cluster start-node {node}` and "
                          f"`scontrol update nodename={node} state=resume`")
+
+
+def chain(job: str, run_dir: str) -> list[str]:
+    """``job`` and every job the run went on in after it (the ledger's successor events)."""
+    from slurmkit.supervise.successor import successor_of
+
+    jobs = [job] if job else []
+    while run_dir and jobs and (nxt := successor_of(run_dir, jobs[-1])) is not None and nxt not in jobs:
+        jobs.append(nxt)
+    return jobs
 
 
 def local_cluster(*args: str) -> list[str]:
@@ -341,9 +353,9 @@ def measure_slurmkit(c: Cluster, cls: str, root: str, tag: str) -> Measure:
     except BenchError as e:
         return Measure(None, None, f"FAILED: {str(e).splitlines()[0]}", job, run_dir)
     finally:
-        c.cancel(job)
+        c.cancel(job, run_dir)
         c.restore_all()
-        c.wait_gone(job)
+        c.wait_gone((chain(job, run_dir) or [job])[-1])
 
 
 # ------------------------------------------------------------------ baseline: sbatch + srun + requeue
@@ -624,9 +636,9 @@ def measure_launcher(c: Cluster, launcher: Launcher, cls: str, root: str, tag: s
     except BenchError as e:
         return Measure(None, None, f"FAILED: {str(e).splitlines()[0]}", job, run_dir)
     finally:
-        c.cancel(job)
+        c.cancel(job, run_dir)
         c.restore_all()
-        c.wait_gone(job)
+        c.wait_gone((chain(job, run_dir) or [job])[-1])
 
 
 # ------------------------------------------------------------------ goodput over a long run
@@ -680,9 +692,9 @@ def run_goodput(c: Cluster, root: str, minutes: float) -> tuple[float | None, st
     except BenchError as e:
         return None, f"goodput run FAILED: {e}\n  run dir {run_dir}"
     finally:
-        c.cancel(job)
+        c.cancel(job, run_dir)
         c.restore_all()
-        c.wait_gone(job)
+        c.wait_gone((chain(job, run_dir) or [job])[-1])
     kept = [e for e in read_ledger(os.path.join(run_dir, "ledger.jsonl")) if float(e["t"]) <= cut]
     # The window ends at the cut, not at the last event: a job that died early must not shorten
     # the wall time its goodput is divided by (an in-memory marker; nothing is written).
