@@ -95,13 +95,18 @@ def refused_by_slurm(job_id: str, exc: BaseException, run_id: str | None) -> str
     """What to say when Slurm refused this job's own requeue (a QOS or job_submit plugin that
     forbids it, JobRequeue=0 with no --requeue, no scontrol inside a container): the job stops
     instead of ending FAILED on an exception, and its checkpoints are kept for a resubmission."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    said = (lines[-1] if lines else type(exc).__name__)[:300]
+    said = last_line(exc)
     resume = f"store.run_id={run_id}" if run_id else "the same store.run_id"
     return (f"Detected: Slurm refused `scontrol requeue {job_id}`: {said}. Requirement: a job that may "
             "requeue itself (the site's JobRequeue, QOS and job_submit rules allow it, and scontrol "
             f"runs inside the job). Fix: the run's checkpoints are kept: resubmit with {resume} to "
             "resume from them, and ask the site whether jobs may requeue themselves")
+
+
+def last_line(exc: BaseException) -> str:
+    """The last non-empty line of an error (a Slurm command's own words), at most 300 characters."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return (lines[-1] if lines else type(exc).__name__)[:300]
 
 
 def requeued_already(client: SlurmClient, job_id: str, env: Mapping[str, str]) -> bool:

@@ -42,6 +42,7 @@ from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.errors import SlurmError
 from slurmkit.slurm.hostlist import compress_hostlist, expand_hostlist
 from slurmkit.slurm.runner import SubprocessRunner
+from slurmkit.supervise.requeue import last_line
 
 log = logging.getLogger(__name__)
 
@@ -126,11 +127,11 @@ def submit_successor(client: SlurmClient, job_id: str, exclude: tuple[str, ...] 
         info = client.job(job_id)
         excluded = sorted({*info.excluded_nodes, *(n for x in exclude for n in expand_hostlist(x))})
     except SlurmError as exc:
-        raise SuccessorUnavailable(f"scontrol show job {job_id}: {_last_line(exc)}") from exc
+        raise SuccessorUnavailable(f"scontrol show job {job_id}: {last_line(exc)}") from exc
     try:
         client.update_job(job_id, Requeue="0")
     except SlurmError as exc:  # the successor still waits for this job to end
-        log.warning("could not stop Slurm from requeueing job %s itself: %s", job_id, _last_line(exc))
+        log.warning("could not stop Slurm from requeueing job %s itself: %s", job_id, last_line(exc))
     args = ["--hold", f"--dependency={_dependency(script, job_id)}"]
     if excluded:
         args.append(f"--exclude={compress_hostlist(excluded)}")
@@ -138,7 +139,7 @@ def submit_successor(client: SlurmClient, job_id: str, exclude: tuple[str, ...] 
     try:
         new = submitter.submit(script, extra_args=args, env={PREDECESSOR_ENV: job_id})
     except (SlurmError, SubmissionError) as exc:
-        raise SuccessorUnavailable(f"sbatch refused the successor: {_last_line(exc)}") from exc
+        raise SuccessorUnavailable(f"sbatch refused the successor: {last_line(exc)}") from exc
     copy = os.path.join(os.path.dirname(pickled), f"{new}_submitted.pkl") if pickled is not None else None
     try:
         if pickled is not None and copy is not None:
@@ -151,31 +152,34 @@ def submit_successor(client: SlurmClient, job_id: str, exclude: tuple[str, ...] 
             log.error("could not cancel the half-made successor job %s: %s", new, again)
         if copy is not None and os.path.exists(copy):
             os.unlink(copy)
-        raise SuccessorUnavailable(f"successor job {new} could not be prepared: {_last_line(exc)}") from exc
+        raise SuccessorUnavailable(f"successor job {new} could not be prepared: {last_line(exc)}") from exc
     log.warning("job %s hands the run over to job %s (excluding %s)", job_id, new,
                 ",".join(excluded) or "nothing")
     return new
 
 
-def successor_of(run_dir: str, job_id: str) -> str | None:
-    """The job that took the run over from ``job_id`` (its ``successor`` ledger event), or None.
-
-    Read once a job has ended (``submit.wait``, test helpers), never per poll; a line of the
-    ledger that does not parse is skipped by the reader."""
+def successor_chain(run_dir: str, job_id: str) -> list[str]:
+    """``job_id`` and every job the run went on in after it, oldest first, from the ledger's
+    ``successor`` events (one read of the ledger). Read once a job has ended (``submit.wait``,
+    test helpers, benches), never per poll; a ledger line that does not parse is skipped by the
+    reader, a job id that is not one is never followed, and a loop ends the chain."""
     from slurmkit.supervise.ledger import LEDGER_NAME, read_ledger
 
-    found = None
+    after: dict[str, str] = {}
     for e in read_ledger(os.path.join(run_dir, LEDGER_NAME)):
-        if e.get("event") == "successor" and str(e.get("predecessor")) == job_id and \
-                _JOB_ID.match(str(e.get("job_id", ""))):
-            found = str(e["job_id"])
-    return found
+        if e.get("event") == "successor" and _JOB_ID.match(str(e.get("job_id", ""))):
+            after[str(e.get("predecessor"))] = str(e["job_id"])  # the newest handover of a job counts
+    jobs = [job_id]
+    while (nxt := after.get(jobs[-1])) is not None and nxt not in jobs:
+        jobs.append(nxt)
+    return jobs
 
 
-def _last_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return (lines[-1] if lines else type(exc).__name__)[:300]
+def successor_of(run_dir: str, job_id: str) -> str | None:
+    """The job that took the run over from ``job_id``, or None."""
+    chain = successor_chain(run_dir, job_id)
+    return chain[1] if len(chain) > 1 else None
 
 
-__all__ = ["PREDECESSOR_ENV", "STANDALONE_SCRIPT", "SuccessorUnavailable", "batch_script", "submit_successor", "successor_of",
+__all__ = ["PREDECESSOR_ENV", "STANDALONE_SCRIPT", "SuccessorUnavailable", "batch_script", "submit_successor", "successor_chain", "successor_of",
            "successor_env"]

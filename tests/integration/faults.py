@@ -104,11 +104,9 @@ def diagnose(run_dir: str, job_id: str, env: Mapping[str, str]) -> str:
             "event", "source", "generation", "step", "cls", "rank", "node", "action", "reason",
             "old", "new", "why", "status", "exit_code", "tier", "evidence")}
         out.append(json.dumps(keep)[:400])
-    from slurmkit.supervise.successor import successor_of
+    from slurmkit.supervise.successor import successor_chain
 
-    jobs = [job_id]
-    while (nxt := successor_of(run_dir, jobs[-1])) is not None and nxt not in jobs:
-        jobs.append(nxt)  # the run handed over to a successor job: its rows too
+    jobs = successor_chain(run_dir, job_id)  # the run handed over to a successor job: its rows too
     res = subprocess.run(["sacct", "-j", ",".join(jobs), "-n", "-P", "--duplicates",
                           "--format=JobID,State,ExitCode,DerivedExitCode,NodeList,Elapsed"],
                          env=dict(env), capture_output=True, text=True, timeout=60)

@@ -214,12 +214,11 @@ class Cluster:
 
 def chain(job: str, run_dir: str) -> list[str]:
     """``job`` and every job the run went on in after it (the ledger's successor events)."""
-    from slurmkit.supervise.successor import successor_of
+    from slurmkit.supervise.successor import successor_chain
 
-    jobs = [job] if job else []
-    while run_dir and jobs and (nxt := successor_of(run_dir, jobs[-1])) is not None and nxt not in jobs:
-        jobs.append(nxt)
-    return jobs
+    if not job:
+        return []
+    return successor_chain(run_dir, job) if run_dir else [job]
 
 
 def local_cluster(*args: str) -> list[str]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slurmkit.supervise.ledger import Ledger, read_ledger
-from slurmkit.supervise.successor import successor_of
+from slurmkit.supervise.successor import successor_chain, successor_of
 from slurmkit.testing.chaos import nvme, procs
 from slurmkit.testing.chaos.invariants import Injected, RunFacts
 from slurmkit.testing.chaos.menu import AFTER_SAVE, item
@@ -671,10 +671,7 @@ class Driver:
                 self.cluster.say(f"  could not stop the run's S3 server: {exc}")
 
     def _last_job(self) -> str:
-        job = self.job_id
-        while (nxt := successor_of(self.run_dir, job)) is not None and nxt != job:
-            job = nxt
-        return job
+        return successor_chain(self.run_dir, self.job_id)[-1]
 
     def leftover(self, grace_s: float = 60) -> list[str]:
         """Processes of the job still alive once Slurm says it ended (slurmd cleans up
