@@ -68,7 +68,7 @@ class Endings(Deciding):
             try:
                 if not requeued_already(self.slurm, self.where.job_id, self.env):
                     new = submit_successor(self.slurm, self.where.job_id, exclude, env=self.env,
-                                           run_dir=self.run_dir)
+                                           run_dir=self.run_dir, attempt=self.where.attempt)
                     self.ledger.append("successor", job_id=new, predecessor=self.where.job_id,
                                        exclude=list(exclude), reason=reason)
                     self.handed_to = new

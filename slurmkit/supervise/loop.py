@@ -29,7 +29,7 @@ from slurmkit.supervise.monitor import EXIT_CHECKPOINTED_ON_SIGNAL
 from slurmkit.supervise.policy import Decision, State
 from slurmkit.supervise.previous import previous_attempt, record_previous
 from slurmkit.supervise.succession import clear_done
-from slurmkit.supervise.successor import PREDECESSOR_ENV
+from slurmkit.supervise.successor import PREDECESSOR_ATTEMPT_ENV, PREDECESSOR_ENV
 from slurmkit.supervise.liveness import Liveness
 from slurmkit.supervise.endings import Endings
 from slurmkit.supervise.loopbase import (EXIT_WAIT_S, FAILED, REQUEUE_MARKS, STACKS_BARRIER_S, Ledger, Node,
@@ -54,8 +54,9 @@ class Supervisor(Endings):
             self.channel.seed_beats(range(len(self.where.nodes)))
             self.channel.seed_step_windows(range(len(self.where.nodes)))
             # a requeued job: what ended the previous attempt, Slurm's own requeues included
-            record_previous(self.ledger, previous_attempt(self.run_dir, self.where.job_id,
-                                                          self.where.restart_count, self.slurm), time.time())
+            record_previous(self.ledger, previous_attempt(
+                self.run_dir, self.where.job_id, self.where.restart_count, self.slurm,
+                predecessor=self.env.get(PREDECESSOR_ATTEMPT_ENV, "")), time.time())
             self.ledger.append("allocation_start", job_id=self.where.job_id, attempt=self.where.attempt,
                                restart_count=self.where.restart_count, nodes=list(self.where.nodes),
                                train_nodes=self.node_map, spares=self.spares, executor=self.where.executor,

@@ -4,7 +4,8 @@ slurmkit records its own decisions as it makes them. A loss that Slurm handled b
 NODE_FAIL requeue while no agent could act, a preemption with PreemptMode=REQUEUE, an admin's
 ``scontrol requeue``) leaves nothing in the ledger: the run's report said "failures: none" and
 the hours between the two allocations went unexplained. So node 0, once per allocation of a
-requeued job (``SLURM_RESTART_COUNT`` > 0), asks:
+requeued job (``SLURM_RESTART_COUNT`` > 0), or of a successor job (``SLURMKIT_PREDECESSOR_ATTEMPT``,
+supervise/successor.py: then the predecessor's last attempt is the previous one), asks:
 
 * the previous attempt's done marker (``rdzv/<job>-<n-1>.done``, supervise/succession.py): its
   decision maker left one when slurmkit ended the attempt itself;
@@ -23,6 +24,7 @@ that answers it, so the report counts it like any other.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 
 #: Slurm's state of the previous run -> the failure it was, when Slurm handled it alone.
 SLURM_LOSSES = {"NODE_FAIL": FailureClass.NODE_LOSS, "PREEMPTED": FailureClass.PREEMPTION}
+_ATTEMPT = re.compile(r"[0-9]+-[0-9]+")
 _ACTIVE = frozenset({"RUNNING", "PENDING", "RESIZING", "SUSPENDED", "COMPLETING"})
 
 
@@ -83,12 +86,19 @@ def _previous_run(client: SlurmClient, job_id: str) -> tuple[str, list[str], flo
 
 
 def previous_attempt(run_dir: str, job_id: str, restart_count: int,
-                     client: SlurmClient | None) -> Previous | None:
-    """What ended attempt ``restart_count - 1`` (None for a first allocation). Never raises
-    on a Slurm error: what could not be asked stays unknown."""
-    if restart_count < 1 or not job_id:
+                     client: SlurmClient | None, predecessor: str = "") -> Previous | None:
+    """What ended attempt ``restart_count - 1``, or, in a successor job's first allocation, the
+    predecessor's last attempt ``predecessor`` (``<job>-<n>``, from its environment); None for
+    a run's first allocation. Never raises on a Slurm error: what could not be asked stays
+    unknown."""
+    if not job_id:
         return None
-    attempt = f"{job_id}-{restart_count - 1}"
+    if restart_count >= 1:
+        attempt, earlier = f"{job_id}-{restart_count - 1}", job_id
+    elif _ATTEMPT.fullmatch(predecessor) and not predecessor.startswith(f"{job_id}-"):
+        attempt, earlier = predecessor, predecessor.split("-", 1)[0]
+    else:
+        return None
     done = read_done(run_dir, attempt)
     prev = Previous(attempt, "slurmkit" if done is not None else "slurm",
                     done.outcome if done is not None else "unknown")
@@ -106,9 +116,9 @@ def previous_attempt(run_dir: str, job_id: str, restart_count: int,
     nodes: list[str] = []
     ended: float | None = None
     try:
-        state, nodes, ended = _previous_run(client, job_id)
+        state, nodes, ended = _previous_run(client, earlier)
     except SlurmError as exc:
-        log.warning("sacct of job %s's previous run: %s", job_id, exc)
+        log.warning("sacct of job %s's previous run: %s", earlier, exc)
     dead: list[str] = []
     if done is None and state == "NODE_FAIL" and nodes:
         try:

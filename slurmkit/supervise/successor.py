@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 
 #: Names the job a successor took over from (set in the successor's environment by sbatch).
 PREDECESSOR_ENV = "SLURMKIT_PREDECESSOR"
+#: ``<job>-<restart count>``: the predecessor's attempt, whose done marker the successor reads.
+PREDECESSOR_ATTEMPT_ENV = "SLURMKIT_PREDECESSOR_ATTEMPT"
 #: The script of a job submitted as plain sbatch (slurmkit.submit, submit.emit=sbatch).
 STANDALONE_SCRIPT = "job.sbatch"
 
@@ -60,7 +62,7 @@ _KEEP = frozenset({"SLURM_CONF"})  # where the cluster's slurm.conf is: the succ
 _STEP_VARS = frozenset({
     "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "SLURMKIT_NODE_RANK",
     "SLURMKIT_NODES", "SLURMKIT_STEPS_ENDED", "SLURMKIT_GROUP_LOG_DIR", "SLURMKIT_CONFIG_SHA256",
-    "SLURMKIT_RUN_DIR", "SLURMKIT_CONFIG", PREDECESSOR_ENV,
+    "SLURMKIT_RUN_DIR", "SLURMKIT_CONFIG", PREDECESSOR_ENV, PREDECESSOR_ATTEMPT_ENV,
 })
 _JOB_ID = re.compile(r"^[0-9]+$")
 
@@ -111,12 +113,14 @@ def _copy_whole(src: str, dst: str) -> None:
 
 
 def submit_successor(client: SlurmClient, job_id: str, exclude: tuple[str, ...] | list[str], *,
-                     env: Mapping[str, str], run_dir: str, sbatch: SlurmClient | None = None) -> str:
+                     env: Mapping[str, str], run_dir: str, sbatch: SlurmClient | None = None,
+                     attempt: str = "") -> str:
     """Submit (held), prepare and release the job that takes this run over; its id.
 
     ``client`` makes the queries and updates; ``sbatch`` (default: a client whose environment
     is :func:`successor_env` of ``env``) submits. Raises SuccessorUnavailable, with no successor
-    left behind, when any step fails.
+    left behind, when any step fails. ``attempt`` (``<job>-<restart count>``) goes to the
+    successor, which reports how that attempt ended (supervise/previous.py).
     """
     if env.get("SLURM_ARRAY_TASK_ID"):
         raise SuccessorUnavailable("a sweep's array task is requeued in place (its script is the array's)")
@@ -137,7 +141,9 @@ def submit_successor(client: SlurmClient, job_id: str, exclude: tuple[str, ...] 
         args.append(f"--exclude={compress_hostlist(excluded)}")
     submitter = sbatch or SlurmClient(SubprocessRunner(env=successor_env(env)))
     try:
-        new = submitter.submit(script, extra_args=args, env={PREDECESSOR_ENV: job_id})
+        handed = {PREDECESSOR_ENV: job_id,
+                  **({PREDECESSOR_ATTEMPT_ENV: attempt} if attempt.startswith(f"{job_id}-") else {})}
+        new = submitter.submit(script, extra_args=args, env=handed)
     except (SlurmError, SubmissionError) as exc:
         raise SuccessorUnavailable(f"sbatch refused the successor: {last_line(exc)}") from exc
     copy = os.path.join(os.path.dirname(pickled), f"{new}_submitted.pkl") if pickled is not None else None
@@ -181,5 +187,5 @@ def successor_of(run_dir: str, job_id: str) -> str | None:
     return chain[1] if len(chain) > 1 else None
 
 
-__all__ = ["PREDECESSOR_ENV", "STANDALONE_SCRIPT", "SuccessorUnavailable", "batch_script", "submit_successor", "successor_chain", "successor_of",
+__all__ = ["PREDECESSOR_ATTEMPT_ENV", "PREDECESSOR_ENV", "STANDALONE_SCRIPT", "SuccessorUnavailable", "batch_script", "submit_successor", "successor_chain", "successor_of",
            "successor_env"]

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from tests.integration.store_workers import join_gloo
+from tests.integration.store_workers import join_gloo, leave_gloo
 
 LOCAL = 2  # ranks per node
 
@@ -45,6 +45,7 @@ def save_main(rank: int, world: int, root: str, port: int, out: str, steps: int)
         st.save(step, _state(rank, world, step))
     st.wait()
     st.close()
+    leave_gloo()
     with open(os.path.join(out, f"save{rank}.json"), "w") as f:
         json.dump({"saved": [e for e in events if e["event"] == "ckpt_saved"]}, f)
 
@@ -63,6 +64,7 @@ def restore_main(rank: int, world: int, root: str, port: int, out: str, nodes: l
           and torch.equal(tmpl["model"]["w"].to_local(), want["model"]["w"].to_local())
           and torch.equal(tmpl["model"]["bias"], want["model"]["bias"]))
     st.close()
+    leave_gloo()
     with open(os.path.join(out, f"restore{rank}.json"), "w") as f:
         json.dump({"ok": ok, "step": step, "tier": res.tier if res else None,
                    "events": events}, f)
@@ -78,5 +80,6 @@ def stop_save_main(rank: int, world: int, root: str, port: int, out: str) -> Non
     st.save(2, _state(rank, world, 2), shared=True).wait()
     ok = st.wait_shared(2)
     st.close()
+    leave_gloo()
     with open(os.path.join(out, f"stop{rank}.json"), "w") as f:
         json.dump({"wait_shared": ok}, f)

@@ -205,10 +205,18 @@ def restore_cluster(env: Mapping[str, str], own_root: str, timeout_s: float = 18
 T = TypeVar("T")
 
 
+def current_job(run_dir: str, job: str) -> str:
+    """The job the run is in now: ``job``, or the newest successor it handed the run to."""
+    from slurmkit.supervise.successor import successor_chain
+
+    return successor_chain(run_dir, job)[-1]
+
+
 def wait_while_running(what: str, check: Callable[[], T | None], job: str, run_dir: str,
                        env: Mapping[str, str], timeout_s: float = 120) -> T:
     """``check()``'s first value that is not None; fails at once, with the diagnosis, when the
-    job leaves the running states first (Slurm asked at most once a second)."""
+    run's newest job (``job`` or the successor it handed the run to) leaves the running states
+    first (Slurm asked at most once a second)."""
     from slurmkit.slurm.client import SlurmClient
     from slurmkit.slurm.runner import SubprocessRunner
 
@@ -221,9 +229,11 @@ def wait_while_running(what: str, check: Callable[[], T | None], job: str, run_d
             return got
         if time.monotonic() - asked > 1.0:
             asked = time.monotonic()
-            state = client.job_state(job)
-            if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"):
-                raise AssertionError(f"job {job} is {state} while waiting for {what}\n"
+            newest = current_job(run_dir, job)
+            state = client.job_state(newest)
+            if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED") \
+                    and current_job(run_dir, job) == newest:  # not handed over meanwhile
+                raise AssertionError(f"job {newest} is {state} while waiting for {what}\n"
                                      + diagnose(run_dir, job, env))
         time.sleep(0.1)
     raise AssertionError(f"no {what} within {timeout_s:.0f} s\n{diagnose(run_dir, job, env)}")

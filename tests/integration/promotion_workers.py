@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from tests.integration.store_workers import join_gloo
+from tests.integration.store_workers import join_gloo, leave_gloo
 
 
 def incarnation_main(rank: int, world: int, root: str, port: int, out: str,
@@ -55,4 +55,4 @@ def incarnation_main(rank: int, world: int, root: str, port: int, out: str,
     if killed_pending:
         os._exit(0)  # no close(): promotions die mid-way, as in a killed job
     st.close()
-    dist.destroy_process_group()
+    leave_gloo()

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from tests.integration.store_workers import join_gloo
+from tests.integration.store_workers import join_gloo, leave_gloo
 from tests.unit.store_hostile import (
     OpenAudit,
     byte_item_pickle,
@@ -95,8 +95,8 @@ def hostile_main(rank: int, world: int, root: str, port: int, out: str) -> None:
           and torch.equal(tmpl["model"]["bias"], want["model"]["bias"]))
     under_root = sorted({p for p in opened if p.startswith(os.path.abspath(root) + os.sep)})
     st.close()
+    leave_gloo()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"ok": ok, "step": res.step if res else None, "outside": outside,
                    "opened_under_root": under_root,
                    "skipped": [list(s) for s in res.skipped] if res else []}, f)
-    dist.destroy_process_group()

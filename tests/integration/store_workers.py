@@ -38,6 +38,15 @@ def join_gloo(rank: int, world: int, port: int) -> None:
                             world_size=world)
 
 
+def leave_gloo() -> None:
+    """Every rank is done with the world before any leaves it: a rank that exits while a peer
+    still talks to it (its store thread, its last collective) makes gloo abort that peer."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def restored_equal(res: Any, tmpl: dict[str, Any], state: dict[str, Any], step: int) -> bool:
     """The restore found ``step`` and filled the DTensor-sharded template bit for bit."""
     return (res is not None and res.step == step and tmpl["step"] == step
@@ -74,11 +83,11 @@ def rank_main(rank: int, world: int, root: str, port: int, out: str) -> None:
     res = st.restore(tmpl)
     ok = restored_equal(res, tmpl, state, 2)
     st.close()
+    leave_gloo()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"ok": ok, "tier": res.tier if res else None,
                    "events": [e["event"] for e in events],
                    "restored": [e for e in events if e["event"] == "ckpt_restored"]}, f)
-    dist.destroy_process_group()
 
 
 def shared_node_main(rank: int, world: int, root: str, port: int, out: str, saves: int,
@@ -123,12 +132,12 @@ def shared_node_main(rank: int, world: int, root: str, port: int, out: str, save
     tmpl = {"model": {"w": torch.zeros(128, 32)}, f"rank{rank}": torch.zeros(4), "step": None}
     res = st.restore(tmpl)
     st.close()
+    leave_gloo()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"restored_step": res.step if res else None, "step": tmpl["step"],
                    "w": float(tmpl["model"]["w"][0, 0]), "own": float(tmpl[f"rank{rank}"][0]),
                    "events": [{k: e.get(k) for k in ("event", "step", "tier", "error")}
                               for e in events]}, f)
-    dist.destroy_process_group()
 
 
 def object_restore_main(rank: int, world: int, root: str, port: int, out: str,
@@ -163,10 +172,10 @@ def object_restore_main(rank: int, world: int, root: str, port: int, out: str,
     res = st.restore(tmpl)
     ok = restored_equal(res, tmpl, state, 3)
     st.close()
+    leave_gloo()
     restored = [e for e in events if e["event"] == "ckpt_restored"]
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"ok": ok, "tier": res.tier if res else None, "restored": restored}, f)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -98,3 +98,32 @@ def test_slurm_unreachable_leaves_what_it_could_not_ask_unknown(tmp_path: Path) 
     ev = Events()
     record_previous(ev, prev, now=T0)
     assert [r["event"] for r in ev.rows] == ["previous_attempt"]  # no guess at a failure
+
+
+def test_a_successor_jobs_first_allocation_reports_its_predecessors_last_attempt(tmp_path: Path) -> None:
+    """A run handed to a successor job (supervise/successor.py) starts with restart count 0;
+    its previous attempt is the predecessor's, named by the handover's environment."""
+    now = [T0]
+    fake = FakeSlurm({"debug": "node[1-4]"}, clock=lambda: now[0])
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH -N 2\nx\n")
+    old = fake.run(["sbatch", "--parsable", str(script)]).stdout.strip()
+    fake.start(old, ["node1", "node2"])
+    write_done(str(tmp_path), f"{old}-0", Done("requeueing", 0, "node1", 0))
+    now[0] += 300
+    new = fake.run(["sbatch", "--parsable", str(script)]).stdout.strip()
+    fake.finish(old)
+    now[0] += 20
+    fake.start(new, ["node3", "node4"])
+    client = SlurmClient(fake, retry=RetryPolicy(max_attempts=1, jitter_s=0))
+    prev = previous_attempt(str(tmp_path), new, 0, client, predecessor=f"{old}-0")
+    assert prev is not None
+    assert (prev.attempt, prev.handled_by, prev.outcome) == (f"{old}-0", "slurmkit", "requeueing")
+    assert prev.nodes == ["node1", "node2"]  # the predecessor's accounting, not the new job's
+    assert prev.queued_s == 20  # the successor's own wait
+    ev = Events()
+    record_previous(ev, prev, now=T0)
+    assert [r["event"] for r in ev.rows] == ["previous_attempt"]
+    # what the environment says is checked: not an attempt, or this job's own, is no predecessor
+    for bad in ("", "12", "x-0", f"{new}-0", "1-0\n"):
+        assert previous_attempt(str(tmp_path), new, 0, client, predecessor=bad) is None

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from slurmkit.supervise.successor import (
-    PREDECESSOR_ENV, SuccessorUnavailable, submit_successor, successor_env, successor_of,
+    PREDECESSOR_ATTEMPT_ENV, PREDECESSOR_ENV, SuccessorUnavailable, submit_successor, successor_env, successor_of,
 )
 from slurmkit.testing.fakeslurm import FakeSlurm
 from tests.unit.test_supervise_slurm_client import Time, _client
@@ -40,7 +40,7 @@ def test_the_successor_is_this_jobs_script_held_after_it_excluding_the_nodes_the
     job_id, sub = _submitit_run(fake, tmp_path)
     client = _client(fake, Time())
     new = submit_successor(client, job_id, ("node2",), env={**ENV, "SLURM_JOB_ID": job_id},
-                           run_dir=str(tmp_path), sbatch=client)
+                           run_dir=str(tmp_path), sbatch=client, attempt=f"{job_id}-0")
     job, succ = fake.jobs[job_id], fake.jobs[new]
     assert new != job_id and not job.requeue  # Slurm will not bring the old job back itself
     assert succ.sbatch_args[:2] == ["--parsable", "--hold"]
@@ -50,6 +50,7 @@ def test_the_successor_is_this_jobs_script_held_after_it_excluding_the_nodes_the
     assert not succ.held  # released once the pickle was there
     assert (sub / f"{new}_submitted.pkl").read_bytes() == b"pickled function"
     assert succ.env[PREDECESSOR_ENV] == job_id
+    assert succ.env[PREDECESSOR_ATTEMPT_ENV] == f"{job_id}-0"  # its previous_attempt reads that one
     order = [c[:2] for c in fake.calls if c[0] in ("sbatch", "scontrol")]
     assert order.index(["scontrol", "release"]) > order.index(["sbatch", "--parsable"], 1)
 
