@@ -26,6 +26,24 @@ if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
     os.environ["PATH"] = os.pathsep.join(filter(None, [_BIN, os.environ.get("PATH")]))
 
 
+def _slurm_first_on_path() -> None:
+    """A local cluster running a built Slurm (tools/local-cluster up --slurm 24.11): its
+    commands come before the system's for the whole session, tests and the jobs they submit."""
+    path = os.path.join(CLUSTER_DIR, "env.json")
+    try:
+        with open(path) as f:
+            bin_dir = str(json.load(f).get("SLURMKIT_SLURM_BIN") or "")
+    except (OSError, ValueError, AttributeError):
+        return
+    parts = os.environ.get("PATH", "").split(os.pathsep)
+    if bin_dir and bin_dir not in parts:
+        sbin = os.path.join(os.path.dirname(bin_dir), "sbin")
+        os.environ["PATH"] = os.pathsep.join([parts[0], bin_dir, sbin, *parts[1:]])
+
+
+_slurm_first_on_path()
+
+
 def load_cluster_env() -> dict[str, str] | None:
     path = os.path.join(CLUSTER_DIR, "env.json")
     if not os.path.exists(path):
