@@ -128,8 +128,9 @@ def _check_parents(path: str, euid: int) -> None:
         parent = os.path.dirname(parent)
 
 
-def ensure_state_dir(root: str, euid: int | None = None) -> None:
-    """Create the state directory 0700 (missing parents too) or tighten an existing one to 0700.
+def ensure_state_dir(root: str, euid: int | None = None, mode: int = STATE_DIR_MODE) -> None:
+    """Create the state directory 0700 (missing parents too) or tighten an existing one to 0700
+    (``mode``: 0755 for the cluster's public configuration directory, owned and checked alike).
 
     ``os.mkdir`` never follows or reuses what someone else put there first: a directory that
     appears between the check and the mkdir is checked again and refused when not ours.
@@ -152,13 +153,13 @@ def ensure_state_dir(root: str, euid: int | None = None) -> None:
             _check_parents(probe, euid)
     for path in reversed(missing):
         try:
-            os.mkdir(path, STATE_DIR_MODE)
+            os.mkdir(path, mode)
         except FileExistsError:
             pass
         _check_own_dir(path, os.lstat(path), euid)
-        set_mode(path, STATE_DIR_MODE)
+        set_mode(path, mode)
     check_state_dir(root, euid)
-    set_mode(root, STATE_DIR_MODE)
+    set_mode(root, mode)
 
 
 def set_mode(path: str, mode: int) -> None:

@@ -43,12 +43,13 @@ def local_root(env: Mapping[str, str]) -> str:
                         fix="export SLURMKIT_NODE_LOCAL_DIR=<a writable local directory>")
 
 
-def node_local_dir(run_dir: str, env: Mapping[str, str]) -> str:
+def node_local_dir(run_dir: str, env: Mapping[str, str], uid: int | None = None) -> str:
     """This run's node-local directory: <root>/slurmkit-<uid>/<hash of the run dir>. Every node
     derives the same name; on one machine (the local cluster) the nodes share it, which is
-    safe because the files in it are named by global rank."""
+    safe because the files in it are named by global rank. ``uid``: the run's user (default:
+    this process's), for a reader that is not the run's user (a test as root)."""
     key = hashlib.sha256(os.path.realpath(run_dir).encode()).hexdigest()[:16]
-    return os.path.join(local_root(env), f"slurmkit-{os.getuid()}", key)
+    return os.path.join(local_root(env), f"slurmkit-{os.getuid() if uid is None else uid}", key)
 
 
 def private_dir(path: str) -> str:
@@ -70,10 +71,11 @@ def private_dir(path: str) -> str:
     return path
 
 
-def local_heartbeat_path(run_dir: str, rank: int, env: Mapping[str, str] | None = None) -> str:
-    """The node-local heartbeat file of ``rank`` in the run at ``run_dir``."""
+def local_heartbeat_path(run_dir: str, rank: int, env: Mapping[str, str] | None = None,
+                         uid: int | None = None) -> str:
+    """The node-local heartbeat file of ``rank`` in the run at ``run_dir`` (of user ``uid``)."""
     env = os.environ if env is None else env
-    return os.path.join(node_local_dir(run_dir, env), "heartbeat", f"rank{rank}.json")
+    return os.path.join(node_local_dir(run_dir, env, uid), "heartbeat", f"rank{rank}.json")
 
 
 def heartbeat_path(env: Mapping[str, str], rank: int) -> str | None:

@@ -26,13 +26,13 @@ COMMON = ["+exp=tiny", f"train.steps={STEPS}", f"train.ckpt_interval_steps={INTE
 SESSION_START = time.time()
 
 
-def heartbeat_step(run_dir: str, rank: int) -> int:
+def heartbeat_step(run_dir: str, rank: int, uid: int | None = None) -> int:
     """The rank's step from its node-local heartbeat (the emulated nodes share this machine's
     /dev/shm; on a real cluster only the agent of the rank's node can read it)."""
     from slurmkit.train.heartbeat import local_heartbeat_path
 
     try:
-        with open(local_heartbeat_path(run_dir, rank)) as f:
+        with open(local_heartbeat_path(run_dir, rank, uid=uid)) as f:
             beat = json.load(f)
         # A beat from before this pytest session was left at the path by an earlier session
         # with the same base temp (/dev/shm outlives /tmp/pytest-of-*): not this run's rank.
@@ -41,10 +41,10 @@ def heartbeat_step(run_dir: str, rank: int) -> int:
         return -1
 
 
-def wait_for_step(run_dir: str, rank: int, step: int, timeout_s: float = 180) -> int:
+def wait_for_step(run_dir: str, rank: int, step: int, timeout_s: float = 180, uid: int | None = None) -> int:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        s = heartbeat_step(run_dir, rank)
+        s = heartbeat_step(run_dir, rank, uid)
         if s >= step:
             return s
         time.sleep(0.1)
