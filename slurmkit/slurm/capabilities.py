@@ -286,7 +286,9 @@ def from_config(config: Mapping[str, str], *, probed_at: float, slurm_conf: str 
         kill_wait_s=_seconds(config_value(config, "KillWait")),
         unkillable_step_timeout_s=_seconds(config_value(config, "UnkillableStepTimeout")),
         proctrack=proctrack.removeprefix("proctrack/") if proctrack else None,
-        task_plugins=_plugins(config_value(config, "TaskPlugin"), "task/"),
+        # 24.11 prints task/none as "(null)": with a config read, no value is no task plugin
+        task_plugins=_plugins(config_value(config, "TaskPlugin") or ("task/none" if "TaskPlugin" in config else None),
+                              "task/"),
         prolog_flags=tuple(f.lower() for f in flags) if flags is not None else None,
         stepmgr="enable_stepmgr" in ctld if config else None,
         send_user_signal="send_user_signal" in preempt if config else None,

@@ -1,4 +1,5 @@
-"""The site capability probe against the real local Slurm 22.05 cluster (tools/local-cluster up):
+"""The site capability probe against the real local Slurm cluster (tools/local-cluster up: 22.05,
+or 24.11 with --slurm 24.11; SLURMKIT_SLURM_VERSION says which):
 every value checked against the cluster's own slurm.conf, the per-user cache, the plan's site
 table and the run directory's capabilities.json of a real submission."""
 
@@ -60,7 +61,8 @@ def test_the_probe_reads_what_the_clusters_slurm_conf_says(env) -> None:
     conf = slurm_conf_values(env["SLURM_CONF"])
     caps = probe(SubprocessRunner(env=env), slurm_conf=env["SLURM_CONF"])
     assert caps.problems == (), caps.problems
-    assert caps.version is not None and caps.version.startswith("22.05"), caps.version
+    version = env.get("SLURMKIT_SLURM_VERSION", "22.05")
+    assert caps.version is not None and caps.version.startswith(version), (caps.version, version)
     assert caps.cluster_name == conf["ClusterName"]
     # tools/local-cluster: cgroup where cgroup v1's freezer is writable, else linuxproc
     assert caps.proctrack == conf["ProctrackType"].removeprefix("proctrack/") in ("cgroup", "linuxproc")
@@ -68,10 +70,12 @@ def test_the_probe_reads_what_the_clusters_slurm_conf_says(env) -> None:
     assert caps.job_requeue is (conf["JobRequeue"] == "1")
     assert caps.task_plugins == (conf["TaskPlugin"].removeprefix("task/"),)
     assert caps.preempt_mode == conf["PreemptMode"]
-    # 22.05: no FailedNode (23.02), no expedited requeue (25.11), no stepmgr (24.05)
-    assert caps.failed_node_field is False and caps.expedited_requeue is False
+    # FailedNode since 23.02 (22.05: none); no expedited requeue (25.11) on either; stepmgr
+    # (24.05) is not enabled in the cluster's slurm.conf
+    assert caps.failed_node_field is (version != "22.05")
+    assert caps.expedited_requeue is False
     assert caps.requeue_arg == "--requeue" and caps.stepmgr is False and caps.requeue_delay_s is None
-    assert caps.json_output is True  # Debian's 22.05 ships the openapi/v0.0.38 data parser
+    assert caps.json_output is True  # 22.05: Debian's openapi/v0.0.38; 24.11: data_parser built in
     node_gres = {conf["Gres"]}
     assert node_gres == {"gpu:4"} and caps.gres == ("gpu",) and caps.typed_gres is False
     plugstack = os.path.join(os.path.dirname(env["SLURM_CONF"]), "plugstack.conf")
@@ -109,5 +113,6 @@ def test_a_submitted_job_carries_the_sites_capabilities(env, tmp_path) -> None:
     path = os.path.join(run_dir, CAPABILITIES_NAME)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
     caps = read_run_dir_copy(run_dir)
-    assert caps is not None and caps.version is not None and caps.version.startswith("22.05")
+    assert caps is not None and caps.version is not None \
+        and caps.version.startswith(env.get("SLURMKIT_SLURM_VERSION", "22.05")), caps
     assert caps == site_capabilities(env)  # the copy is the user's cached probe

@@ -82,6 +82,15 @@ def site(config: str | None, *, nodes: str = NODES_UNTYPED, helpformat: str = HE
     return Canned(answers)
 
 
+def test_2411_prints_task_none_as_null_and_that_is_no_task_plugin_not_unknown() -> None:
+    """The local cluster on 24.11.5 (tools/local-cluster up --slurm 24.11): TaskPlugin=task/none
+    is shown as "(null)"."""
+    caps = probe(site(CONFIG_2205.replace("task/none", "(null)").replace("22.05.8", "24.11.5"),
+                      helpformat=HELPFORMAT_2302))
+    assert caps.version == "24.11.5" and caps.task_plugins == ("none",) and caps.failed_node_field is True
+    assert probe(site(CONFIG_2205.replace("TaskPlugin", "Other"))).task_plugins is None  # not said
+
+
 def test_a_2205_site_as_the_local_cluster_prints_it(tmp_path) -> None:
     caps = probe(site(CONFIG_2205), slurm_conf=str(tmp_path / "slurm.conf"), clock=lambda: 1000.0)
     assert caps.version == "22.05.8" and caps.cluster_name == "slurmkit" and caps.probed_at == 1000.0
