@@ -29,7 +29,7 @@ from slurmkit.testing.chaos import procs
 from tests.integration.faults import (
     COMMON, INTERVAL, diagnose, events, final, finish, kill_node, mark_fault, restore_node, wait_for_step,
 )
-from tests.integration.helpers import job_cgroup_tasks, parse_submitted, proctrack, read_ledger, slurm_env
+from tests.integration.helpers import job_cgroup_tasks, parse_submitted, proctrack, slurm_env
 
 pytestmark = pytest.mark.integration
 
@@ -117,7 +117,7 @@ def test_an_ordinary_users_run_loses_a_node_and_completes_in_a_successor_job(env
     foreign = [os.path.join(d, n) for d, _, names in os.walk(run_dir) for n in names
                if os.lstat(os.path.join(d, n)).st_uid != pw.pw_uid]
     assert not foreign, foreign
-    assert [e["event"] for e in read_ledger(run_dir)][-1] == "end"
+    assert [e["status"] for e in events(run_dir, "end")] == ["completed"], story
 
     # Nothing either job started outlives it; under cgroup, Slurm's own view agrees.
     left = [f"{p.pid}: {' '.join(p.cmdline)}" for j in chain for p in procs.scan(run_dir, j)]
