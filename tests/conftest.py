@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from slurmkit.testing.s3server import S3Server, start_s3_server, stop_pid
+from slurmkit.testing.slurm_build import path_with
 
 CLUSTER_DIR = os.environ.get("SLURMKIT_CLUSTER_DIR", "/tmp/slurmkit-cluster")
 
@@ -29,16 +30,12 @@ if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
 def _slurm_first_on_path() -> None:
     """A local cluster running a built Slurm (tools/local-cluster up --slurm 24.11): its
     commands come before the system's for the whole session, tests and the jobs they submit."""
-    path = os.path.join(CLUSTER_DIR, "env.json")
     try:
-        with open(path) as f:
+        with open(os.path.join(CLUSTER_DIR, "env.json")) as f:
             bin_dir = str(json.load(f).get("SLURMKIT_SLURM_BIN") or "")
     except (OSError, ValueError, AttributeError):
         return
-    parts = os.environ.get("PATH", "").split(os.pathsep)
-    if bin_dir and bin_dir not in parts:
-        sbin = os.path.join(os.path.dirname(bin_dir), "sbin")
-        os.environ["PATH"] = os.pathsep.join([parts[0], bin_dir, sbin, *parts[1:]])
+    os.environ["PATH"] = path_with(bin_dir, os.environ.get("PATH", ""), keep_first=True)
 
 
 _slurm_first_on_path()

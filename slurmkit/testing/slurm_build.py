@@ -58,6 +58,24 @@ class BuildError(Exception):
     """The build cannot be made or trusted; the message says what was found and what to do."""
 
 
+def path_with(bin_dir: str, path: str, keep_first: bool = False) -> str:
+    """``path`` with a built Slurm's ``bin`` and its ``sbin`` in front (after the first entry
+    with ``keep_first``: a test session keeps its interpreter's directory first)."""
+    parts = [p for p in path.split(os.pathsep) if p]
+    if not bin_dir or bin_dir in parts:
+        return path
+    ours = [bin_dir, os.path.join(os.path.dirname(bin_dir), "sbin")]
+    return os.pathsep.join([*parts[:1], *ours, *parts[1:]] if keep_first and parts else [*ours, *parts])
+
+
+def cluster_environ(cluster: dict[str, object], base: dict[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) with the local cluster's ``env.json``
+    values, its built Slurm's commands first on PATH when it runs one (SLURMKIT_SLURM_BIN)."""
+    env = {**(dict(os.environ) if base is None else base), **{k: str(v) for k, v in cluster.items()}}
+    env["PATH"] = path_with(str(cluster.get("SLURMKIT_SLURM_BIN") or ""), env.get("PATH", ""))
+    return env
+
+
 def versions() -> list[str]:
     return [SYSTEM, *SOURCES]
 

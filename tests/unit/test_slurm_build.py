@@ -94,3 +94,14 @@ def test_a_tarball_member_leaving_the_build_directory_is_refused(tmp_path: Path)
     good = tmp_path / "good.tar.gz"
     _tarball(good, ["slurm-x/configure", "slurm-x/src/a.c"])
     assert sb._extract(str(good), str(into)) == os.path.join(os.path.realpath(into), "slurm-x")
+
+
+def test_a_built_slurm_comes_first_on_path_once() -> None:
+    bin_dir = "/var/cache/slurmkit/slurm-24.11.5/bin"
+    sbin = "/var/cache/slurmkit/slurm-24.11.5/sbin"
+    assert sb.path_with(bin_dir, "/usr/bin:/bin") == f"{bin_dir}:{sbin}:/usr/bin:/bin"
+    assert sb.path_with(bin_dir, "/venv/bin:/usr/bin", keep_first=True) == f"/venv/bin:{bin_dir}:{sbin}:/usr/bin"
+    assert sb.path_with(bin_dir, f"{bin_dir}:{sbin}:/usr/bin") == f"{bin_dir}:{sbin}:/usr/bin"  # once
+    assert sb.path_with("", "/usr/bin") == "/usr/bin"  # Debian's 22.05: nothing to add
+    env = sb.cluster_environ({"SLURM_CONF": "/c/slurm.conf", "SLURMKIT_SLURM_BIN": bin_dir}, {"PATH": "/usr/bin"})
+    assert env == {"SLURM_CONF": "/c/slurm.conf", "SLURMKIT_SLURM_BIN": bin_dir, "PATH": f"{bin_dir}:{sbin}:/usr/bin"}

@@ -50,6 +50,7 @@ sys.path.insert(0, ROOT)
 
 from slurmkit.render.jobspec import nodes_per_step  # noqa: E402
 from slurmkit.render.sbatch import launch_agents  # noqa: E402
+from slurmkit.testing.slurm_build import cluster_environ  # noqa: E402
 
 DEFAULT_CLUSTER_DIR = os.environ.get("SLURMKIT_CLUSTER_DIR", "/tmp/slurmkit-cluster")
 STEP_CREATE_RE = re.compile(r"REQUEST_JOB_STEP_CREATE\s+\(\s*\d+\)\s+count:(\d+)")
@@ -84,8 +85,7 @@ def load_env(cluster_dir: str) -> dict[str, str]:
                          "Fix: run `tools/local-cluster up --nodes 32` first.")
     with open(path) as f:
         cluster = json.load(f)
-    return {**os.environ, **{k: str(v) for k, v in cluster.items()},
-            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return {**cluster_environ(cluster), "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
 def run(cmd: list[str], env: Mapping[str, str], timeout: float = 120.0) -> str:

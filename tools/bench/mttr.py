@@ -103,6 +103,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)  # run as a script from anywhere: import the checkout's slurmkit
 
 from slurmkit.slurm.hostlist import expand_hostlist  # noqa: E402
+from slurmkit.testing.slurm_build import cluster_environ  # noqa: E402
 from slurmkit.supervise.ledger import Ledger, read_ledger  # noqa: E402
 from slurmkit.supervise.report import summarize  # noqa: E402
 from slurmkit.train.heartbeat import local_heartbeat_path  # noqa: E402
@@ -233,7 +234,7 @@ def load_env(path: str) -> dict[str, str]:
         raise BenchError(f"no cluster environment at {path}: run `tools/local-cluster up` first")
     with open(path) as f:
         cluster = json.load(f)
-    return {**os.environ, **{k: str(v) for k, v in cluster.items()}, "PYTHONUNBUFFERED": "1"}
+    return {**cluster_environ(cluster), "PYTHONUNBUFFERED": "1"}
 
 
 # ------------------------------------------------------------------ reading a run

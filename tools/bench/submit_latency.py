@@ -30,6 +30,8 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 
+from slurmkit.testing.slurm_build import cluster_environ
+
 TARGET_OVERHEAD_S = 1.5  # on the 2-core development machine
 SUBMIT_JOB_RE = re.compile(r"job (\d+) \(slurm\)")
 SBATCH_JOB_RE = re.compile(r"^(\d+)(;\S+)?$")
@@ -47,7 +49,7 @@ def load_env(path: str) -> dict[str, str]:
         raise BenchError(f"no cluster environment at {path}: run `tools/local-cluster up` first")
     with open(path) as f:
         cluster = json.load(f)
-    env = {**os.environ, **{k: str(v) for k, v in cluster.items()}}
+    env = cluster_environ(cluster)
     env["PYTHONUNBUFFERED"] = "1"  # the job id line reaches the pipe when printed, not at exit
     return env
 
