@@ -36,6 +36,7 @@ from slurmkit.runview import RunWatcher, default_run_root, read_sweep, resolve
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.status import make_client
 from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
+from slurmkit.supervise.successor import successor_chain
 
 
 @dataclass(frozen=True)
@@ -190,9 +191,32 @@ def cancel(ts: list[Target], canceller: Canceller, *, checkpoint: bool, timeout_
         canceller.hard(t)
     if late:
         final |= canceller.wait_over([t.ref for t in late], 60.0)
-    for t in asked:
+    # A handover that raced the cancel: node 0 had already submitted a successor job (its
+    # ``successor`` line is in the ledger before the old job ends) when the old job was
+    # cancelled; the run would go on in it. One ledger read per run, once its job is over.
+    last = {t.run_dir: t for t in asked}
+    handed = [n for t in asked for n in handed_over(t)]
+    for n in handed:
+        Ledger(os.path.join(n.run_dir, LEDGER_NAME), source="cancel").append(
+            "cancel_requested", job_id=n.ref.job_id, checkpoint=False, by=canceller.user,
+            job_state="successor")
+        canceller.hard(n)
+        console.print(Text(f"job {n.ref.job_id}: the run's successor job (handed over while "
+                           "cancelling), cancelled too"))
+        last[n.run_dir] = n
+    if handed:
+        final |= canceller.wait_over([n.ref for n in handed], 60.0)
+    for t in last.values():
         _record_end(t, final[t.ref])
     return {**states, **final}
+
+
+def handed_over(t: Target) -> list[Target]:
+    """The successor jobs the run went on in after ``t``'s job (supervise/successor.py), newest
+    last; none for a local job."""
+    if t.ref.executor != "slurm":
+        return []
+    return [Target(t.run_dir, JobRef(j, "slurm")) for j in successor_chain(t.run_dir, t.ref.job_id)[1:]]
 
 
 def _record_end(t: Target, state: JobState) -> None:

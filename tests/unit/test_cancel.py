@@ -157,3 +157,29 @@ def test_a_local_sweep_runner_is_stopped_only_while_it_is_that_runner(tmp_path: 
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+
+
+def test_a_handover_that_raced_the_cancel_is_cancelled_too(tmp_path: Path) -> None:
+    """Node 0 had submitted a successor job (supervise/successor.py) just before the user's
+    cancel reached the old job: the run must not go on in the successor."""
+    fake, run, target = _setup(tmp_path, start=True)
+    script = tmp_path / "job.sh"
+    handed: list[str] = []
+
+    def node0_hands_over() -> None:  # the agent's handover, already under way when cancelled
+        if not handed:
+            new = fake.run(["sbatch", "--parsable", "--hold", f"--dependency=afterany:{target.ref.job_id}",
+                            str(script)]).stdout.strip()
+            run.agent.append("successor", job_id=new, predecessor=target.ref.job_id, exclude=["node2"])
+            fake.run(["scontrol", "release", new])
+            handed.append(new)
+
+    node0_hands_over()
+    final = cancel([target], _canceller(fake), checkpoint=False, timeout_s=60, console=_console())
+    (new,) = handed
+    assert final[target.ref].state == "CANCELLED"
+    assert ["scancel", new] in fake.calls and final[JobRef(new, "slurm")].state == "CANCELLED"
+    ends = [e for e in _events(run) if e["event"] == "end"]
+    assert [(e["status"], e["job_id"]) for e in ends] == [("cancelled", new)]  # one end, the newest job's
+    asked = [e["job_id"] for e in _events(run) if e["event"] == "cancel_requested"]
+    assert asked == [target.ref.job_id, new]
