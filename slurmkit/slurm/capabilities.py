@@ -559,8 +559,9 @@ def write_run_dir_copy(run_dir: str, caps: SiteCapabilities) -> str:
     return path
 
 
-def read_run_dir_copy(run_dir: str, *, now: float | None = None,
-                      max_age_s: float | None = None) -> SiteCapabilities | None:
-    """The run directory's copy (node 0 at job start), or None when missing or untrusted."""
+def read_run_dir_copy(run_dir: str, *, now: float | None = None, max_age_s: float | None = None,
+                      uid: int | None = None) -> SiteCapabilities | None:
+    """The run directory's copy (node 0 at job start), or None when missing or untrusted.
+    ``uid``: the run's user, who wrote it (default: this process's user)."""
     return read_capabilities(os.path.join(run_dir, CAPABILITIES_NAME),
-                             now=time.time() if now is None else now, max_age_s=max_age_s)
+                             now=time.time() if now is None else now, max_age_s=max_age_s, uid=uid)

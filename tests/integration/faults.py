@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
-from tests.integration.helpers import parse_submitted, read_ledger, submit_cli, wait_terminal
+from tests.integration.helpers import parse_submitted, read_ledger, submit_cli, submitter_uid, wait_terminal
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LOCAL_CLUSTER = os.path.join(REPO, "tools", "local-cluster")
@@ -32,7 +32,7 @@ def heartbeat_step(run_dir: str, rank: int, uid: int | None = None) -> int:
     from slurmkit.train.heartbeat import local_heartbeat_path
 
     try:
-        with open(local_heartbeat_path(run_dir, rank, uid=uid)) as f:
+        with open(local_heartbeat_path(run_dir, rank, uid=submitter_uid() if uid is None else uid)) as f:
             beat = json.load(f)
         # A beat from before this pytest session was left at the path by an earlier session
         # with the same base temp (/dev/shm outlives /tmp/pytest-of-*): not this run's rank.

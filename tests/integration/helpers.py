@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import subprocess
 import sys
@@ -17,10 +18,81 @@ from slurmkit.slurm.runner import SubprocessRunner
 TERMINAL = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"]
 
 
+# SLURMKIT_TEST_SUBMITTER=user (CI's Slurm 24.11 stage): every job a test submits through
+# submit_cli is submitted by the local cluster's ordinary user (SLURMKIT_CLUSTER_USER), as at a
+# site; the test itself stays root, the admin and the chaos agent (it kills nodes, signals ranks,
+# reads every file). Unset: root submits, as on a laptop.
+SUBMITTER_ENV = "SLURMKIT_TEST_SUBMITTER"
+
+
+def submitter(env: Mapping[str, str] | None = None) -> pwd.struct_passwd | None:
+    """The ordinary user the tests submit as, or None when they submit as themselves."""
+    mode = os.environ.get(SUBMITTER_ENV, "")
+    if mode in ("", "self"):
+        return None
+    if mode != "user":
+        raise AssertionError(f"{SUBMITTER_ENV}={mode!r}: Detected: an unknown submitter; "
+                             "Requirement: 'user' (the local cluster's ordinary user) or 'self'; "
+                             f"Fix: unset {SUBMITTER_ENV} or set it to 'user'")
+    if env is None or not env.get("SLURMKIT_CLUSTER_USER"):
+        state = os.environ.get("SLURMKIT_CLUSTER_DIR", "/tmp/slurmkit-cluster")
+        try:
+            env = read_json(os.path.join(state, "env.json"))
+        except (OSError, ValueError):
+            env = {}
+    name = env.get("SLURMKIT_CLUSTER_USER")
+    if not name:
+        raise AssertionError(f"{SUBMITTER_ENV}=user: Detected: the local cluster names no ordinary user; "
+                             "Requirement: SLURMKIT_CLUSTER_USER in its env.json; Fix: tools/local-cluster up")
+    pw = pwd.getpwnam(name)
+    if pw.pw_uid == 0:
+        raise AssertionError(f"{SUBMITTER_ENV}=user: the cluster's user {name} is root")
+    return pw
+
+
+def submitter_uid(env: Mapping[str, str] | None = None) -> int:
+    """The uid the tests' jobs run as (their node-local files are under /dev/shm/slurmkit-<uid>)."""
+    pw = submitter(env)
+    return os.getuid() if pw is None else pw.pw_uid
+
+
+def user_env(env: Mapping[str, str], pw: pwd.struct_passwd, home: str) -> dict[str, str]:
+    """What the user's login shell would hold: PATH, the cluster's SLURM_CONF, the S3 keys it
+    was given; its own HOME and USER, nothing else of root's."""
+    keep = {k: v for k, v in env.items()
+            if k in ("PATH", "SLURM_CONF", "LANG", "LC_ALL", "TZ") or k.startswith(("AWS_", "SLURMKIT_S3_"))}
+    return {**keep, "HOME": home, "USER": pw.pw_name, "LOGNAME": pw.pw_name}
+
+
+def hand_to_user(path: str, pw: pwd.struct_passwd) -> None:
+    """Give ``path`` (a test's own temporary directory) and what is in it to the user, and let the
+    user pass through the directories above it that are closed to others (pytest's are 0700):
+    an ACL entry for that one user, nothing opened to everyone."""
+    for d, dirs, files in os.walk(path):
+        for n in [d, *(os.path.join(d, f) for f in dirs + files)]:
+            os.lchown(n, pw.pw_uid, pw.pw_gid)
+    d = os.path.dirname(os.path.realpath(path))
+    while d != "/":
+        if not os.stat(d).st_mode & 0o001:
+            subprocess.run(["setfacl", "-m", f"u:{pw.pw_name}:x", d], check=True, capture_output=True, timeout=30)
+        d = os.path.dirname(d)
+
+
 def submit_cli(args: list[str], env: Mapping[str, str], cwd: str,
                timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "slurmkit.submit", *args], env=dict(env), cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout_s)
+    """``python -m slurmkit.submit ARGS`` from ``cwd``: as this process, or as the cluster's
+    ordinary user (SUBMITTER_ENV), who then owns ``cwd``, with a login shell's environment and
+    the SLURMKIT_* variables the test set."""
+    pw = submitter(env)
+    if pw is None:
+        return subprocess.run([sys.executable, "-m", "slurmkit.submit", *args], env=dict(env), cwd=cwd,
+                              capture_output=True, text=True, timeout=timeout_s)
+    hand_to_user(cwd, pw)
+    # What the test sets for slurmkit (a cache directory, a fault to inject) goes along.
+    own = {**user_env(env, pw, cwd), **{k: v for k, v in env.items() if k.startswith("SLURMKIT_")}}
+    return subprocess.run(["runuser", "-u", pw.pw_name, "--", "env", "-i", *(f"{k}={v}" for k, v in own.items()),
+                           sys.executable, "-m", "slurmkit.submit", *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
 
 
 def parse_submitted(stdout: str) -> tuple[str, str]:

@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 
 import pytest
@@ -18,11 +19,12 @@ from slurmkit.slurm.capabilities import (
     CAPABILITIES_NAME,
     cache_path,
     probe,
+    read_capabilities,
     read_run_dir_copy,
     site_capabilities,
 )
 from slurmkit.slurm.runner import CommandResult
-from tests.integration.helpers import parse_submitted, slurm_env, submit_cli, wait_terminal
+from tests.integration.helpers import parse_submitted, slurm_env, submit_cli, submitter_uid, wait_terminal
 
 pytestmark = pytest.mark.integration
 
@@ -112,7 +114,9 @@ def test_a_submitted_job_carries_the_sites_capabilities(env, tmp_path) -> None:
     wait_terminal(job_id, env)
     path = os.path.join(run_dir, CAPABILITIES_NAME)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
-    caps = read_run_dir_copy(run_dir)
+    caps = read_run_dir_copy(run_dir, uid=submitter_uid(env))
     assert caps is not None and caps.version is not None \
         and caps.version.startswith(env.get("SLURMKIT_SLURM_VERSION", "22.05")), caps
-    assert caps == site_capabilities(env)  # the copy is the user's cached probe
+    # The copy is the submitting user's cached probe (read as that user's file).
+    cached = read_capabilities(cache_path(env), now=time.time(), max_age_s=None, uid=submitter_uid(env))
+    assert cached is not None and caps == cached

@@ -29,7 +29,7 @@ from slurmkit.testing.chaos import procs
 from tests.integration.faults import (
     COMMON, INTERVAL, diagnose, events, final, finish, kill_node, mark_fault, restore_node, wait_for_step,
 )
-from tests.integration.helpers import job_cgroup_tasks, parse_submitted, proctrack, slurm_env
+from tests.integration.helpers import job_cgroup_tasks, parse_submitted, proctrack, slurm_env, user_env
 
 pytestmark = pytest.mark.integration
 
@@ -58,14 +58,6 @@ def user(cluster_env, env) -> Iterator[tuple[pwd.struct_passwd, str]]:
                              text=True, timeout=30).stdout.strip() and time.monotonic() < deadline:
             time.sleep(0.5)
         shutil.rmtree(home, ignore_errors=True)
-
-
-def user_env(env: dict[str, str], pw: pwd.struct_passwd, home: str) -> dict[str, str]:
-    """What the user's login shell would hold: PATH, the cluster's SLURM_CONF, the S3 keys it
-    was given; its own HOME and USER, nothing of root's."""
-    keep = {k: v for k, v in env.items()
-            if k in ("PATH", "SLURM_CONF", "LANG", "LC_ALL", "TZ") or k.startswith(("AWS_", "SLURMKIT_S3_"))}
-    return {**keep, "HOME": home, "USER": pw.pw_name, "LOGNAME": pw.pw_name}
 
 
 def as_user(pw: pwd.struct_passwd, home: str, env: dict[str, str], args: list[str]) -> subprocess.CompletedProcess[str]:
