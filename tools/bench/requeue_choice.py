@@ -15,7 +15,9 @@ lost node (node rank 1, killed with ``local-cluster kill-node`` at step 12):
 
 For each: decision -> the next allocation's start (``allocation_start``), fault -> training
 resumed (``train_resumed``), the jobs it took and their sacct states, the next job's
-``Priority`` as Slurm set it, and whether anything of the job survived it. A plain
+``Priority`` as Slurm set it (the cluster's PriorityType: ``tools/local-cluster up --priority
+multifactor`` weighs age and fair share as a center does), and whether anything of the job
+survived it. A plain
 ``scontrol requeue`` without a release waits Slurm's requeue delay (EligibleTime = requeue + ~121 s;
 README) and is not run here.
 
@@ -55,10 +57,11 @@ class Outcome:
     note: str = ""
 
 
-def proctrack(c: Cluster) -> str:
+def conf_value(c: Cluster, key: str) -> str:
+    """One value of the running controller's configuration, its plugin prefix dropped."""
     out = c.run(["scontrol", "show", "config"], timeout_s=30).stdout
-    m = re.search(r"^ProctrackType\s*=\s*proctrack/(\S+)", out, re.MULTILINE)
-    return m.group(1) if m else "unknown"
+    m = re.search(rf"^{key}\s*=\s*(\S+)", out, re.MULTILINE)
+    return m.group(1).split("/", 1)[-1] if m else "unknown"
 
 
 def field_of(c: Cluster, job: str, key: str) -> str:
@@ -122,9 +125,9 @@ def main() -> int:
     a = p.parse_args()
     env = {**os.environ, **load_env(os.path.join(a.cluster_dir, "env.json"))}
     c = Cluster(env)
-    tracking = proctrack(c)
-    print(f"local cluster: ProctrackType=proctrack/{tracking}; a node lost at step {FAULT_STEP} of 2 nodes, "
-          "no spare", flush=True)
+    tracking, priority = conf_value(c, "ProctrackType"), conf_value(c, "PriorityType")
+    print(f"local cluster: ProctrackType=proctrack/{tracking}, PriorityType=priority/{priority}; a node lost "
+          f"at step {FAULT_STEP} of 2 nodes, no spare", flush=True)
     results: dict[str, Outcome] = {}
     with tempfile.TemporaryDirectory(prefix="rq-choice-") as root:
         for choice in [x for x in a.choices.split(",") if x]:
@@ -134,9 +137,10 @@ def main() -> int:
                   f"{o.priority[0]}->{o.priority[1]}  {o.note}", flush=True)
     s, i = results.get("successor"), results.get("in_place")
     ratio = (f"{i.resume_s / s.resume_s:.2f}" if s and i and s.resume_s and i.resume_s else "none")
-    fields = [f"proctrack={tracking}"]
+    fields = [f"proctrack={tracking}", f"priority_type={priority}"]
     for name, o in results.items():
         fields += [f"{name}_start_s={fmt(o.start_s)}", f"{name}_resume_s={fmt(o.resume_s)}",
+                   f"{name}_priority={o.priority[0]}->{o.priority[1]}",
                    f"{name}_jobs={len(o.jobs)}", f"{name}_resumed={'yes' if o.resume_s is not None else 'no'}"]
     fields.append(f"in_place_vs_successor={ratio}")
     print("RESULT " + " ".join(fields))
