@@ -571,7 +571,8 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
                                                ctx.node_name)).start()
     # written at submit; only node 0 reads accounting (sacct), so only node 0 reads the copy
     caps = read_run_dir_copy(run_dir) if ctx.executor == "slurm" and ctx.node_rank == 0 else None
-    slurm = (SlurmClient(SubprocessRunner(env=env), json_accounting=caps is not None and caps.json_accounting)
+    slurm = (SlurmClient(SubprocessRunner(env=env), json_accounting=caps is not None and caps.json_accounting,
+                         failed_node_field=caps is not None and bool(caps.failed_node_field))
              if ctx.executor == "slurm" else None)
     if ctx.node_rank == 0 and slurm is not None:
         warning = kill_wait_warning(cfg.cluster.kill_wait_s, slurm)

@@ -64,6 +64,7 @@ class SlurmClient:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         json_accounting: bool = False,
+        failed_node_field: bool = False,
     ) -> None:
         self.raw_runner = runner
         self.runner = RetryingRunner(runner, retry)
@@ -73,6 +74,9 @@ class SlurmClient:
         # sacct --json where the site's capabilities say it is there and right
         # (SiteCapabilities.json_accounting); text whenever a JSON answer cannot be read.
         self.json_accounting = json_accounting
+        # sacct knows FailedNode (SiteCapabilities.failed_node_field: 23.02+): text output asks
+        # for it (an older sacct refuses an unknown field); JSON carries it where it exists.
+        self.failed_node_field = failed_node_field
 
     def bounded(self, retry: RetryPolicy, timeout_s: float) -> SlurmClient:
         """The same runner (the same cluster, or the same fake) with a shorter retry budget.
@@ -82,7 +86,8 @@ class SlurmClient:
         client's own policy.
         """
         return SlurmClient(self.raw_runner, retry=retry, timeout_s=timeout_s, clock=self.clock,
-                           sleep=self.sleep, json_accounting=self.json_accounting)
+                           sleep=self.sleep, json_accounting=self.json_accounting,
+                           failed_node_field=self.failed_node_field)
 
     def _run(self, args: list[str], *, env: Mapping[str, str] | None = None) -> CommandResult:
         return self.runner.run(args, timeout_s=self.timeout_s, env=env)
@@ -140,10 +145,11 @@ class SlurmClient:
                 # working, and says so once.
                 log.warning("sacct --json unusable here (%s); reading sacct as text", exc)
                 self.json_accounting = False
-        args = ["sacct", "--parsable2", "--noheader", "-o", ",".join(SACCT_FIELDS), "-j", job_id]
+        fields = (*SACCT_FIELDS, "FailedNode") if self.failed_node_field else SACCT_FIELDS
+        args = ["sacct", "--parsable2", "--noheader", "-o", ",".join(fields), "-j", job_id]
         if duplicates:
             args.insert(1, "--duplicates")
-        return parse_sacct(self._run(args).stdout, SACCT_FIELDS)
+        return parse_sacct(self._run(args).stdout, fields)
 
     def squeue(self, user: str | None = None, job_ids: Collection[str] | None = None,
                states: str | None = None) -> list[SqueueRow]:

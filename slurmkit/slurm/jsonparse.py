@@ -126,7 +126,8 @@ _FAILED = frozenset({"FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"})
 
 
 def _row(job_id: str, base: str, step: str | None, het: int | None, name: str, states: list[str],
-         reason: str | None, exit_code: Any, times: Mapping[str, Any], nodes: str | None) -> SacctRow:
+         reason: str | None, exit_code: Any, times: Mapping[str, Any], nodes: str | None,
+         failed_node: str | None = None) -> SacctRow:
     code, sig = _exit(exit_code)
     if code == 0 and not sig and _FAILED.intersection(states):
         # 22.05's v0.0.38 prints a failed step's or job's exit code as SUCCESS/0 (the text
@@ -138,7 +139,7 @@ def _row(job_id: str, base: str, step: str | None, het: int | None, name: str, s
         state=states[0] if states else "UNKNOWN", by_uid=None, exit_code=code, exit_signal=sig,
         start=_time(times.get("start")), end=_time(times.get("end")),
         elapsed_s=_number(times.get("elapsed")), node_list=nodes, restarts=None, reason=reason,
-        raw=MappingProxyType(raw))
+        raw=MappingProxyType(raw), failed_node=failed_node or None)
 
 
 def _step_rows(job: Mapping[str, Any], job_id: str, base: str, het: int | None) -> list[SacctRow]:
@@ -184,6 +185,7 @@ def parse_sacct_json(text: str) -> list[SacctRow]:
         times = _obj(job.get("time"))
         nodes = job.get("nodes")
         rows.append(_row(job_id, base, None, het, _text(job.get("name")) or "", current, reason,
-                         job.get("exit_code"), times, _text(nodes) if not isinstance(nodes, Mapping) else None))
+                         job.get("exit_code"), times, _text(nodes) if not isinstance(nodes, Mapping) else None,
+                         _text(job.get("failed_node"))))  # 23.02+; "" when no node failed
         rows += _step_rows(job, job_id, base, het)
     return rows

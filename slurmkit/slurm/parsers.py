@@ -275,6 +275,7 @@ def _sacct_row(values: dict[str, str]) -> SacctRow:
         node_list=_opt(values.get("NodeList")),
         restarts=_int(values.get("Restarts"), "Restarts"),
         reason=_opt(values.get("Reason")), raw=MappingProxyType(values),
+        failed_node=_opt(values.get("FailedNode")),
     )
 
 

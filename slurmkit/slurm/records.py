@@ -40,7 +40,9 @@ class SacctRow:
     ``job_id`` is the full id as printed (``123``, ``123.batch``, ``123+0``, ``123_4.0``);
     ``base_job_id`` drops the step; ``step`` is ``batch``/``extern``/``0``... or None for the
     job line. ``state`` is the bare state (``CANCELLED by 0`` -> ``CANCELLED``, ``by_uid`` 0).
-    ``exit_code``/``exit_signal`` come from ``ExitCode`` ``code:signal``.
+    ``exit_code``/``exit_signal`` come from ``ExitCode`` ``code:signal``. ``failed_node``: the
+    node Slurm blames for a NODE_FAIL (``FailedNode``, Slurm 23.02+; None where not asked or
+    not known).
     """
 
     job_id: str
@@ -59,6 +61,7 @@ class SacctRow:
     restarts: int | None
     reason: str | None
     raw: Mapping[str, str] = _raw_field()
+    failed_node: str | None = None
 
     @property
     def nodes(self) -> list[str]:

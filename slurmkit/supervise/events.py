@@ -63,7 +63,7 @@ EVENTS: dict[str, EventSpec] = {
                                   "train_nodes:list spares:list executor:str predecessor:str"),
     # what ended a requeued job's previous attempt (slurmkit.supervise.previous), at its next start
     "previous_attempt": _spec("attempt:str handled_by:str outcome:str",
-                              "nodes:list ended:num queued_s:num held_s:num"),
+                              "nodes:list ended:num queued_s:num held_s:num failed_node:str"),
     "config_warning": _spec("message:str"),
     "state": _spec("old:str new:str", "why:str"),
     # warm: per rank, whether it started from a warm standby (slurmkit.launch.standby)

@@ -13,7 +13,9 @@ supervise/successor.py: then the predecessor's last attempt is the previous one)
   started: ``queued_s`` and ``held_s``;
 * ``sacct --duplicates``: Slurm's state and nodes of the previous run (best effort: accounting
   lags, and a job shrunk with --no-kill has merged rows);
-* for a NODE_FAIL, which of those nodes Slurm calls dead now (one ``scontrol show node``).
+* for a NODE_FAIL, which of those nodes Slurm calls dead now (one ``scontrol show node``), and,
+  where sacct has the field (Slurm 23.02+, the site probe's ``failed_node_field``), the node
+  Slurm blamed (``FailedNode``): the one to name even when it is back by now.
 
 Cost: one file stat and three Slurm queries per allocation, on node 0 only, whatever the job
 size. A Slurm-handled loss becomes a ``failure`` (class node_loss or preemption, the fault's
@@ -54,6 +56,7 @@ class Previous:
     ended: float | None = None  # when the previous run ended (sacct), epoch seconds
     queued_s: float | None = None  # this attempt: start - submit (Slurm resets it on requeue)
     held_s: float | None = None  # eligible - submit (the requeue hold)
+    failed_node: str | None = None  # the node Slurm blamed for a NODE_FAIL (sacct FailedNode)
 
     @property
     def slurm_loss(self) -> FailureClass | None:
@@ -68,21 +71,31 @@ class Previous:
             value = getattr(self, key)
             if value is not None:
                 out[key] = round(value, 3)
+        if self.failed_node:
+            out["failed_node"] = self.failed_node
         return out
+
+    @property
+    def blamed(self) -> list[str]:
+        """The nodes a Slurm-handled loss is put on: the one Slurm blamed, else those it calls
+        dead now."""
+        return [self.failed_node] if self.failed_node else list(self.dead)
 
 
 def _seconds(a: datetime | None, b: datetime | None) -> float | None:
     return None if a is None or b is None else max(0.0, (b - a).total_seconds())
 
 
-def _previous_run(client: SlurmClient, job_id: str) -> tuple[str, list[str], float | None]:
-    """(state, nodes, end) of the newest finished run of ``job_id`` in accounting."""
+def _previous_run(client: SlurmClient, job_id: str) -> tuple[str, list[str], float | None, str | None]:
+    """(state, nodes, end, failed node) of the newest finished run of ``job_id`` in accounting;
+    the failed node only where it is one of that run's nodes (a value from sacct, checked)."""
     rows = [r for r in client.sacct(job_id, duplicates=True)
             if r.step is None and r.state not in _ACTIVE and r.end is not None]
     if not rows:
-        return "unknown", [], None
+        return "unknown", [], None, None
     last = max(rows, key=lambda r: r.end or datetime.min)
-    return last.state, last.nodes, last.end.timestamp() if last.end else None
+    failed = last.failed_node if last.failed_node in last.nodes else None
+    return last.state, last.nodes, last.end.timestamp() if last.end else None, failed
 
 
 def previous_attempt(run_dir: str, job_id: str, restart_count: int,
@@ -115,8 +128,9 @@ def previous_attempt(run_dir: str, job_id: str, restart_count: int,
     state: str = "unknown"
     nodes: list[str] = []
     ended: float | None = None
+    failed: str | None = None
     try:
-        state, nodes, ended = _previous_run(client, earlier)
+        state, nodes, ended, failed = _previous_run(client, earlier)
     except SlurmError as exc:
         log.warning("sacct of job %s's previous run: %s", earlier, exc)
     dead: list[str] = []
@@ -127,7 +141,8 @@ def previous_attempt(run_dir: str, job_id: str, restart_count: int,
         except SlurmError as exc:
             log.warning("scontrol show node %s: %s", ",".join(nodes), exc)
     outcome = prev.outcome if done is not None else state
-    return Previous(attempt, prev.handled_by, outcome, nodes, dead, ended, queued, held)
+    return Previous(attempt, prev.handled_by, outcome, nodes, dead, ended, queued, held,
+                    failed if state == "NODE_FAIL" else None)
 
 
 #: How a requeue decision Slurm made itself (recorded at the next allocation's start) begins:
@@ -148,10 +163,12 @@ def record_previous(ledger: _Ledger, prev: Previous | None, now: float) -> None:
     cls = prev.slurm_loss
     if cls is None:
         return
-    where = f" on {','.join(prev.dead)}" if prev.dead else ""
-    evidence = (f"Slurm ended attempt {prev.attempt} {prev.outcome}{where} and requeued the job "
+    blamed = prev.blamed
+    where = f" on {','.join(blamed)}" if blamed else ""
+    source = " (sacct FailedNode)" if prev.failed_node else ""
+    evidence = (f"Slurm ended attempt {prev.attempt} {prev.outcome}{where}{source} and requeued the job "
                 "itself (no agent recorded it)")
-    ledger.append("failure", cls=cls.value, node=",".join(prev.dead), evidence=evidence,
+    ledger.append("failure", cls=cls.value, node=",".join(blamed), evidence=evidence,
                   time_of_fault=prev.ended if prev.ended is not None else now)
     ledger.append("decision", action="requeue", reason=f"{BY_SLURM} ({prev.outcome})",
                   exclude=list(prev.dead))

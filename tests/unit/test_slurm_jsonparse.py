@@ -117,3 +117,21 @@ def test_client_reads_json_where_told_and_falls_back_to_text_for_good() -> None:
     (None, True, False)])
 def test_json_accounting_only_where_it_is_there_and_right(version, json_output, want) -> None:
     assert SiteCapabilities(probed_at=0.0, version=version, json_output=json_output).json_accounting is want
+
+
+def test_failed_node_is_read_from_both_forms_where_sacct_has_it() -> None:
+    # 24.11 (data_parser v0.0.42) and the text column of 23.02+: the node Slurm blamed for a
+    # NODE_FAIL; "" on a run without one; 22.05's documents have no such key.
+    doc = json.loads(_v40(["NODE_FAIL"], 0))
+    doc["jobs"][0]["failed_node"] = "gpu002"
+    (job, _) = parse_sacct_json(json.dumps(doc))
+    assert job.state == "NODE_FAIL" and job.failed_node == "gpu002"
+    doc["jobs"][0]["failed_node"] = ""
+    assert parse_sacct_json(json.dumps(doc))[0].failed_node is None
+    assert all(r.failed_node is None for r in parse_sacct_json((DATA / "sacct_22.05.json").read_text()))
+    fields = (*SACCT_FIELDS, "FailedNode")
+    text = ("77|llama|NODE_FAIL|0:0|2026-12-05T12:30:00|2026-12-05T12:30:30|00:00:30|gpu[001-002]|None|gpu002\n"
+            "77|llama|COMPLETED|0:0|2026-12-05T12:33:00|2026-12-05T12:34:00|00:01:00|gpu[003-004]|None|\n")
+    rows = parse_sacct(text, fields)
+    assert [(r.state, r.failed_node) for r in rows] == [("NODE_FAIL", "gpu002"), ("COMPLETED", None)]
+    assert all(r.failed_node is None for r in parse_sacct((DATA / "sacct_22.05.txt").read_text(), SACCT_FIELDS))

@@ -127,3 +127,46 @@ def test_a_successor_jobs_first_allocation_reports_its_predecessors_last_attempt
     # what the environment says is checked: not an attempt, or this job's own, is no predecessor
     for bad in ("", "12", "x-0", f"{new}-0", "1-0\n"):
         assert previous_attempt(str(tmp_path), new, 0, client, predecessor=bad) is None
+
+
+def test_where_sacct_has_failed_node_the_blamed_node_is_named_even_when_it_is_back(tmp_path: Path) -> None:
+    # Slurm 23.02+: sacct's FailedNode names the node Slurm blamed for the NODE_FAIL. By the time
+    # the next allocation asks, node2 is back (ReturnToService): only FailedNode still names it.
+    fake, _, job = requeued_job(tmp_path, by_node_failure=True)
+    fake.failed_node_field = True
+    fake.run(["scontrol", "update", "NodeName=node2", "State=RESUME"])
+    client = SlurmClient(fake, retry=RetryPolicy(max_attempts=1, jitter_s=0), failed_node_field=True)
+    prev = previous_attempt(str(tmp_path), job, 1, client)
+    assert prev is not None and prev.outcome == "NODE_FAIL" and prev.dead == []
+    assert prev.failed_node == "node2" and prev.blamed == ["node2"]
+    assert ["sacct", "--duplicates", "--parsable2", "--noheader", "-o",
+            "JobID,JobName,State,ExitCode,Start,End,Elapsed,NodeList,Reason,FailedNode", "-j", job] in fake.calls
+    ev = Events()
+    record_previous(ev, prev, now=T0 + 730)
+    (p,) = ev.of("previous_attempt")
+    assert p["failed_node"] == "node2"
+    (failure,) = ev.of("failure")
+    assert failure["node"] == "node2" and "FailedNode" in failure["evidence"]
+
+
+def test_without_the_field_the_node_is_only_what_slurm_calls_dead_now(tmp_path: Path) -> None:
+    # 22.05: sacct refuses FailedNode, so the client does not ask (the site probe said no); a
+    # node that is back by then is named nowhere, and the event has no failed_node.
+    fake, client, job = requeued_job(tmp_path, by_node_failure=True)
+    fake.run(["scontrol", "update", "NodeName=node2", "State=RESUME"])
+    prev = previous_attempt(str(tmp_path), job, 1, client)
+    assert prev is not None and prev.outcome == "NODE_FAIL" and prev.failed_node is None and prev.blamed == []
+    assert not any("FailedNode" in " ".join(c) for c in fake.calls)
+    ev = Events()
+    record_previous(ev, prev, now=T0 + 730)
+    assert "failed_node" not in ev.of("previous_attempt")[0]
+    assert ev.of("failure")[0]["node"] == ""
+
+
+def test_a_failed_node_outside_the_runs_nodes_is_not_believed(tmp_path: Path) -> None:
+    fake, _, job = requeued_job(tmp_path, by_node_failure=True)
+    fake.failed_node_field = True
+    fake.jobs[job].history[-1].failed_node = "node9"  # accounting that contradicts itself
+    client = SlurmClient(fake, retry=RetryPolicy(max_attempts=1, jitter_s=0), failed_node_field=True)
+    prev = previous_attempt(str(tmp_path), job, 1, client)
+    assert prev is not None and prev.failed_node is None and prev.blamed == ["node2"]

@@ -60,6 +60,8 @@ class FakeController:
         gres: str,
         cluster_name: str | None,
     ) -> None:
+        # sacct's FailedNode column: Slurm 23.02+ (22.05, the fake's text formats, refuses it)
+        self.failed_node_field = False
         parts = partitions or {"debug": "node[1-4]"}
         self.partitions = {name: expand_hostlist(expr) for name, expr in parts.items()}
         self.max_time_s = dict(max_time_s or {})
@@ -95,16 +97,17 @@ class FakeController:
             if self.nodes[n].state == "ALLOCATED":
                 self.nodes[n].state = "IDLE"
 
-    def _requeue(self, job: FakeJob, run_state: str, *, hold: bool) -> None:
+    def _requeue(self, job: FakeJob, run_state: str, *, hold: bool, failed_node: str = "") -> None:
         now = self.clock()
         job.history.append(FakeRun(run_state, job.start_time, job.end_time or now,
-                                   list(job.nodes), job.exit_code, job.exit_signal))
+                                   list(job.nodes), job.exit_code, job.exit_signal, failed_node))
         self._free(job)
         job.state = "PENDING"
         job.reason = "job_requeued_in_held_state" if hold else "BeginTime"
         job.restarts += 1
         job.eligible_time = now + REQUEUE_DELAY_S
         job.nodes, job.start_time, job.end_time = [], None, None
+        job.failed_node = ""
         job.exit_code = job.exit_signal = 0
         job.by_uid = None
         job.preempt_time = None  # a new run: not preempted (yet)
@@ -147,10 +150,11 @@ class FakeController:
     def _sacct(self, args: list[str]) -> str:
         fields = [f for v in _option_values(args, ("-o", "--format")) for f in v.split(",")]
         fields = fields or ["JobID", "JobName", "Partition", "State", "ExitCode"]
+        known = {**_SACCT_CANONICAL, **({"failednode": "FailedNode"} if self.failed_node_field else {})}
         for f in fields:
-            if f.lower() not in _SACCT_CANONICAL:
+            if f.lower() not in known:
                 raise FakeCommandFailure(f'sacct: error: Invalid field requested: "{f}"')
-        fields = [_SACCT_CANONICAL[f.lower()] for f in fields]
+        fields = [known[f.lower()] for f in fields]
         ids = {i for v in _option_values(args, ("-j", "--jobs")) for i in v.split(",")}
         duplicates = "--duplicates" in args or "-D" in args
         no_steps = "-X" in args or "--allocations" in args
@@ -305,7 +309,7 @@ class FakeController:
             if job.state == "RUNNING" and name in job.nodes:
                 job.end_time = self.clock()
                 if job.requeue:
-                    self._requeue(job, "NODE_FAIL", hold=False)
+                    self._requeue(job, "NODE_FAIL", hold=False, failed_node=name)
                 else:
-                    job.state, job.reason = "NODE_FAIL", "NodeDown"
+                    job.state, job.reason, job.failed_node = "NODE_FAIL", "NodeDown", name
                     self._free(job)

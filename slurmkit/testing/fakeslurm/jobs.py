@@ -34,6 +34,7 @@ class FakeRun:
     nodes: list[str]
     exit_code: int = 0
     exit_signal: int = 0
+    failed_node: str = ""  # the node blamed for a NODE_FAIL (sacct FailedNode, 23.02+)
 
 
 @dataclass
@@ -63,6 +64,7 @@ class FakeJob:
     history: list[FakeRun] = field(default_factory=list)
     signals: list[str] = field(default_factory=list)
     preempt_time: float | None = None  # when Slurm preempted it (FakeSlurm.preempt)
+    failed_node: str = ""  # this run's node that failed (NODE_FAIL without a requeue)
     env: dict[str, str] = field(default_factory=dict)
     sbatch_args: list[str] = field(default_factory=list)
 
@@ -104,7 +106,7 @@ class FakeJob:
 
     def current_run(self) -> FakeRun:
         return FakeRun(self.state, self.start_time, self.end_time, list(self.nodes),
-                       self.exit_code, self.exit_signal)
+                       self.exit_code, self.exit_signal, self.failed_node)
 
 
 @dataclass
@@ -170,6 +172,7 @@ def sacct_line(job: FakeJob, run: FakeRun, fields: list[str], step: str | None) 
                      if run.nodes else "None assigned"),
         "Reason": (job.reason or "None") if step is None else "",
         "Partition": job.partition, "NNodes": str(job.num_nodes),
+        "FailedNode": run.failed_node if step is None else "",
     }
     return "|".join(values.get(f, "") for f in fields)
 
