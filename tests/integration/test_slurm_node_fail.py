@@ -58,6 +58,12 @@ def test_a_one_node_job_whose_node_dies_is_requeued_by_slurm_and_the_next_alloca
     try:
         kill_node(env, lost)
         release_when_requeued(job, env)
+        # The node stays down until the job runs again elsewhere (brought back earlier, it takes
+        # the job again); and until then sacct may still call the job NODE_FAIL (22.05).
+        deadline = time.monotonic() + 180
+        while len(events(run_dir, "allocation_start")) < 2:
+            assert time.monotonic() < deadline, f"job {job} did not start again\n{diagnose(run_dir, job, env)}"
+            time.sleep(0.5)
         state = finish(job, env, timeout_s=600, run_dir=run_dir)
     finally:
         restore_node(env, lost)
