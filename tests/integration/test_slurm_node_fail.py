@@ -11,6 +11,7 @@ checkpoint and completes.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import time
 
@@ -40,6 +41,9 @@ def release_when_requeued(job: str, env: dict[str, str], timeout_s: float = 180)
             break
         assert time.monotonic() < deadline, f"Slurm did not requeue job {job} within {timeout_s:.0f} s: {info.state}"
         time.sleep(0.5)
+    # As slurmkit's own release does (supervise/requeue.py): the new launch credential must not
+    # date from the second the old one was revoked in, so the wall clock turns over first.
+    time.sleep(max(math.floor(time.time()) + 2 - time.time(), 0.0))
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True,
                    capture_output=True, timeout=60)
 
