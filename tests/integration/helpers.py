@@ -83,16 +83,21 @@ def submit_cli(args: list[str], env: Mapping[str, str], cwd: str,
     """``python -m slurmkit.submit ARGS`` from ``cwd``: as this process, or as the cluster's
     ordinary user (SUBMITTER_ENV), who then owns ``cwd``, with a login shell's environment and
     the SLURMKIT_* variables the test set."""
+    return run_as_submitter([sys.executable, "-m", "slurmkit.submit", *args], env, cwd, timeout_s)
+
+
+def run_as_submitter(cmd: list[str], env: Mapping[str, str], cwd: str,
+                     timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """``cmd`` from ``cwd`` as whoever submits this session's jobs (see ``submit_cli``): a test
+    that edits a rendered script and calls ``sbatch`` itself submits as the same user."""
     pw = submitter(env)
     if pw is None:
-        return subprocess.run([sys.executable, "-m", "slurmkit.submit", *args], env=dict(env), cwd=cwd,
-                              capture_output=True, text=True, timeout=timeout_s)
+        return subprocess.run(cmd, env=dict(env), cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
     hand_to_user(cwd, pw)
     # What the test sets for slurmkit (a cache directory, a fault to inject) goes along.
     own = {**user_env(env, pw, cwd), **{k: v for k, v in env.items() if k.startswith("SLURMKIT_")}}
     return subprocess.run(["runuser", "-u", pw.pw_name, "--", "env", "-i", *(f"{k}={v}" for k, v in own.items()),
-                           sys.executable, "-m", "slurmkit.submit", *args],
-                          cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
+                           *cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
 
 
 def parse_submitted(stdout: str) -> tuple[str, str]:

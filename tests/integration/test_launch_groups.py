@@ -31,7 +31,7 @@ import pytest
 from tests.integration.faults import (
     COMMON, diagnose, events, final, finish, kill_node, mark_fault, restore_node, wait_for_step,
 )
-from tests.integration.helpers import slurm_env, submit_cli
+from tests.integration.helpers import run_as_submitter, slurm_env, submit_cli
 
 pytestmark = pytest.mark.integration
 
@@ -53,8 +53,9 @@ def test_a_shared_step_that_fails_to_start_and_a_node_lost_from_it(cluster_env, 
     lines[shared] = lines[shared].replace('--nodelist="$SLURMKIT_LIST"', "--nodelist=nosuchnode")
     with open(script, "w") as f:
         f.write("\n".join(lines))
-    job = subprocess.run(["sbatch", "--parsable", script], env=env, capture_output=True, text=True,
-                         timeout=60, check=True).stdout.strip().split(";")[0]
+    sb = run_as_submitter(["sbatch", "--parsable", script], env, str(tmp_path), timeout_s=60)
+    assert sb.returncode == 0, sb.stdout + sb.stderr
+    job = sb.stdout.strip().split(";")[0]
 
     step = wait_for_step(run_dir, 5, 13)  # a rank of node rank 2: its relaunched agent trains
     (start,) = events(run_dir, "allocation_start")

@@ -19,7 +19,7 @@ from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.runner import SubprocessRunner
 from slurmkit.sweep import load_sweep
 from tests.integration.faults import events, final, mark_fault, rank_pid, wait_for_step
-from tests.integration.helpers import read_ledger, slurm_env, submit_cli
+from tests.integration.helpers import read_ledger, slurm_env, submit_cli, submitter
 
 pytestmark = pytest.mark.integration
 
@@ -79,7 +79,9 @@ def test_two_by_two_sweep_is_one_array_and_a_task_recovers_alone(cluster_env, tm
                       submit.validate, submit.topology_srun_args)
     hint = tmp_path / "hint.txt"
     with open(hint, "w") as f:
-        submit.warn_singleton(plan.spec, env, Console(file=f, width=400))
+        # whose queue: the user who submitted the array (the hint asks squeue for $USER's jobs)
+        pw = submitter(env)
+        submit.warn_singleton(plan.spec, {**env, "USER": pw.pw_name} if pw else env, Console(file=f, width=400))
     assert f"{job_id}_" in hint.read_text() and "stays PENDING" in hint.read_text()
 
     # Slurm keeps the array's own job id for its last task: scontrol with that id alone would

@@ -25,7 +25,7 @@ from slurmkit.slurm.runner import SubprocessRunner
 from slurmkit.train.heartbeat import local_heartbeat_path
 from slurmkit.userapi import marker_path
 from tests.integration.faults import diagnose, events, finish, mark_fault, submit, wait_while_running
-from tests.integration.helpers import slurm_env
+from tests.integration.helpers import slurm_env, submitter_uid
 
 pytestmark = pytest.mark.integration
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ddp_user_program.py")
@@ -51,7 +51,7 @@ def _read(path: str) -> dict | None:
 def _beat(run_dir: str, rank: int, since: float) -> dict | None:
     """The rank's node-local heartbeat (the emulated nodes share this machine's /dev/shm), if
     written by this test's job (a file from an earlier session at the same path is older)."""
-    beat = _read(local_heartbeat_path(run_dir, rank))
+    beat = _read(local_heartbeat_path(run_dir, rank, uid=submitter_uid()))
     if beat is None or not isinstance(beat.get("time"), (int, float)) or beat["time"] < since:
         return None
     return beat
