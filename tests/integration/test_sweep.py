@@ -15,6 +15,7 @@ import pytest
 from rich.console import Console
 
 from slurmkit.config import load_frozen
+from slurmkit.slurm import ACTIVE_STATES
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.runner import SubprocessRunner
 from slurmkit.sweep import load_sweep
@@ -57,7 +58,7 @@ def _array_states(client: SlurmClient, job_id: str, reasons: set[str]) -> dict[i
     states = {int(r.job_id.split("_", 1)[1]): r.state for r in rows}
     # Accounting can lag the queue by a moment: a task squeue no longer lists may still read
     # RUNNING or REQUEUED in sacct (seen once: the requeued task's COMPLETED row came 2 s late).
-    return {} if any(s in ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD") for s in states.values()) else states
+    return {} if any(s in ACTIVE_STATES for s in states.values()) else states
 
 
 def test_two_by_two_sweep_is_one_array_and_a_task_recovers_alone(cluster_env, tmp_path) -> None:
