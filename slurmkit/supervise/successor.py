@@ -17,7 +17,8 @@ successor instead, from node 0's agent, while it still runs:
    ``SLURMKIT_PREDECESSOR=<this>`` goes in its environment. Held, it cannot start before
    step 3; waiting on ``afterany``, never while this job still holds nodes.
 3. For submitit's script, ``<this>_submitted.pkl`` is copied to ``<new>_submitted.pkl`` (the
-   function the script runs, looked up by job id), written whole before it is renamed.
+   function the script runs, looked up by job id) and the script to ``<new>_submission.sh`` (the
+   successor's own, for its own handover), each written whole before it is renamed.
 4. A ``successor`` ledger event names the new job; ``scontrol release <new>``.
 
 This job then ends with node 0's code 0 (COMPLETED in sacct; the ledger says it handed over).
@@ -26,7 +27,7 @@ job. Any step that fails cancels a successor already submitted (nothing half-way
 :class:`SuccessorUnavailable`; the caller falls back to the in-place requeue and says so.
 
 Cost: four Slurm RPCs per requeue (update, sbatch, release, one ``scontrol show job`` for the
-current exclusions), independent of the job size; one file copied on the run directory.
+current exclusions), independent of the job size; two files copied on the run directory.
 """
 
 from __future__ import annotations
@@ -146,18 +147,26 @@ def submit_successor(client: SlurmClient, job_id: str, exclude: tuple[str, ...] 
         new = submitter.submit(script, extra_args=args, env=handed)
     except (SlurmError, SubmissionError) as exc:
         raise SuccessorUnavailable(f"sbatch refused the successor: {last_line(exc)}") from exc
-    copy = os.path.join(os.path.dirname(pickled), f"{new}_submitted.pkl") if pickled is not None else None
+    # submitit's files of the new job: the pickle its script looks up by job id, and the script
+    # under the new id too, so that the successor can hand over again (batch_script() of its
+    # own id; without it a second requeue fell back to the in-place one and Slurm's 121 s hold)
+    copies: list[tuple[str, str]] = []
+    if pickled is not None:
+        sub = os.path.dirname(pickled)
+        copies = [(pickled, os.path.join(sub, f"{new}_submitted.pkl")),
+                  (script, os.path.join(sub, f"{new}_submission.sh"))]
     try:
-        if pickled is not None and copy is not None:
-            _copy_whole(pickled, copy)
+        for src, dst in copies:
+            _copy_whole(src, dst)
         client.release(new)
     except (OSError, SlurmError) as exc:
         try:
             client.cancel(new)
         except SlurmError as again:
             log.error("could not cancel the half-made successor job %s: %s", new, again)
-        if copy is not None and os.path.exists(copy):
-            os.unlink(copy)
+        for _src, dst in copies:
+            if os.path.exists(dst):
+                os.unlink(dst)
         raise SuccessorUnavailable(f"successor job {new} could not be prepared: {last_line(exc)}") from exc
     log.warning("job %s hands the run over to job %s (excluding %s)", job_id, new,
                 ",".join(excluded) or "nothing")

@@ -87,7 +87,27 @@ def test_a_failed_release_cancels_the_successor_and_removes_its_pickle(tmp_path:
         submit_successor(client, job_id, ("node2",), env=ENV, run_dir=str(tmp_path), sbatch=client)
     (new,) = [j for j in fake.jobs if j != job_id]
     assert fake.jobs[new].state == "CANCELLED"
-    assert not (sub / f"{new}_submitted.pkl").exists()
+    assert not (sub / f"{new}_submitted.pkl").exists() and not (sub / f"{new}_submission.sh").exists()
+
+
+def test_a_successor_hands_over_again_with_its_own_script(tmp_path: Path) -> None:
+    # a run requeued twice (a second time-limit warning, a second lost node): the first
+    # successor's own handover needs a script under its id; without it, it fell back to the
+    # in-place requeue and Slurm's 121 s hold (seen in the chaos campaign: held_s=121)
+    fake = FakeSlurm({"debug": "node[1-8]"})
+    job_id, sub = _submitit_run(fake, tmp_path)
+    client = _client(fake, Time())
+    first = submit_successor(client, job_id, ("node2",), env=ENV, run_dir=str(tmp_path), sbatch=client)
+    assert (sub / f"{first}_submission.sh").read_text() == SCRIPT
+    fake.finish(job_id)
+    fake.start(first, ["node1", "node3"])
+    second = submit_successor(client, first, ("node3",), env={**ENV, "SLURM_JOB_ID": first},
+                              run_dir=str(tmp_path), sbatch=client)
+    assert second not in (job_id, first)
+    assert fake.jobs[second].command == str(sub / f"{first}_submission.sh")
+    assert f"--dependency=afterany:{first},singleton" in fake.jobs[second].sbatch_args
+    assert sorted(fake.jobs[second].exc_nodes) == ["node2", "node3", "node7"]  # every exclusion carried
+    assert (sub / f"{second}_submitted.pkl").read_bytes() == b"pickled function"
 
 
 def test_an_array_task_and_a_run_without_its_script_have_no_successor(tmp_path: Path) -> None:
