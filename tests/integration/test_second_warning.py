@@ -131,6 +131,9 @@ def test_a_second_warning_after_a_restart_checkpoints_and_requeues_again(env, re
     assert named(second, "failure") == failures, story
     assert [(d["action"], d["generation"]) for d in events(run_dir, "decision")] == [("restart", 0)], story
     assert not events(run_dir, "requeue_refused"), story
+    # the successor hands over again: its own batch script is there (without it the second
+    # requeue fell back to the in-place one and sat out Slurm's 121 s requeue hold)
+    assert not events(run_dir, "successor_refused"), story
     ends = events(run_dir, "end")
     assert [e["status"] for e in ends] == ["completed"] and ends[0].get("exit_code", 0) == 0, story
 
