@@ -54,6 +54,7 @@ from slurmkit.supervise.spool import SpoolReader
 from slurmkit.supervise.stragglers import NodeWindow
 from slurmkit.supervise.timeouts import beat_interval_s, failure_env
 from slurmkit.train.heartbeat import node_local_dir, private_dir
+from slurmkit.train import flightrec
 from slurmkit.train.signals import STACK_FILE_ENV
 
 # ProcessGroupNCCL's flight-recorder FIFO is <value><rank>.pipe. torch >= 2.7 reads only the
@@ -172,6 +173,8 @@ class NodeAgent:
             "SLURMKIT_HEARTBEAT_FILE": os.path.join(self.local_dir, "heartbeat", f"rank{rank}.json"),
             "SLURMKIT_EVENTS_FILE": os.path.join(self.local_dir, "events", f"{self.ctx.attempt}.rank{rank}.jsonl"),
             STACK_FILE_ENV: self._stack_file(rank),
+            flightrec.PIPE_ENV: self._fr_stem(gen, rank) + ".pipe",
+            flightrec.FILE_ENV: self._fr_stem(gen, rank) + ".json",
             "PYTHONUNBUFFERED": "1",
         })
         # ProcessGroupNCCL's flight-recorder FIFO (slurmkit.launch.stackdump), node-local; a
@@ -191,6 +194,11 @@ class NodeAgent:
     def _stack_file(self, rank: int) -> str:
         return os.path.join(self.local_dir, "stacks", f"rank{rank}.txt")
 
+    def _fr_stem(self, gen: int, rank: int) -> str:
+        """The reference trainer's own flight-recorder FIFO and trace (slurmkit.train.flightrec),
+        node-local, one per rank and generation."""
+        return os.path.join(self.local_dir, "flight_recorder", f"g{gen}.rank{rank}")
+
     def capture_stacks(self, gen: int) -> list[Evidence]:
         """Before a hung generation is killed: its live ranks' stacks (slurmkit.launch.stackdump)
         into this node's ledger event, and this node's verdicts (at most two) for node 0."""
@@ -198,14 +206,18 @@ class NodeAgent:
         if not live or self.monitor is None:
             return []
         pipe, dump = self._nccl_stems()
-        targets = [stackdump.RankTarget(p.rank, p.pid, self._stack_file(p.rank), f"{pipe}{p.rank}.pipe")
+        targets = [stackdump.RankTarget(p.rank, p.pid, self._stack_file(p.rank), f"{pipe}{p.rank}.pipe",
+                                        self._fr_stem(gen, p.rank) + ".pipe", self._fr_stem(gen, p.rank) + ".json")
                    for p in live]
         triggered = stackdump.trigger_nccl_dumps(targets)
+        asked = stackdump.trigger_trace_dumps(targets)  # before the stacks: a stopped rank is continued there
         stacks = stackdump.capture(targets, trainer=stackdump.runs_reference_trainer(self.cfg.job.command),
                                    pyspy=stackdump.find_pyspy(self.env), proc_state=self.monitor.state_of)
+        traces = stackdump.read_traces(asked)
         if triggered and dump:
             stackdump.wait_nccl_dumps(triggered, dump)
-        return stackdump.report(stacks, node=self.ctx.node_name, generation=gen, append=self.ledger.append)
+        return stackdump.report(stacks, node=self.ctx.node_name, generation=gen, append=self.ledger.append,
+                                traces=traces)
 
     # ------------------------------------------------------------------ one generation
     def start(self, gen: int, slot: int, port: int, master_addr: str) -> None:

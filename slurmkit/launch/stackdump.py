@@ -22,7 +22,12 @@ How a rank's stack is taken:
   ``TORCH_NCCL_DEBUG_INFO_PIPE_FILE``, set by the agent in the node-local directory) and writes
   its trace to ``TORCH_FR_DUMP_TEMP_FILE<rank>`` when anything is written to it. Not shown
   working yet: on an H200 with torch 2.11 only the old names were set and no dump was made;
-  ``tools/bench/gpu_check.py`` counts the dumps of a real NCCL hang (CPU: gloo has none).
+  ``tools/bench/gpu_check.py`` counts the dumps of a real NCCL hang (gloo has no such FIFO).
+- The reference trainer serves a FIFO of its own for any backend (slurmkit.train.flightrec) and
+  writes the recorder's trace as JSON. Each rank's summary (the last collective it issued, the
+  last that completed) goes into the ledger with its stack, and corrects the stack's reading: a
+  rank outside any collective call with a collective issued and not completed waits for its
+  peers (the GPU case, where it blocks in a device wait).
 
 The full stacks (at most ``STACK_LINES`` lines per rank) go into this node's ``hang_stacks``
 ledger event and its log; node 0 gets only a verdict per node (slurmkit.supervise.stacks).
@@ -30,6 +35,8 @@ ledger event and its log; node 0 gets only a verdict per node (slurmkit.supervis
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import shutil
@@ -40,11 +47,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.classify import Evidence
-from slurmkit.supervise.stacks import StackPlace, bounded_lines, node_verdicts, read_stack
+from slurmkit.supervise.stacks import StackPlace, StackReading, bounded_lines, node_verdicts, read_stack
 from slurmkit.train.signals import STACK_SIGNAL
 
 log = logging.getLogger(__name__)
@@ -53,6 +60,8 @@ STACK_TIMEOUT_S = 5.0  # the whole capture on one node (all ranks in parallel)
 OUTPUT_BYTES = 64 * 1024  # of one rank's dump read back
 FAULTHANDLER_WAIT_S = 2.0  # its dump takes milliseconds; past this, py-spy (if any) is tried
 NCCL_DUMP_WAIT_S = 5.0  # for the flight recorder's files after its pipes were written (GPU)
+TRACE_WAIT_S = 5.0  # for the trainer's own flight-recorder traces (any backend)
+TRACE_BYTES = 32 * 1024 * 1024  # of one trace read back: 2,000 entries with their frames fit
 TRAINER_MODULE = "slurmkit.train"
 
 
@@ -62,6 +71,8 @@ class RankTarget:
     pid: int
     stack_file: str  # the trainer's $SLURMKIT_STACK_FILE
     nccl_pipe: str  # ProcessGroupNCCL's dump FIFO ("" if none)
+    trace_pipe: str = ""  # the reference trainer's flight-recorder FIFO (slurmkit.train.flightrec)
+    trace_file: str = ""  # where it writes the trace, as JSON
 
 
 @dataclass(frozen=True)
@@ -153,24 +164,116 @@ def _one(t: RankTarget, *, trainer: bool, pyspy: str | None, stopped: bool, dead
     return RankStack(t.rank, t.pid, stopped, "none", why)
 
 
+def _poke(fifo: str) -> bool:
+    """Write one byte to ``fifo`` if it is a FIFO that somebody reads; never create a file."""
+    try:
+        if not fifo or not stat.S_ISFIFO(os.stat(fifo).st_mode):
+            return False  # no FIFO (a CPU rank, torch without the recorder)
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: nobody reads it
+    except OSError:
+        return False
+    try:
+        os.write(fd, b"1")
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def trigger_nccl_dumps(targets: Sequence[RankTarget]) -> list[RankTarget]:
     """Write to each rank's flight-recorder FIFO that has a reader (a ProcessGroupNCCL)."""
-    done = []
+    return [t for t in targets if _poke(t.nccl_pipe)]
+
+
+def trigger_trace_dumps(targets: Sequence[RankTarget]) -> list[RankTarget]:
+    """Ask each rank that serves its own flight-recorder FIFO (the reference trainer, any
+    backend) for its trace. Before the stacks are taken: a stopped rank answers once continued."""
+    asked = []
     for t in targets:
-        try:
-            if not t.nccl_pipe or not stat.S_ISFIFO(os.stat(t.nccl_pipe).st_mode):
-                continue  # no FIFO (a CPU rank, torch without the recorder): never write a file
-            fd = os.open(t.nccl_pipe, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: nobody reads it
-        except OSError:
+        if not t.trace_file:
             continue
+        with contextlib.suppress(OSError):
+            os.unlink(t.trace_file)  # only a trace written after this request counts
+        if _poke(t.trace_pipe):
+            asked.append(t)
+    return asked
+
+
+@dataclass(frozen=True)
+class TraceSummary:
+    """What a rank's flight recorder says about its default process group."""
+
+    enqueued: int  # sequence number of the last collective it issued
+    completed: int  # ... and of the last one that completed
+    op: str  # the last recorded collective, "gloo:all_reduce"
+    state: str  # its state as recorded ("scheduled", "started", "completed")
+    entries: int  # entries in the ring buffer
+
+    @property
+    def pending(self) -> bool:
+        """A collective issued and not completed: the rank waits for its peers."""
+        return self.enqueued > self.completed
+
+    def record(self) -> dict[str, object]:
+        return {"enqueued": self.enqueued, "completed": self.completed, "op": self.op,
+                "state": self.state, "entries": self.entries}
+
+
+def _seq(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"a sequence number, found {value!r:.40}")
+    return int(value)
+
+
+def parse_trace(data: bytes) -> TraceSummary:
+    """The summary of one trace as ``torch._C._distributed_c10d._dump_fr_trace_json`` writes it.
+    The file is the rank's, on this node, and read as untrusted: JSON only, every field checked;
+    ValueError says what is wrong."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("pg_status"), dict):
+        raise ValueError("no pg_status object")
+    status, entries = doc["pg_status"], doc.get("entries", [])
+    if not isinstance(entries, list):
+        raise ValueError("entries is not a list")
+    pg = "0" if "0" in status else min(status, key=str, default=None)
+    if pg is None or not isinstance(status[pg], dict):
+        raise ValueError("pg_status names no process group")
+    try:
+        enqueued = _seq(status[pg].get("last_enqueued_collective", -1))
+        completed = _seq(status[pg].get("last_completed_collective", -1))
+    except ValueError as exc:
+        raise ValueError(f"process group {pg}: {exc}") from None
+    last = entries[-1] if entries and isinstance(entries[-1], dict) else {}
+    op, state = last.get("profiling_name", ""), last.get("state", "")
+    return TraceSummary(enqueued, completed, str(op)[:80], str(state)[:20], len(entries))
+
+
+def read_traces(asked: Sequence[RankTarget], timeout_s: float = TRACE_WAIT_S) -> dict[int, TraceSummary | str]:
+    """Each asked rank's trace summary, or why there is none, waiting at most ``timeout_s`` for
+    all of them together."""
+    deadline = time.monotonic() + timeout_s
+    waiting = list(asked)
+    while waiting and time.monotonic() < deadline:
+        waiting = [t for t in waiting if not os.path.exists(t.trace_file)]
+        if waiting:
+            time.sleep(0.05)
+    out: dict[int, TraceSummary | str] = {}
+    for t in asked:
         try:
-            os.write(fd, b"1")
-            done.append(t)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    return done
+            with open(t.trace_file, "rb") as f:
+                data = f.read(TRACE_BYTES + 1)
+            if len(data) > TRACE_BYTES:
+                raise ValueError(f"over {TRACE_BYTES} bytes")
+            out[t.rank] = parse_trace(data)
+        except FileNotFoundError:
+            out[t.rank] = f"no trace within {timeout_s:g} s"
+        except (OSError, ValueError) as exc:
+            out[t.rank] = f"trace {t.trace_file} unreadable: {exc}"
+    return out
 
 
 def capture(targets: Sequence[RankTarget], *, trainer: bool, pyspy: str | None,
@@ -202,16 +305,34 @@ def wait_nccl_dumps(triggered: Sequence[RankTarget], temp_stem: str, timeout_s: 
         time.sleep(0.1)
 
 
+def with_trace(reading: StackReading, trace: TraceSummary | str | None) -> StackReading:
+    """The stack's reading corrected by the flight recorder: a rank whose stack is outside any
+    collective but which issued one that has not completed waits for its peers (on a GPU the
+    collective is queued on the device and the rank blocks in a device wait, not in a
+    collective call)."""
+    if isinstance(trace, TraceSummary) and trace.pending and reading.place == StackPlace.OUTSIDE:
+        return replace(reading, place=StackPlace.COLLECTIVE,
+                       wait=f"{trace.op or 'a collective'} #{trace.enqueued} not completed (flight recorder)")
+    return reading
+
+
 def report(stacks: Sequence[RankStack], *, node: str, generation: int,
-           append: Callable[..., object]) -> list[Evidence]:
-    """This node's ``hang_stacks`` ledger event and log lines (the full, bounded stacks), and
-    the verdicts it posts to node 0 (slurmkit.supervise.stacks.node_verdicts)."""
-    readings = [(s.rank, read_stack(s.text, stopped=s.stopped, pid=s.pid)) for s in stacks]
+           append: Callable[..., object], traces: Mapping[int, TraceSummary | str] | None = None) -> list[Evidence]:
+    """This node's ``hang_stacks`` ledger event and log lines (the full, bounded stacks, and
+    each rank's flight-recorder summary where it gave one), and the verdicts it posts to node 0
+    (slurmkit.supervise.stacks.node_verdicts)."""
+    traces = traces or {}
+    readings = [(s.rank, with_trace(read_stack(s.text, stopped=s.stopped, pid=s.pid), traces.get(s.rank)))
+                for s in stacks]
     records = []
     for s, (_, r) in zip(stacks, readings, strict=True):
         lines = bounded_lines(s.text, pid=s.pid)
-        records.append({"rank": s.rank, "pid": s.pid, "place": r.place.value, "source": s.source,
-                        "where": r.where, "wait": r.wait, "lines": lines})
+        record: dict[str, object] = {"rank": s.rank, "pid": s.pid, "place": r.place.value, "source": s.source,
+                                     "where": r.where, "wait": r.wait, "lines": lines}
+        trace = traces.get(s.rank)
+        if trace is not None:
+            record["trace"] = trace.record() if isinstance(trace, TraceSummary) else {"error": trace[:200]}
+        records.append(record)
         log.warning("hang: rank %d (pid %d) %s [%s]%s\n%s", s.rank, s.pid, r.place.value, s.source,
                     f" waiting in {r.wait}" if r.wait else "", "\n".join(lines))
     append("hang_stacks", generation=generation, node=node, ranks=records)

@@ -37,6 +37,7 @@ from slurmkit.contract import CONFIG_ERROR_MARKER, EXIT_CONFIG_ERROR, device_of
 from slurmkit.errors import ConfigError
 from slurmkit.procexit import leave
 from slurmkit.store.config import StoreConfig
+from slurmkit.train import flightrec
 from slurmkit.train.config import ModelConfig, ParallelConfig, TrainConfig
 from slurmkit.train.faults import FaultInjector, parse_faults
 from slurmkit.train.heartbeat import Heartbeat
@@ -159,6 +160,7 @@ def run(env: Mapping[str, str], early_stop: StopRequest | None = None) -> int:
     faults = FaultInjector(parse_faults(env.get("SLURMKIT_FAULT", "")), rank=rank,
                            marker_dir=os.path.join(ctx.run_dir, "faults") if ctx.run_dir else None)
     init_distributed(runtime, p)
+    flightrec.serve(runtime.backend, env)  # the recorder's trace when a hang is examined
     store = None
     try:
         ledger = _ledger(env, rank)

@@ -106,6 +106,11 @@ def test_a_sigstopped_rank_in_a_data_stall_is_the_root_of_the_hang_with_its_stac
     assert ranks[1]["place"] == "stopped" and ranks[1]["source"] == "faulthandler"
     assert any("stalled_data_loading" in line for line in ranks[1]["lines"]) and len(ranks[1]["lines"]) <= 40
     assert all(ranks[r]["place"] == "collective" for r in (0, 2, 3)), ranks
+    # Each rank's flight recorder (gloo, through the trainer's own FIFO) agrees, on both nodes:
+    # ranks 0, 2 and 3 issued a collective that is not completed; rank 1 never issued it.
+    traces = {r: ranks[r]["trace"] for r in ranks}
+    assert all(traces[r]["enqueued"] > traces[r]["completed"] for r in (0, 2, 3)), traces
+    assert all(traces[1]["enqueued"] == traces[1]["completed"] < traces[r]["enqueued"] for r in (0, 2, 3)), traces
     assert [d["action"] for d in events(run_dir, "decision")] == ["restart"]
 
 

@@ -21,10 +21,12 @@ import pytest
 from slurmkit.config import compose
 from slurmkit.launch.agent import NodeAgent
 from slurmkit.launch.context import NodeContext
-from slurmkit.launch.stackdump import RankTarget, capture, catches, find_pyspy, report, trigger_nccl_dumps
+from slurmkit.launch.stackdump import (RankStack, RankTarget, TraceSummary, capture, catches, find_pyspy, parse_trace,
+                                       read_traces, report, trigger_nccl_dumps, trigger_trace_dumps, with_trace)
 from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.classify import Evidence, root_cause
 from slurmkit.supervise.ledger import Ledger
+from slurmkit.supervise.stacks import StackPlace, read_stack
 from slurmkit.train.faults import DATA_STALL_LINE
 from slurmkit.train.signals import STACK_SIGNAL
 from slurmkit.submit import freeze
@@ -120,6 +122,11 @@ def test_the_reference_trainer_dumps_its_stack_on_sigusr2_even_when_stopped(tmp_
     ranks = _hang_stacks(tmp_path)
     assert ranks[1]["source"] == ranks[0]["source"] == "faulthandler", ranks
     assert ranks[1]["place"] == "stopped" and ranks[0]["place"] == "collective", ranks
+    # The flight recorder (gloo, served by the trainer's own FIFO): rank 0 issued a collective
+    # (the gradient hook's all-to-all) that rank 1, stopped before it, never issued.
+    waiting, stopped = ranks[0]["trace"], ranks[1]["trace"]
+    assert waiting["enqueued"] == waiting["completed"] + 1 and waiting["op"].startswith("gloo:"), ranks
+    assert stopped["enqueued"] == stopped["completed"] == waiting["completed"], ranks
     # Not killed by SIGUSR2: the ranks ran until the agent stopped them (SIGTERM/SIGKILL).
     assert all(c in (-15, -9) for c in node.exit_codes()), node.exit_codes()
 
@@ -174,3 +181,63 @@ def test_without_py_spy_a_user_program_gets_no_signal_and_the_record_says_so(tmp
     finally:
         proc.kill()
         proc.wait()
+
+
+def _trace(enqueued: object, completed: object, **extra: object) -> bytes:
+    return json.dumps({"version": "2.10", "pg_status": {"0": {"last_enqueued_collective": enqueued,
+                                                               "last_completed_collective": completed,
+                                                               "last_started_collective": "-1"}},
+                       "entries": [{"profiling_name": "nccl:all_reduce", "state": "scheduled"}], **extra}).encode()
+
+
+def test_a_trace_is_read_as_json_with_every_field_checked() -> None:
+    got = parse_trace(_trace("7", "6"))
+    assert (got.enqueued, got.completed, got.op, got.state, got.pending) == (7, 6, "nccl:all_reduce", "scheduled", True)
+    assert not parse_trace(_trace(6, 6)).pending
+    import pickle
+    for bad, why in ((b"\x80\x04N.", "not JSON"), (pickle.dumps({"pg_status": {}}), "not JSON"),
+                     (b"[1]", "no pg_status"), (b'{"pg_status": {}}', "names no process group"),
+                     (_trace("x", "1"), "process group 0"), (_trace(True, 1), "sequence number"),
+                     (_trace([1], 1), "sequence number"), (b'{"pg_status": {"0": {}}, "entries": 3}', "not a list")):
+        with pytest.raises(ValueError, match=why):
+            parse_trace(bad)
+
+
+def test_the_flight_recorder_turns_a_rank_outside_a_collective_into_one_waiting_for_its_peers() -> None:
+    # The H200 case: the waiting rank's collective is queued on the device and its stack is in
+    # the step's device wait, outside any collective call; only the recorder knows it waits.
+    outside = read_stack('Thread 0x1 (most recent call first):\n  File "t.py", line 3 in train_step\n', stopped=False)
+    assert outside.place == StackPlace.OUTSIDE
+    pending, idle = TraceSummary(12, 11, "nccl:all_reduce", "started", 40), TraceSummary(11, 11, "nccl:all_reduce", "completed", 40)
+    fixed = with_trace(outside, pending)
+    assert fixed.place == StackPlace.COLLECTIVE and "#12 not completed" in fixed.wait
+    assert with_trace(outside, idle) == outside and with_trace(outside, "no trace within 5 s") == outside
+    stopped = read_stack("", stopped=True)
+    assert with_trace(stopped, pending).place == StackPlace.STOPPED  # a stopped rank stays the suspect
+    appended: list[tuple[str, dict]] = []
+    stacks = [RankStack(0, 10, False, "faulthandler", 'Thread 0x1 (most recent call first):\n  File "t.py", line 3 in train_step\n'),
+              RankStack(1, 11, False, "faulthandler", 'Thread 0x1 (most recent call first):\n  File "t.py", line 9 in load\n')]
+    verdicts = report(stacks, node="n0", generation=1, append=lambda e, **f: appended.append((e, f)),
+                      traces={0: pending, 1: idle})
+    assert [(v.rank, v.place) for v in verdicts] == [(1, StackPlace.OUTSIDE), (0, StackPlace.COLLECTIVE)]
+    ((_, fields),) = appended
+    assert fields["ranks"][0]["trace"]["enqueued"] == 12 and fields["ranks"][1]["trace"]["enqueued"] == 11
+
+
+def test_a_trace_is_asked_only_of_a_served_fifo_and_a_stale_or_bad_one_is_not_read(tmp_path: Path) -> None:
+    fifo = tmp_path / "g0.rank0.pipe"
+    os.mkfifo(fifo)
+    served = RankTarget(0, 1, "", "", str(fifo), str(tmp_path / "g0.rank0.json"))
+    unserved = RankTarget(1, 1, "", "", str(tmp_path / "g0.rank1.pipe"), str(tmp_path / "g0.rank1.json"))
+    Path(served.trace_file).write_bytes(_trace(1, 1))  # a stale trace: removed before asking
+    Path(unserved.trace_file).write_bytes(_trace(1, 1))
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        assert trigger_trace_dumps([served, unserved]) == [served] and os.read(reader, 8) == b"1"
+    finally:
+        os.close(reader)
+    assert not os.path.exists(served.trace_file)
+    assert read_traces([served], timeout_s=0.2) == {0: "no trace within 0.2 s"}
+    Path(served.trace_file).write_bytes(b"\x80\x04N.")  # a pickle: never unpickled
+    (why,) = read_traces([served], timeout_s=0.2).values()
+    assert isinstance(why, str) and "not JSON" in why

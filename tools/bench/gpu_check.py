@@ -251,10 +251,15 @@ def section_nccl(work: str, gpu: bool, results: dict[str, Any]) -> None:
               f"the fault, resumed {resume if resume is None else round(resume, 2)} s after; "
               f"decision {decision.get('action')}\n    evidence: {str(f.get('evidence'))[:300]}\n"
               f"    stack: {str(f.get('stack', ''))[:300]}", flush=True)
+    fr_traces = 0
     for h in (e for e in events if e.get("event") == "hang_stacks"):
         for r in h.get("ranks", []):
+            trace = r.get("trace") if isinstance(r.get("trace"), dict) else {}
+            fr_traces += "enqueued" in trace
             print(f"  hang stacks {h.get('node')} rank {r.get('rank')}: place {r.get('place')}, "
-                  f"source {r.get('source')}, where {str(r.get('where'))[:200]}", flush=True)
+                  f"source {r.get('source')}, where {str(r.get('where'))[:200]}; "
+                  f"flight recorder {trace or 'none'}", flush=True)
+    results["flight_recorder_traces"] = fr_traces  # the trainer's own JSON traces, any backend
     traces = sorted(glob.glob(os.path.join(run_dir or "/nonexistent", "nccl_trace", "*")))
     results["flight_recorder_dumps"] = len(traces)
     for t in traces:
