@@ -53,8 +53,8 @@ from slurmkit.supervise.slurmview import kill_wait_warning
 from slurmkit.supervise.spool import SpoolReader
 from slurmkit.supervise.stragglers import NodeWindow
 from slurmkit.supervise.timeouts import beat_interval_s, failure_env
-from slurmkit.train.heartbeat import node_local_dir, private_dir
 from slurmkit.train import flightrec
+from slurmkit.train.heartbeat import node_local_dir, private_dir
 from slurmkit.train.signals import STACK_FILE_ENV
 
 # ProcessGroupNCCL's flight-recorder FIFO is <value><rank>.pipe. torch >= 2.7 reads only the
