@@ -243,7 +243,11 @@ def test_sacct_json_and_text_read_the_same_job_alike(client: SlurmClient, tmp_pa
     jobs.append(job_id)
     client.wait_for_state(job_id, {"FAILED"}, WAIT_S, poll_s=0.5)
     client.wait_for_state(job_id, {"FAILED"}, 60, poll_s=0.5, source="sacct")
-    wait_until(lambda: len(client.sacct(job_id)) >= 4, 60, "sacct to show the job and its steps")
+    # slurmdbd may first hold a placeholder row for the job (named "allocation", seen once in CI)
+    # until the job's own start record is written: wait for the job's own name too.
+    wait_until(lambda: len(rows := client.sacct(job_id)) >= 4
+               and any(r.job_id == job_id and r.name == "slurmkit-it-json" for r in rows),
+               60, "sacct to show the job, under its own name, and its steps")
     text = {r.job_id: r for r in client.sacct(job_id)}
     as_json = SlurmClient(client.raw_runner, retry=RetryPolicy(max_attempts=3), timeout_s=30,
                           json_accounting=True)
