@@ -103,7 +103,9 @@ def _dependency(script: str, job_id: str) -> str:
 def _copy_whole(src: str, dst: str) -> None:
     tmp = f"{dst}.tmp.{os.getpid()}"
     try:
-        with open(src, "rb") as fi, open(tmp, "xb") as fo:
+        # 0600 whatever the umask: the copy is submitit's pickle, which the next allocation loads
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with open(src, "rb") as fi, os.fdopen(fd, "wb") as fo:
             shutil.copyfileobj(fi, fo)
             fo.flush()
             os.fsync(fo.fileno())

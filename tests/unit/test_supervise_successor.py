@@ -49,6 +49,7 @@ def test_the_successor_is_this_jobs_script_held_after_it_excluding_the_nodes_the
     assert succ.command == str(sub / f"{job_id}_submission.sh")
     assert not succ.held  # released once the pickle was there
     assert (sub / f"{new}_submitted.pkl").read_bytes() == b"pickled function"
+    assert (sub / f"{new}_submitted.pkl").stat().st_mode & 0o777 == 0o600  # whatever the umask
     assert succ.env[PREDECESSOR_ENV] == job_id
     assert succ.env[PREDECESSOR_ATTEMPT_ENV] == f"{job_id}-0"  # its previous_attempt reads that one
     order = [c[:2] for c in fake.calls if c[0] in ("sbatch", "scontrol")]
