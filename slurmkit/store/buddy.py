@@ -37,6 +37,7 @@ import torch
 
 from slurmkit.store.manifest import FileEntry, Hasher
 from slurmkit.store.tier import fsync_dir
+from slurmkit.store.tiertrust import open_private
 
 log = logging.getLogger(__name__)
 CHUNK = 16 << 20  # bytes per gloo message
@@ -223,7 +224,7 @@ def _recv_file_frame(group: Link, path: str, algo: str) -> tuple[str, int] | Non
     h = Hasher(algo)
     problem: OSError | None = None
     try:
-        f: Any = open(path, "wb")
+        f: Any = open_private(path)
     except OSError as exc:
         f, problem = None, exc
     try:

@@ -41,6 +41,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future as TorchFuture
 
 from slurmkit.store.manifest import Hasher
+from slurmkit.store.tiertrust import private_fd
 
 log = logging.getLogger(__name__)
 # -- torch.save's zip CRC32, off for our writer threads only ------------------------------
@@ -145,7 +146,7 @@ class SealingStream(io.RawIOBase):
     def __init__(self, path: str, algo: str, *, direct: bool = True) -> None:
         super().__init__()
         self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        self._fd = private_fd(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC)
         self._hasher = Hasher(algo)
         self._pos = 0
         self._dfd: int | None = None

@@ -150,6 +150,7 @@ class CheckpointStore:
         if primary is None:  # no local tier: DCP writes to a node-local scratch directory
             base = expand_env(cfg.scratch_dir, env) if cfg.scratch_dir else tempfile.gettempdir()
             primary = make_tier("scratch", os.path.join(base, f"slurmkit-{token}", node), env)
+        _secure_tiers([primary, *tiers], rank)
         return cls(cfg, tiers, primary, rank=rank, world_size=world_size, node=node,
                    config_hash=config_hash, on_event=on_event, fg=fg, bg=bg, token=token,
                    clock=clock, sleep=sleep, ring=ring, links=links)
@@ -439,6 +440,20 @@ def _dist_ready() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
+
+
+def _secure_tiers(tiers: list[FsspecTier], rank: int) -> None:
+    """Refuse, before anything is written, a local tier another user could read or replace
+    (tiertrust.UnsafeTierError, a ConfigError: restarting cannot help); rank 0 logs the
+    warnings (a group-writable shared tier)."""
+    seen: set[str] = set()
+    for t in tiers:
+        if t.uri in seen:
+            continue
+        seen.add(t.uri)
+        for warning in t.secure(shared=t.name in SHARED_TIERS):
+            if rank == 0:
+                log.warning("%s", warning)
 
 
 def _coordinators(rank: int, world_size: int, timeout_s: float = 1800.0

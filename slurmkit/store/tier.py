@@ -18,6 +18,7 @@ import fsspec
 
 from slurmkit.errors import ConfigError, SlurmkitError
 from slurmkit.store.manifest import hash_file, hash_stream
+from slurmkit.store.tiertrust import make_private_dirs, open_private, private_tier_root
 from slurmkit.store.transfer import copy_hashed, fetch_hashed
 
 _ENV_RE = re.compile(r"\$(\w+)|\$\{(\w+)\}")
@@ -120,6 +121,12 @@ class FsspecTier:
         """The OS path of ``rel`` when the tier is a local (POSIX) path, else None."""
         return self._p(rel) if self._local else None
 
+    def secure(self, *, shared: bool) -> list[str]:
+        """Before the store writes: refuse a local tier's directory that another user could
+        control (UnsafeTierError), create it 0700; return warnings (tiertrust.py). Tiers that
+        are not local paths are the server's business."""
+        return private_tier_root(self.name, self.root, shared=shared) if self._local else []
+
     def renames_atomically(self) -> bool:
         """True where rename is atomic (POSIX, memory); object stores commit by manifest."""
         return self._local or "memory" in _protocols(self.fs)
@@ -144,8 +151,12 @@ class FsspecTier:
 
     def get_file(self, rel: str, local_path: str) -> None:
         try:
-            os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
-            self.fs.get_file(self._p(rel), local_path)
+            make_private_dirs(os.path.dirname(local_path) or ".")
+            if self._local:
+                _copy_local(self._p(rel), local_path)
+            else:
+                self.fs.get_file(self._p(rel), local_path)
+                os.chmod(local_path, 0o600)  # the client made it with the umask
         except self._errors() as exc:
             raise self._io("get", rel, exc) from exc
 
@@ -154,7 +165,7 @@ class FsspecTier:
         """Download ``size`` bytes of ``rel`` to ``local_path`` in parallel byte ranges,
         hashing on the way; return (checksum, bytes received)."""
         try:
-            os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
+            make_private_dirs(os.path.dirname(local_path) or ".")
             if self._local:
                 return copy_hashed(self._p(rel), local_path, algo)
             path = self._p(rel)
@@ -258,7 +269,7 @@ class FsspecTier:
             return
         try:
             if self._local:
-                os.makedirs(os.path.dirname(self._p(dst_rel)), exist_ok=True)
+                make_private_dirs(os.path.dirname(self._p(dst_rel)))
                 os.rename(self._p(src_rel), self._p(dst_rel))
             else:  # object stores have no directories: copy every key (server side), delete
                 src = self.fs._strip_protocol(self._p(src_rel)).rstrip("/")
@@ -274,6 +285,8 @@ class FsspecTier:
         try:
             if "w" in mode:
                 self._mkparent(rel)
+                if self._local:
+                    return open_private(self._p(rel), "wb")
             return self.fs.open(self._p(rel), mode)  # type: ignore[no-any-return]
         except self._errors() as exc:
             raise self._io("open", rel, exc) from exc
@@ -295,7 +308,7 @@ class FsspecTier:
 
     def _mkparent(self, rel: str) -> None:
         if self._local:
-            os.makedirs(os.path.dirname(self._p(rel)), exist_ok=True)
+            make_private_dirs(os.path.dirname(self._p(rel)))
 
 
 def _local_sizes(path: str) -> dict[str, int]:
@@ -324,7 +337,7 @@ def _protocols(fs: Any) -> tuple[str, ...]:
 def _copy_local(src: str, dst: str, chunk: int = 16 << 20) -> None:
     """Copy with fsync, so a committed manifest never points at bytes still in page cache."""
     tmp = f"{dst}.tmp-{uuid.uuid4().hex}"
-    with open(src, "rb") as fi, open(tmp, "wb") as fo:
+    with open(src, "rb") as fi, open_private(tmp) as fo:
         while buf := fi.read(chunk):
             fo.write(buf)
         fo.flush()
@@ -334,7 +347,7 @@ def _copy_local(src: str, dst: str, chunk: int = 16 << 20) -> None:
 
 def _write_local_atomic(path: str, data: bytes) -> None:
     tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-    with open(tmp, "wb") as f:
+    with open_private(tmp) as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

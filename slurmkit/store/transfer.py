@@ -17,6 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from slurmkit.store.manifest import Hasher
+from slurmkit.store.tiertrust import open_private, private_fd
 
 PART_BYTES = 16 << 20  # bytes per ranged GET
 WORKERS = 4  # ranged GETs in flight per file
@@ -39,7 +40,7 @@ def fetch_hashed(read_range: ReadRange, size: int, local_path: str, algo: str, *
     hasher = Hasher(algo)
     tmp = f"{local_path}.part-{uuid.uuid4().hex[:8]}"
     received = 0
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    fd = private_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC)
     try:
         todo = deque(ranges(size, part_bytes))
         with ThreadPoolExecutor(max_workers=max(1, workers),
@@ -73,7 +74,7 @@ def copy_hashed(src_path: str, local_path: str, algo: str, chunk: int = 8 << 20
     hasher = Hasher(algo)
     n = 0
     tmp = f"{local_path}.part-{uuid.uuid4().hex[:8]}"
-    with open(src_path, "rb", buffering=0) as fi, open(tmp, "wb", buffering=0) as fo:
+    with open(src_path, "rb", buffering=0) as fi, open_private(tmp) as fo:
         while data := fi.read(chunk):
             hasher.update(data)
             fo.write(data)

@@ -50,6 +50,7 @@ from slurmkit.store.manifest_share import SharedManifest, digest, pack
 from slurmkit.store.sealing import SealingWriter
 from slurmkit.store.staging import FillGate
 from slurmkit.store.tier import FsspecTier, Tier, TierError, fsync_dir
+from slurmkit.store.tiertrust import make_private_dirs, open_private
 
 # DCP's CheckpointException derives from BaseException, not Exception
 log = logging.getLogger(__name__)
@@ -63,8 +64,8 @@ def tier_lock(tier: Tier | None) -> Iterator[None]:
     if root is None:
         yield
         return
-    os.makedirs(root, exist_ok=True)
-    with open(os.path.join(root, ".lock"), "a") as f:
+    make_private_dirs(root)
+    with open_private(os.path.join(root, ".lock"), "ab") as f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
             yield
@@ -165,7 +166,7 @@ class PrimaryWriter:
         directory = self.tier.local_path(partial)
         if directory is None:
             raise TierError(f"primary tier {self.tier.uri} is not a local path")
-        os.makedirs(directory, exist_ok=True)
+        make_private_dirs(directory)
         writer = SealingWriter(directory, algo=self.algo, thread_count=self.write_threads,
                                direct=self.direct_io)
         dist = self.coord.distributed
@@ -323,7 +324,7 @@ class PrimaryWriter:
                 return f"rank 0 published no {METADATA}"
             z = zlib.decompressobj()
             data = z.decompress(base64.b64decode(wire, validate=True), entry.size + 1)
-            with open(path + ".buddy", "wb") as f:
+            with open_private(path + ".buddy") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
@@ -373,7 +374,7 @@ class PrimaryWriter:
                 # directory each move what they find, and none can delete a file another rank
                 # already moved (an older save of the same step is simply overwritten; the
                 # manifest written below names exactly this save's files).
-                os.makedirs(dst, exist_ok=True)
+                make_private_dirs(dst)
                 for name in os.listdir(src):
                     os.replace(os.path.join(src, name), os.path.join(dst, name))
                 with contextlib.suppress(OSError):  # another rank may still be moving its files
