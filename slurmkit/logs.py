@@ -11,8 +11,11 @@ Prints (``-f``: follows) one log of a run. Where each log lives:
   and appends).
 - ``--batch``: the batch script's own output (``<job>_0_log.out``, ``<job>_batch.out``).
 
-Log lines come from the job: control characters are shown as ``\\xNN`` so a line cannot
-drive the terminal. Following survives the file being replaced or truncated.
+Log lines come from the job: every character that is not printable (``str.isprintable()``:
+C0 and C1 controls, bidi overrides, line separators, ...; tabs aside) is shown escaped, as
+``\\x9b`` or ``\\u202e``, so a line cannot drive the terminal nor read otherwise than it is.
+Lines are cut at "\\n", "\\r\\n" and "\\r" only. Following survives the file being replaced or
+truncated.
 """
 
 from __future__ import annotations
@@ -29,11 +32,17 @@ from typing import BinaryIO, TextIO
 from slurmkit.errors import ConfigError
 from slurmkit.runview import RunWatcher, is_run_dir
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def _escape(c: str) -> str:
+    code = ord(c)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def safe_line(text: str) -> str:
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    """``text`` with every non-printable character but the tab escaped (\\x1b, \\x9b, \\u202e)."""
+    return "".join(c if c.isprintable() or c == "\t" else _escape(c) for c in text)
 
 
 def rank_log(run_dir: str, rank: int) -> str:
@@ -90,9 +99,12 @@ def last_lines(f: BinaryIO, n: int, block: int = 65536) -> bytes:
 
 
 def _write(out: TextIO, data: bytes) -> None:
-    for line in data.decode("utf-8", errors="replace").splitlines(keepends=True):
-        body = line.rstrip("\r\n")
-        out.write(safe_line(body) + ("\n" if line != body else ""))
+    # Not splitlines(): it also breaks at U+2028, U+0085, \x0b, ... which are shown escaped.
+    parts = _LINE_BREAK.split(data.decode("utf-8", errors="replace"))
+    for i, body in enumerate(parts):
+        last = i == len(parts) - 1
+        if not (last and body == ""):
+            out.write(safe_line(body) + ("" if last else "\n"))
     out.flush()
 
 
@@ -163,8 +175,8 @@ def main(argv: list[str], out: TextIO | None = None,
         while not os.path.isfile(path):  # -f on a rank log not written yet
             sleep(0.5)
         follow(path, out, lines=args.lines, follow_file=args.follow, sleep=sleep)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except ConfigError as exc:  # may quote a node name read from the ledger
+        print(f"error: {safe_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 0

@@ -12,15 +12,18 @@ import time
 from collections.abc import Callable, Mapping
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from slurmkit.jobstates import JobPoller, JobRef
+from slurmkit.logs import safe_line
 from slurmkit.runview import RunWatcher
 from slurmkit.status import clean, make_client
 
 
 def _description(phase: str, state: str) -> str:
-    return "".join(c if c.isprintable() else "?" for c in f"{state.lower()} / {phase}")
+    # rich reads markup in a task description: brackets from the ledger are escaped too
+    return escape(safe_line(f"{state.lower()} / {phase}"))
 
 
 def follow_progress(run_dir: str, job_id: str, executor: str, env: Mapping[str, str],

@@ -29,6 +29,7 @@ from rich.text import Text
 
 from slurmkit.errors import ConfigError
 from slurmkit.jobstates import UNKNOWN, JobPoller, JobRef, JobState
+from slurmkit.logs import safe_line
 from slurmkit.runview import (
     RunView,
     RunWatcher,
@@ -42,8 +43,10 @@ from slurmkit.slurm.client import SlurmClient
 
 
 def clean(value: object) -> Text:
-    """A table cell from untrusted text: no markup, control characters shown as '?'."""
-    return Text("".join(c if c.isprintable() else "?" for c in str(value)))
+    """A table cell from untrusted text: no markup, and every non-printable character (C0/C1
+    controls, bidi overrides, line separators; tabs aside) shown escaped, as ``slurmkit logs``
+    shows it (\\x9b, \\u202e): a cell can neither drive the terminal nor read reversed."""
+    return Text(safe_line(str(value)))
 
 
 def make_client(env: Mapping[str, str]) -> SlurmClient | None:
@@ -268,7 +271,7 @@ def main(argv: list[str], env: Mapping[str, str] | None = None, console: Console
         kind, path = resolve(args.target, root) if args.target else newest_run(root)
         board = StatusBoard(kind, path)
     except ConfigError as exc:
-        Console(stderr=True).print(Text(f"error: {exc}"))
+        Console(stderr=True).print(clean(f"error: {exc}"))
         return 2
     poller = JobPoller(make_client(env))
     if args.watch:

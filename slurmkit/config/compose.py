@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from hydra import compose as hydra_compose
@@ -25,6 +26,9 @@ log = logging.getLogger(__name__)
 
 _REGISTERED = False
 ROOT = "slurmkit_root"
+# ${resolver:argument}: a resolver call (a plain ${a.b} interpolation has no ':')
+_RESOLVER = re.compile(r"\$\{\s*([A-Za-z_][\w.]*)\s*:([^}]*)\}")
+_ENV_RESOLVERS = ("oc.env", "env")
 
 
 def conf_dirs(env: Mapping[str, str] | None = None) -> list[str]:
@@ -135,9 +139,53 @@ def to_typed(raw: Any) -> SlurmkitConfig:
     return obj
 
 
+def _strings(node: Any, path: str) -> Iterator[tuple[str, str]]:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _strings(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _strings(v, f"{path}[{i}]")
+    elif isinstance(node, str):
+        yield path, node
+
+
+def check_resolvers(raw: Any) -> None:
+    """Refuse what OmegaConf would resolve into a secret before it is resolved.
+
+    ``${oc.env:AWS_SECRET_ACCESS_KEY}`` anywhere is resolved by to_typed and then frozen into
+    config.yaml (and, in job.env, written into the batch script) in clear; the value then
+    looks like any random string, so the variable's name is checked here, on the unresolved
+    text. job.env / cluster.env values are text for the script: no other resolver there."""
+    from slurmkit.render.secrets import FIX, secret_name  # render imports config: not at the top
+
+    try:
+        tree = OmegaConf.to_container(raw, resolve=False)
+    except OmegaConfBaseException:
+        return  # to_typed reports it
+    for path, text in _strings(tree, ""):
+        for m in _RESOLVER.finditer(text):
+            resolver, var = m.group(1), m.group(2).split(",", 1)[0].strip()
+            if resolver in _ENV_RESOLVERS:
+                why = secret_name(var) or ("a name made by another interpolation" if "$" in var else None)
+                if why:
+                    raise ConfigError(f"{path} reads the environment variable {var} through "
+                                      f"${{{resolver}:...}}: {why}, so its value would be written "
+                                      "in clear into config.yaml (and the batch script)",
+                                      "no secrets in the config, not even resolved from the "
+                                      "environment", FIX)
+            elif path.startswith(("job.env.", "cluster.env.")):
+                raise ConfigError(f"{path} holds the resolver ${{{resolver}:...}}",
+                                  "job.env / cluster.env values are text written into the batch "
+                                  "script; the only resolver there is ${oc.env:NAME} of a "
+                                  "non-secret NAME", f"write the value itself in {path}")
+
+
 def compose(overrides: list[str], directory: str | None = None) -> SlurmkitConfig:
     """Compose and validate: the one way to get a config from conf/ and command-line overrides."""
-    return to_typed(compose_dict(overrides, directory))
+    raw = compose_dict(overrides, directory)
+    check_resolvers(raw)
+    return to_typed(raw)
 
 
 def to_yaml(cfg: SlurmkitConfig) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
+from slurmkit.config.envnames import check_env_names
 from slurmkit.errors import ConfigError
 from slurmkit.health.config import HealthConfig
 from slurmkit.store.config import StoreConfig
@@ -64,6 +65,7 @@ class ClusterConfig:
         if self.segment is not None and self.segment < 1:
             raise ConfigError(f"cluster.segment={self.segment}", "at least 1 node per segment",
                               "set cluster.segment to the block size the site uses, or remove it")
+        check_env_names("cluster.env", self.env)
         for name in ("gpus_per_node", "cpus_per_node", "max_nodes", "kill_wait_s", "gpu_hour_cost"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"cluster.{name}={getattr(self, name)}", "a value >= 0",
@@ -110,6 +112,7 @@ class JobConfig:
         if self.signal_lead_s < 0:
             raise ConfigError(f"job.signal_lead_s={self.signal_lead_s}", "a value >= 0",
                               "set job.signal_lead_s=120")
+        check_env_names("job.env", self.env)
 
 
 @dataclass

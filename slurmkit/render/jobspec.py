@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
+from slurmkit.config.envnames import check_env_names, risky
 from slurmkit.config.schema import SlurmkitConfig
 from slurmkit.errors import ConfigError
 from slurmkit.layout import Layout, resolve_layout
-from slurmkit.render.secrets import check_env_secrets, check_text_secrets
+from slurmkit.render.secrets import check_env_secrets, check_image_secrets, check_text_secrets
 from slurmkit.render.values import check_printable, check_slurm_names
 from slurmkit.slurm.hostlist import compress_hostlist, expand_hostlist
 from slurmkit.slurm.timelimit import format_time_limit, parse_time_limit
+
+log = logging.getLogger(__name__)
+STORE_URIS = ("nvme_uri", "lustre_uri", "object_uri")
 
 
 @dataclass(frozen=True)
@@ -68,12 +73,35 @@ class JobSpec:
         return self.train_nodes * self.ranks_per_node
 
 
-def _check_env_names(env: dict[str, str]) -> None:
-    for key in env:
-        if not key.replace("_", "a").isalnum() or key[0].isdigit():
-            raise ConfigError(f"environment variable name {key!r}",
-                              "names of letters, digits and '_' not starting with a digit",
-                              "rename it in job.env / cluster.env")
+def _check_env(cfg: SlurmkitConfig) -> None:
+    """The schema refuses reserved names already; again here for a config built in code
+    (dataclasses.replace), and the warnings, which belong to a submission, not to every load."""
+    for where, env in (("cluster.env", cfg.cluster.env), ("job.env", cfg.job.env)):
+        check_env_names(where, env)
+        for name in env:
+            why = risky(name)
+            if why:
+                log.warning("%s.%s is set: %s. Make sure that is meant; a value there runs in "
+                            "every rank and agent of the job", where, name, why)
+
+
+def _more_values(cfg: SlurmkitConfig) -> list[tuple[str, str | None]]:
+    """Values that reach the job other than through the JobSpec: the command every rank runs,
+    the store URIs (paths on every node), the run root (the sweep directory's parent)."""
+    out: list[tuple[str, str | None]] = [("job.command", a) for a in cfg.job.command]
+    out += [(f"store.{k}", getattr(cfg.store, k)) for k in STORE_URIS]
+    out.append(("submit.run_root", cfg.submit.run_root))
+    return out
+
+
+def _check_secrets(cfg: SlurmkitConfig, spec: JobSpec) -> None:
+    check_env_secrets(spec.env)
+    check_text_secrets("a cluster.setup line", spec.setup)
+    check_text_secrets("job.command", cfg.job.command, arguments=True)
+    check_image_secrets("cluster.container_image", spec.container_image)
+    check_text_secrets("cluster.container_mounts", spec.container_mounts)
+    for key in STORE_URIS:
+        check_text_secrets(f"store.{key}", [getattr(cfg.store, key)])
 
 
 def _check_resources(cfg: SlurmkitConfig, nodes: int, cpus: int | None) -> None:
@@ -143,8 +171,8 @@ def build_jobspec(cfg: SlurmkitConfig, run_dir: str, srun_args: list[str] | None
     exclude: list[str] = []
     for expr in j.exclude:
         exclude.extend(expand_hostlist(expr))
+    _check_env(cfg)
     env = {**c.env, **j.env}
-    _check_env_names(env)
     spec = JobSpec(
         name=j.name, run_dir=os.path.abspath(run_dir), nodes=nodes, train_nodes=layout.train_nodes,
         ranks_per_node=layout.ranks_per_node, gpus_per_node=layout.gpus_per_node, gpu_type=c.gpu_type, cpus_per_task=cpus,
@@ -159,11 +187,9 @@ def build_jobspec(cfg: SlurmkitConfig, run_dir: str, srun_args: list[str] | None
         nodes_per_step=nodes_per_step(nodes, cfg.launch.nodes_per_step),
     )
     # Nothing is written before these pass (submit renders before it creates the run directory).
-    check_printable(spec)
+    check_printable(spec, _more_values(cfg))
     check_slurm_names(spec)
-    check_env_secrets(spec.env)
-    check_text_secrets("a cluster.setup line", spec.setup)
-    check_text_secrets("job.command", j.command)
+    _check_secrets(cfg, spec)
     return spec
 
 

@@ -15,6 +15,7 @@ from submitit.slurm.slurm import SlurmExecutor
 
 from slurmkit.errors import ConfigError
 from slurmkit.render.jobspec import JobSpec, exclude_expr
+from slurmkit.render.values import check_printable
 from slurmkit.resources import packaged
 from slurmkit.rundir import shell_check
 
@@ -38,9 +39,17 @@ def _mem(mem_gb: float) -> str:
     return f"{int(mem_gb)}G" if mem_gb == int(mem_gb) else f"{int(mem_gb * 1024)}M"
 
 
+def script_lines(text: str) -> list[str]:
+    """``text`` cut at "\n" only. ``str.splitlines()`` also cuts at U+2028, U+0085, \\x0b, ...,
+    and joining its pieces with "\n" would turn such a character inside a value into a line
+    break of the script (the values are refused before, slurmkit.render.values; this keeps
+    the renderer from making one)."""
+    return (text[:-1] if text.endswith("\n") else text).split("\n")
+
+
 def setup_lines(spec: JobSpec) -> list[str]:
     text = _env().get_template("setup.sh.j2").render(spec=spec)
-    return [ln for ln in text.splitlines() if ln.strip()]
+    return [ln for ln in script_lines(text) if ln.strip(" \t")]
 
 
 # pyxis: a named container is imported once per node and job and reused by the job's later
@@ -151,7 +160,7 @@ class SlurmkitExecutor(SlurmExecutor):
     container = False  # pyxis: name the agents' container per attempt (CONTAINER_NAME_SHELL)
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
-        lines = super()._make_submission_file_text(command, uid).splitlines()
+        lines = script_lines(super()._make_submission_file_text(command, uid))
         idx = [i for i, ln in enumerate(lines) if ln.startswith("srun ")]
         if len(idx) != 1:
             raise RuntimeError(f"expected one srun line in submitit's script, found {len(idx)}")
@@ -169,6 +178,8 @@ class _RenderingExecutor(SlurmkitExecutor):
 
 
 def make_executor(spec: JobSpec, python: str | None = None, *, render_only: bool = False) -> SlurmkitExecutor:
+    # Again here: a sweep places its JobSpec in the sweep directory after build_jobspec checked it.
+    check_printable(spec, [("the Python interpreter", python)])
     kind = _RenderingExecutor if render_only else SlurmkitExecutor
     ex = kind(folder=os.path.join(spec.run_dir, "submitit"), python=python)
     ex.update_parameters(**executor_parameters(spec))
@@ -191,6 +202,7 @@ def render_standalone(spec: JobSpec, script_path: str, python: str | None = None
     (slurmkit/launch/context.py: task_run_dir).
     """
     py = python or sys.executable
+    check_printable(spec, [("the Python interpreter", py), ("the script path", script_path)])
     log_dir = None if spec.array else os.path.join(spec.run_dir, "logs")
     launch = launch_agents(log_dir, srun_args(spec),
                            shlex.join([py, "-u", "-m", AGENT_MODULE, spec.run_dir]), spec.nodes_per_step,

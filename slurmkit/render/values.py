@@ -34,8 +34,17 @@ CONSTRAINT_RE = re.compile(r"[A-Za-z0-9_.+&|,\[\]()*!:-]{1,1024}")
 _SWITCHES_RE = re.compile(r"([0-9]{1,4})(?:@([0-9:-]+))?")
 
 
-def has_control(text: str, allow_tab: bool = False) -> bool:
-    return any((ord(c) < 32 and not (allow_tab and c == "\t")) or ord(c) == 127 for c in text)
+def unprintable(text: str, allow_tab: bool = False) -> str | None:
+    """The first character of ``text`` that is not printable, as U+XXXX, or None.
+
+    One rule for everything written into a script: ``str.isprintable()``. ASCII controls are
+    not the only line breaks: Python's ``splitlines()`` (and some readers) also break on
+    U+0085, U+2028 and U+2029, and bidi overrides (U+202E) make a line read otherwise than it
+    runs; all of them fail ``isprintable()``."""
+    for c in text:
+        if not c.isprintable() and not (allow_tab and c == "\t"):
+            return f"U+{ord(c):04X}"
+    return None
 
 
 def _fields(spec: JobSpec) -> Iterable[tuple[str, str | None]]:
@@ -61,19 +70,35 @@ def _fields(spec: JobSpec) -> Iterable[tuple[str, str | None]]:
     for a in spec.srun_args:
         yield "srun arguments", a
     for k, v in spec.env:
+        yield f"environment variable {k} (job.env / cluster.env)", k
         yield f"environment variable {k} (job.env / cluster.env)", v
+    yield "the config digest", spec.config_sha256
 
 
-def check_printable(spec: JobSpec) -> None:
-    """Refuse a control character anywhere in what the batch script carries."""
+def refuse_unprintable(what: str, value: str | None, allow_tab: bool = False) -> None:
+    """Refuse ``value`` (the config key ``what``) unless every character is printable."""
+    bad = None if value is None else unprintable(value, allow_tab)
+    if bad is not None:
+        raise ConfigError(f"{what} {value!r} holds a control character or other non-printable "
+                          f"character ({bad})",
+                          "printable text only (str.isprintable(), tabs aside in cluster.setup): "
+                          "it is written into the batch script, where a line separator such as "
+                          "U+2028 or U+0085 would start a new line",
+                          f"remove the newline, line separator or control character from {what}")
+
+
+def check_printable(spec: JobSpec, more: Iterable[tuple[str, str | None]] = ()) -> None:
+    """Refuse a non-printable character anywhere in what the batch script carries (and in
+    ``more``: other values that reach the job, by config key)."""
     for what, value in _fields(spec):
-        if value is not None and has_control(value):
-            raise ConfigError(f"{what} {value!r} holds a control character",
-                              "printable text only: it is written into the batch script",
-                              f"remove the newline or control character from {what}")
+        refuse_unprintable(what, value)
+    for what, value in more:  # not on a script line of their own: a tab does no harm
+        refuse_unprintable(what, value, allow_tab=True)
     for line in spec.setup:
-        if has_control(line, allow_tab=True):
-            raise ConfigError(f"cluster.setup line {line!r} holds a control character",
+        bad = unprintable(line, allow_tab=True)
+        if bad is not None:
+            raise ConfigError(f"cluster.setup line {line!r} holds a control character or other "
+                              f"non-printable character ({bad})",
                               "one shell line per list item, printable text only",
                               "split it into separate cluster.setup items")
 
