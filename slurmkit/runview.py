@@ -19,7 +19,7 @@ before they are shown.
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 import stat
 import time
@@ -31,30 +31,45 @@ from typing import Any
 import yaml
 
 from slurmkit.errors import ConfigError
-from slurmkit.supervise.ledger import LEDGER_NAME
+from slurmkit.supervise.ledger import LEDGER_NAME, LINE_BYTES, parse_record
 from slurmkit.supervise.report import RunReport, summarize
 from slurmkit.train.heartbeat import LocalDirError, local_heartbeat_path, read_heartbeat
+from slurmkit.untrusted import UntrustedDataError, parse_json, parse_object, read_regular
+
+log = logging.getLogger(__name__)
 
 METRICS_NAME = "metrics.jsonl"
 SWEEP_NAME = "sweep.json"
 END_STATUSES = frozenset({"completed", "stopped", "signalled", "cancelled", "failed", "ended"})
 TAIL_BYTES = 64 * 1024  # one block from a file's end: far more than one metrics/ledger line
+SWEEP_BYTES = 64 * 1024 * 1024  # sweep.json: a thousand variants with their overrides take ~1 MiB
+REFUSALS_NAMED = 20  # refused ledger lines named in the log per watched run
 
 
 # ------------------------------------------------------------------ reading files cheaply
 
-def _parse_lines(chunk: bytes) -> list[dict[str, Any]]:
+def _parse_lines(chunk: bytes, *, ledger: bool = True, where: str = "",
+                 refused: list[str] | None = None) -> list[dict[str, Any]]:
+    """The records on whole lines: ledger records as the ledger's own reader takes them
+    (slurmkit.supervise.ledger.parse_record: within slurmkit.untrusted's limits, known fields
+    type-checked), other lines (metrics) as JSON objects within the same limits. A torn or
+    foreign line is skipped; why is appended to ``refused`` (named by ``where``) when given."""
     out = []
     for raw in chunk.split(b"\n"):
         raw = raw.strip()
         if not raw:
             continue
-        try:
-            value = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            continue  # a torn or foreign line: the ledger's own reader skips it too
-        if isinstance(value, dict):
+        if ledger:
+            value, why = parse_record(raw)
+        else:
+            try:
+                value, why = parse_object(raw, max_bytes=LINE_BYTES), ""
+            except UntrustedDataError as exc:
+                value, why = None, str(exc)
+        if value is not None:
             out.append(value)
+        elif refused is not None and why:
+            refused.append(f"{where}: {why}")
     return out
 
 
@@ -62,14 +77,18 @@ class LedgerTail:
     """The events of one JSONL file, read incrementally: each :meth:`poll` reads only new bytes.
 
     A line still being written (no newline yet) waits for the next poll. A file that shrank
-    (replaced) is read again from the start.
+    (replaced) is read again from the start. A line the ledger's reader refuses is skipped and
+    named in the log (the first few); one that grows past the ledger's line limit without a
+    newline is dropped as it comes, never held.
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.events: list[dict[str, Any]] = []
+        self.refused: list[str] = []
         self._offset = 0
         self._partial = b""
+        self._skipping = False  # inside a line already refused for its length
 
     def poll(self) -> bool:
         """Read what was appended since the last poll; True when new events arrived."""
@@ -78,7 +97,7 @@ class LedgerTail:
         except OSError:
             return False
         if size < self._offset:
-            self.events, self._offset, self._partial = [], 0, b""
+            self.events, self._offset, self._partial, self._skipping = [], 0, b"", False
         if size == self._offset:
             return False
         with open(self.path, "rb") as f:
@@ -87,10 +106,23 @@ class LedgerTail:
         self._offset += len(chunk)
         data = self._partial + chunk
         cut = data.rfind(b"\n") + 1
-        self._partial = data[cut:]
-        new = _parse_lines(data[:cut])
+        whole, self._partial = data[:cut], data[cut:]
+        if self._skipping and cut:
+            whole, self._skipping = whole[whole.find(b"\n") + 1:], False  # the overlong line's end
+        if len(self._partial) > LINE_BYTES:
+            self._note([f"{self.path}: a line over {LINE_BYTES} bytes"])
+            self._partial, self._skipping = b"", True
+        refused: list[str] = []
+        new = _parse_lines(whole, where=self.path, refused=refused)
+        self._note(refused)
         self.events.extend(new)
         return bool(new)
+
+    def _note(self, refused: list[str]) -> None:
+        for why in refused:
+            if len(self.refused) < REFUSALS_NAMED:
+                log.warning("ledger line skipped: %s", why)
+            self.refused.append(why)
 
 
 def _read_tail(path: str, nbytes: int = TAIL_BYTES) -> bytes:
@@ -112,7 +144,7 @@ def last_json_line(path: str) -> dict[str, Any] | None:
     data = _read_tail(path, 8192)
     if not data.endswith(b"\n"):
         data = data[: data.rfind(b"\n") + 1]  # the last line is still being written
-    lines = _parse_lines(data)
+    lines = _parse_lines(data, ledger=False)
     return lines[-1] if lines else None
 
 
@@ -400,9 +432,8 @@ def read_sweep(path: str) -> Sweep:
     """The sweep directory's ``sweep.json`` (see the sweep layout in the README)."""
     file = os.path.join(path, SWEEP_NAME)
     try:
-        with open(file, encoding="utf-8") as f:
-            raw = json.load(f)
-    except (OSError, ValueError) as exc:
+        raw = parse_json(read_regular(file, SWEEP_BYTES), max_bytes=SWEEP_BYTES)
+    except (OSError, UntrustedDataError) as exc:
         raise ConfigError(f"{file} cannot be read: {exc}", "a sweep.json written by slurmkit.submit -m",
                           "pass the sweep directory printed at submit") from exc
     variants = raw.get("variants") if isinstance(raw, dict) else None
@@ -414,8 +445,10 @@ def read_sweep(path: str) -> Sweep:
         if not isinstance(v, dict) or not isinstance(v.get("run_dir"), str):
             continue
         run_dir = v["run_dir"] if os.path.isabs(v["run_dir"]) else os.path.join(path, v["run_dir"])
-        out.append(Variant(int(v.get("index", len(out))), [str(o) for o in v.get("overrides") or []],
-                           run_dir))
+        index, overrides = v.get("index", len(out)), v.get("overrides") or []
+        if isinstance(index, bool) or not isinstance(index, int) or not isinstance(overrides, list):
+            continue  # written by hand or by another tool: not a variant this listing can name
+        out.append(Variant(index, [str(o) for o in overrides], run_dir))
     job, runner = raw.get("job_id"), raw.get("runner_pid")
     return Sweep(path, str(raw.get("name") or os.path.basename(path)),
                  str(job) if job is not None else None, out,

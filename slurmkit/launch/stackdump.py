@@ -36,7 +36,6 @@ ledger event and its log; node 0 gets only a verdict per node (slurmkit.supervis
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -53,6 +52,7 @@ from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.classify import Evidence
 from slurmkit.supervise.stacks import StackPlace, StackReading, bounded_lines, node_verdicts, read_stack
 from slurmkit.train.signals import STACK_SIGNAL
+from slurmkit.untrusted import open_regular, parse_json, read_regular
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,7 @@ FAULTHANDLER_WAIT_S = 2.0  # its dump takes milliseconds; past this, py-spy (if 
 NCCL_DUMP_WAIT_S = 5.0  # for the flight recorder's files after its pipes were written (GPU)
 TRACE_WAIT_S = 5.0  # for the trainer's own flight-recorder traces (any backend)
 TRACE_BYTES = 32 * 1024 * 1024  # of one trace read back: 2,000 entries with their frames fit
+TRACE_DEPTH = 16  # torch's trace nests 5 deep (entries, an entry, its frames, a frame)
 TRAINER_MODULE = "slurmkit.train"
 
 
@@ -130,9 +131,11 @@ def _faulthandler(t: RankTarget, stopped: bool, deadline: float) -> str:
         if now > before and now == size:
             break
         size = now
-    with open(t.stack_file, "rb") as f:
-        f.seek(before)
-        return f.read(OUTPUT_BYTES).decode("utf-8", "replace")
+    fd = open_regular(t.stack_file)  # the rank's file: never a FIFO's endless wait, never a link
+    try:
+        return os.pread(fd, OUTPUT_BYTES, before).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
 
 
 def _pyspy(exe: str, t: RankTarget, stopped: bool, deadline: float) -> str:
@@ -159,7 +162,7 @@ def _one(t: RankTarget, *, trainer: bool, pyspy: str | None, stopped: bool, dead
         if pyspy is not None:
             return RankStack(t.rank, t.pid, stopped, "py-spy", _pyspy(pyspy, t, stopped and not continued, deadline))
         why = "no stack: py-spy is not installed (pip install py-spy)"
-    except OSError as exc:  # the rank exited meanwhile, a file that could not be read
+    except (OSError, ValueError) as exc:  # the rank exited meanwhile, a file that is not a file
         why = f"no stack: {exc}"
     return RankStack(t.rank, t.pid, stopped, "none", why)
 
@@ -221,19 +224,20 @@ class TraceSummary:
 
 
 def _seq(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
+    """A sequence number as the recorder writes it (an int, or its decimal string), within int64:
+    what goes into the ledger must read back under slurmkit.untrusted's limits."""
+    if isinstance(value, str) and value.lstrip("-").isdigit() and len(value) <= 20:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not -2**63 <= value < 2**63:
         raise ValueError(f"a sequence number, found {value!r:.40}")
-    return int(value)
+    return value
 
 
 def parse_trace(data: bytes) -> TraceSummary:
     """The summary of one trace as ``torch._C._distributed_c10d._dump_fr_trace_json`` writes it.
     The file is the rank's, on this node, and read as untrusted: JSON only, every field checked;
     ValueError says what is wrong."""
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"not JSON: {exc}") from None
+    doc = parse_json(data, max_bytes=TRACE_BYTES, max_depth=TRACE_DEPTH)  # UntrustedDataError says why
     if not isinstance(doc, dict) or not isinstance(doc.get("pg_status"), dict):
         raise ValueError("no pg_status object")
     status, entries = doc["pg_status"], doc.get("entries", [])
@@ -264,11 +268,7 @@ def read_traces(asked: Sequence[RankTarget], timeout_s: float = TRACE_WAIT_S) ->
     out: dict[int, TraceSummary | str] = {}
     for t in asked:
         try:
-            with open(t.trace_file, "rb") as f:
-                data = f.read(TRACE_BYTES + 1)
-            if len(data) > TRACE_BYTES:
-                raise ValueError(f"over {TRACE_BYTES} bytes")
-            out[t.rank] = parse_trace(data)
+            out[t.rank] = parse_trace(read_regular(t.trace_file, TRACE_BYTES))
         except FileNotFoundError:
             out[t.rank] = f"no trace within {timeout_s:g} s"
         except (OSError, ValueError) as exc:

@@ -11,7 +11,6 @@ never a made-up figure.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -23,8 +22,12 @@ from slurmkit.report.breakdown import breakdown
 from slurmkit.report.model import Advice, Figures, advise
 from slurmkit.supervise.ledger import LEDGER_NAME, read_ledger
 from slurmkit.supervise.report import RunReport, summarize
+from slurmkit.untrusted import UntrustedDataError, bounded_lines, parse_object
 
 METRICS_NAME = "metrics.jsonl"
+METRICS_LINE_BYTES = 64 * 1024  # one step's metrics line is ~300 bytes
+# the fields the figures read as numbers (float(m[...])): anything else in them refuses the row
+METRICS_NUMBERS = ("loss", "tokens_per_s", "step_time_s", "ckpt_blocking_s", "mfu")
 CONFIG_NAME = "config.yaml"
 
 
@@ -61,18 +64,42 @@ class RunData:
     notes: list[str] = field(default_factory=list)  # figures the run's files do not hold
 
 
-def _jsonl(path: str) -> list[dict[str, Any]]:
-    """Whole lines of a JSONL file; a torn last line (writer killed mid-line) is skipped."""
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
+def _jsonl(path: str, notes: list[str] | None = None) -> list[dict[str, Any]]:
+    """The metrics rows of a JSONL file that rank 0 wrote: each a JSON object within
+    slurmkit.untrusted's limits, with an integer ``step`` and numbers where the figures read
+    numbers. A torn last line (writer killed mid-line) is skipped; other refused lines are
+    counted in ``notes``, with the first one's reason."""
+    out, refused = [], []
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(bounded_lines(f, METRICS_LINE_BYTES), 1):
+            if len(line) > METRICS_LINE_BYTES or not line.strip():
+                refused += [f"line {lineno}: over {METRICS_LINE_BYTES} bytes"] if line.strip() else []
                 continue
-            if isinstance(row, dict):
+            try:
+                row = parse_object(line, max_bytes=METRICS_LINE_BYTES)
+            except UntrustedDataError as exc:
+                refused.append(f"line {lineno}: {exc}")
+                continue
+            why = _metrics_problem(row)
+            if why:
+                refused.append(f"line {lineno}: {why}")
+            else:
                 out.append(row)
+    if refused and notes is not None:
+        notes.append(f"{len(refused)} line(s) of {path} skipped ({refused[0]})")
     return out
+
+
+def _metrics_problem(row: Mapping[str, Any]) -> str:
+    """Why a metrics row cannot be shown ("" when it can)."""
+    step = row.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return f"step={step!r:.40} is not a step"
+    for name in METRICS_NUMBERS:
+        value = row.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return f"{name}={value!r:.40} is not a number"
+    return ""
 
 
 def _config(path: str) -> dict[str, Any]:
@@ -258,9 +285,9 @@ def load_run(run_dir: str, mtbf_h: float | None = None) -> RunData:
                           "a run directory that slurmkit.submit created (or a sweep directory)",
                           "pass the run directory printed at submit (e.g. runs/<name>/<stamp>)")
     events = sorted(read_ledger(ledger), key=lambda e: _num(e.get("t")))
-    notes = []
+    notes: list[str] = []
     mpath, cpath = os.path.join(run_dir, METRICS_NAME), os.path.join(run_dir, CONFIG_NAME)
-    metrics = _jsonl(mpath) if os.path.isfile(mpath) else []
+    metrics = _jsonl(mpath, notes) if os.path.isfile(mpath) else []
     if not metrics:
         notes.append(f"no {METRICS_NAME}: no loss, tokens/s or checkpoint blocking figures")
     config = _config(cpath) if os.path.isfile(cpath) else {}

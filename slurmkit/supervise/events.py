@@ -95,6 +95,8 @@ EVENTS: dict[str, EventSpec] = {
                               "slot:int first_beat_s:num command:list log:str"),
     "agent_relaunch_failed": _spec("node:str why:str", "node_rank:int generation:int relaunch:int"),
     "agent_error": _spec("node:str error:str", "generation:int node_rank:int"),
+    # a record a rank (or anything else) wrote that a reader refused: the file, and why
+    "rank_data_refused": _spec("file:str reason:str", "node:str count:int"),
     "requeue_refused": _spec("reason:str", "generation:int failure_requeues:int max_requeues:int "
                                            "excluded:list partition:str? partition_nodes:int? needed:int"),
     "preflight": _spec("node:str verdict:str", "generation:int duration_s:num waited_s:num checks:list"),
@@ -165,6 +167,29 @@ def validate(event: str, fields: Mapping[str, Any]) -> None:
             continue
         if not _matches(value, type_name):
             raise EventError(f"ledger event {event!r}: {name}={value!r} is not {type_name}")
+
+
+def check_read(rec: Mapping[str, Any]) -> str | None:
+    """Why a record read back (from the ledger, or a rank's spool) cannot be used, else None.
+
+    Readers take ``t`` as a number and every known field as its type: a line that says
+    otherwise (written by hand, by an older or hostile writer) is refused as a whole. Unknown
+    events and fields pass (a later version's; no reader looks at them), and so does a missing
+    field: readers ask with ``get``, and hand-written test ledgers omit them."""
+    t, event = rec.get("t"), rec.get("event")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+        return f"t={t!r:.40} is not a time"
+    if not isinstance(event, str):
+        return f"event={event!r:.40} is not a name"
+    if "source" in rec and not isinstance(rec["source"], str):
+        return "source is not a string"
+    spec = EVENTS.get(event)
+    if spec is None:
+        return None
+    for name, type_name in (*spec.required.items(), *spec.optional.items()):
+        if name in rec and not _matches(rec[name], type_name):
+            return f"{event}: {name}={rec[name]!r:.40} is not {type_name}"
+    return None
 
 
 def encode(record: Mapping[str, Any]) -> bytes:

@@ -25,7 +25,7 @@ disk filled mid-write) and recovers the whole record that follows one on the sam
 from __future__ import annotations
 
 import errno as errno_mod
-import json
+import logging
 import os
 import sys
 import threading
@@ -34,7 +34,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from slurmkit.supervise.events import encode, validate
+from slurmkit.supervise.events import check_read, encode, validate
+from slurmkit.untrusted import UntrustedDataError, bounded_lines, parse_object
+
+log = logging.getLogger(__name__)
 
 LEDGER_NAME = "ledger.jsonl"
 # Events someone acts on as soon as they are written (a test waiting for pids, `status`, the
@@ -44,6 +47,8 @@ URGENT = frozenset({"ranks_started", "failure", "decision", "exclusion", "requeu
                     "ledger_write_failed", "config_warning", "allocation_start", "successor",
                     "successor_refused"})
 RECORD_START = b'{"t": '  # every record the ledger writes begins so (the time is its first key)
+LINE_BYTES = 4 * 1024 * 1024  # one record read back: a node's hang_stacks event is ~100 KiB
+REFUSALS_NAMED = 20  # refused lines named per read of a ledger (a flood is cut short)
 
 
 def _open_append(path: str) -> int:
@@ -58,6 +63,16 @@ class Source(Protocol):
     """Something that hands over finished records written elsewhere (a node-local spool)."""
 
     def read_new(self) -> list[dict[str, Any]]: ...
+
+
+def _refusals(src: Source) -> list[dict[str, Any]]:
+    """What a source refused since it was last asked (``rank_data_refused`` fields), if it says."""
+    take = getattr(src, "take_refusals", None)
+    try:
+        notes = take() if callable(take) else []
+    except Exception:  # never let the report of a refusal fail the writer
+        return []
+    return [n for n in notes if isinstance(n, dict)]
 
 
 @dataclass
@@ -165,10 +180,30 @@ class Ledger:
             except OSError as exc:  # a node-local spool that vanished: report, keep going
                 self._note_failure(exc, what="read a rank's events")
                 continue
+            except Exception as exc:  # a reader's bug must not end the node's one ledger writer
+                self.stats.rejected += 1
+                self._report(f"slurmkit ledger: reading a rank's events failed: {exc!r:.200}")
+                continue
+            self._hold_refusals(src)
             for rec in records:
                 line = self._checked(rec)
                 if line is not None:
                     self._hold(str(rec["event"]), line)
+
+    def _hold_refusals(self, src: Source) -> None:
+        """What the source refused, as ``rank_data_refused`` events of this writer: the file and why."""
+        for note in _refusals(src):
+            try:
+                validate("rank_data_refused", note)
+                record: dict[str, Any] = {"t": round(self._clock(), 6), "event": "rank_data_refused"}
+                if self.source:
+                    record["source"] = self.source
+                record.update(note)
+                self._hold("rank_data_refused", encode(record))
+            except ValueError as exc:
+                self._report(f"slurmkit ledger: a refusal could not be recorded: {exc}")
+                continue
+            self._report(f"slurmkit ledger: refused {note.get('file')}: {note.get('reason')}")
 
     def _checked(self, rec: Mapping[str, Any]) -> bytes | None:
         """A record from a source, validated and re-encoded with ``t`` first; None if refused."""
@@ -183,7 +218,7 @@ class Ledger:
                 out["source"] = rec["source"]
             out.update(fields)
             return encode(out)
-        except ValueError as exc:
+        except (ValueError, TypeError, RecursionError) as exc:
             self.stats.rejected += 1
             self._report(f"slurmkit ledger: refused a rank's event {str(event)[:60]!r}: {exc}")
             return None
@@ -308,33 +343,54 @@ class Ledger:
         self._flush_held()
 
 
-def read_ledger(path: str) -> Iterator[dict[str, Any]]:
+def read_ledger(path: str, *, refused: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
     """Yield the events of a ledger. A torn line (a writer killed or a disk filled mid-write)
     is skipped; when another record was appended after the fragment on the same line, that
-    record is recovered. Bytes that are not UTF-8 and lines that are not objects are skipped."""
+    record is recovered. A line that is not UTF-8 JSON within the limits of slurmkit.untrusted,
+    not an object, or whose known fields have the wrong type (events.check_read) is skipped and
+    named to ``refused`` (default: a warning in the log), never raised: status, report and the
+    supervisor read this file, and any process of the user can append to it."""
     if not os.path.exists(path):
         return
+    say = refused if refused is not None else _warn
+    told = 0
     with open(path, "rb") as f:
-        for raw in f:
-            rec = parse_line(raw)
+        for lineno, raw in enumerate(bounded_lines(f, LINE_BYTES), 1):
+            rec, why = parse_record(raw)
             if rec is not None:
                 yield rec
+            elif why and told < REFUSALS_NAMED:
+                told += 1
+                say(f"{path} line {lineno} skipped: {why}")
+
+
+def _warn(message: str) -> None:
+    log.warning("%s", message)
 
 
 def parse_line(raw: bytes) -> dict[str, Any] | None:
-    """One ledger line as a record, or None when no whole record is on it."""
+    """One ledger line as a record, or None when no whole, well-typed record is on it."""
+    return parse_record(raw)[0]
+
+
+def parse_record(raw: bytes) -> tuple[dict[str, Any] | None, str]:
+    """(the record on one ledger or spool line, "") or (None, why not; "" for an empty line)."""
     raw = raw.strip()
     if not raw:
-        return None
+        return None, ""
     starts = [0]
     last = raw.rfind(RECORD_START)
     if last > 0:
         starts.append(last)
+    why = ""
     for start in starts:
         try:
-            value = json.loads(raw[start:].decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+            value = parse_object(raw[start:], max_bytes=LINE_BYTES)
+        except UntrustedDataError as exc:
+            why = why or str(exc)
             continue
-        if isinstance(value, dict):
-            return value
-    return None
+        problem = check_read(value)
+        if problem is None:
+            return value, ""
+        why = why or problem
+    return None, why

@@ -8,7 +8,8 @@ reads per rank and nothing on the shared file system, however often it runs.
 
 from __future__ import annotations
 
-import json
+import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -17,6 +18,11 @@ from dataclasses import dataclass
 from slurmkit.contract import EXIT_CHECKPOINTED_ON_SIGNAL  # saved on SIGUSR1/SIGTERM, left on purpose
 from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.classify import Evidence, classify_exit, classify_line
+from slurmkit.untrusted import UntrustedDataError, parse_object, read_regular
+
+log = logging.getLogger(__name__)
+
+BEAT_BYTES = 64 * 1024  # one beat: {rank, step, time, pid, generation} and the trainer's sections
 
 # Lines that announce a failure on their own, before the rank dies (PyTorch sleeps after an
 # NCCL error to let dumps finish: acting on the line saves that time). A GPU OOM is not one: a
@@ -41,6 +47,7 @@ class _RankWatch:
     exit_code: int | None = None
     hang_reported: bool = False
     stopped_since: float | None = None  # monotonic: first poll that found it stopped (state T)
+    refused: str = ""  # why its file was last refused (logged once per reason, not per poll)
 
 
 # Programs known to beat every step (slurmkit.train.heartbeat.Heartbeat), named as `-m` takes them.
@@ -154,33 +161,50 @@ class RankMonitor:
         for w in self._ranks.values():
             if w.exit_code is not None:
                 continue
-            beat = self._current_beat(w)
-            if beat is not None:
+            try:
+                got = self._current_beat(w)
+            except Exception as exc:  # a reader's bug must never end the node's agent
+                self._refuse(w, f"unreadable: {exc!r:.200}")
+                got = None
+            if got is not None:
+                beat, step, written = got
                 beats[w.rank] = beat
-                step = int(str(beat["step"]))
                 if step != w.last_step:
                     w.last_step, w.last_change = step, now
-                    w.last_beat_wall = float(str(beat["time"]))
+                    w.last_beat_wall = written
             self._check_hang(w, now)
         return beats
 
-    def _current_beat(self, w: _RankWatch) -> dict[str, object] | None:
-        """The rank's beat if this process wrote it. A requeued job starts again at generation 0,
+    def _current_beat(self, w: _RankWatch) -> tuple[dict[str, object], int, float] | None:
+        """The rank's beat (with its step and time) if this process wrote it. A requeued job starts again at generation 0,
         and its heartbeat files still hold the last beats of the previous allocation: those are
         older than the rank, and taking them would start the hang timer before the first step."""
-        beat = _read_beat(w.heartbeat_path)
+        try:
+            beat = _read_beat(w.heartbeat_path)
+        except UntrustedDataError as exc:
+            self._refuse(w, str(exc))
+            return None
         if beat is None or str(beat.get("generation")) != str(self.generation):
             return None
         # Written by any program (the file's path is in $SLURMKIT_HEARTBEAT_FILE): a beat
         # without an integer step or a numeric time is no beat, never the agent's crash.
-        try:
-            int(str(beat["step"]))
-            written = float(str(beat["time"]))
-        except (KeyError, ValueError):
+        step, written = beat.get("step"), beat.get("time")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            self._refuse(w, f"step={step!r:.40} is not a step")
             return None
+        if isinstance(written, bool) or not isinstance(written, (int, float)) or not math.isfinite(written):
+            self._refuse(w, f"time={written!r:.40} is not a time")
+            return None
+        w.refused = ""
         if written < w.started_wall:
             return None
-        return beat
+        return beat, step, float(written)
+
+    def _refuse(self, w: _RankWatch, why: str) -> None:
+        """Name a refused heartbeat in the agent's log, once per reason (not on every poll)."""
+        if why != w.refused:
+            w.refused = why
+            log.warning("rank %d: heartbeat %s refused: %s", w.rank, w.heartbeat_path, why)
 
     def _check_hang(self, w: _RankWatch, now: float) -> None:
         if w.hang_reported:
@@ -223,8 +247,10 @@ class RankMonitor:
 
 
 def _read_beat(path: str) -> dict[str, object] | None:
+    """The beat at ``path``; None when there is none yet (or it is being replaced), and
+    UntrustedDataError when what is there is not a beat (not a regular file, not a JSON object
+    within slurmkit.untrusted's limits)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return dict(json.load(f))
-    except (OSError, ValueError):
+        return parse_object(read_regular(path, BEAT_BYTES), max_bytes=BEAT_BYTES)
+    except OSError:
         return None

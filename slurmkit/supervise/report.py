@@ -105,8 +105,12 @@ def _first_after(events: Sequence[Event], names: tuple[str, ...], after: float) 
 
 
 def _sample_step(e: Event) -> int | None:
-    """The step a heartbeat sample shows: the slowest rank's (all ranks have done it)."""
-    steps = [int(v) for v in dict(e.get("steps") or {}).values() if v is not None]
+    """The step a heartbeat sample shows: the slowest rank's (all ranks have done it). The
+    ledger's reader checked that ``steps`` is an object; what it maps to is a rank's to say, so
+    only integers count."""
+    raw = e.get("steps")
+    steps = [v for v in (raw.values() if isinstance(raw, dict) else ())
+             if isinstance(v, int) and not isinstance(v, bool)]
     return min(steps) if steps else None
 
 

@@ -20,7 +20,12 @@ from collections.abc import Callable
 from typing import Any
 
 from slurmkit.supervise.events import encode, validate
-from slurmkit.supervise.ledger import parse_line
+from slurmkit.supervise.ledger import parse_record
+from slurmkit.untrusted import UntrustedDataError, open_regular
+
+READ_BYTES = 4 * 1024 * 1024  # read per call: a rank that floods its spool is read in slices
+LINE_BYTES = 256 * 1024  # one event of rank 0 is well under 1 KiB
+REFUSALS_HELD = 10  # refusals named per pull (the rest are counted)
 
 
 class SpoolWriter:
@@ -51,27 +56,69 @@ class SpoolWriter:
 
 
 class SpoolReader:
-    """The agent side: the whole lines appended since the last call (a Ledger source)."""
+    """The agent side: the whole lines appended since the last call (a Ledger source).
+
+    The spool is the rank's: every line is parsed within the limits of slurmkit.untrusted and
+    type-checked (events.check_read; the ledger validates it again before writing it). A line
+    that fails is skipped and named (:meth:`take_refusals`, which the ledger writes as a
+    ``rank_data_refused`` event); a FIFO, a link or a device in its place is never opened, at most
+    ``READ_BYTES`` are read per call, and a line longer than ``LINE_BYTES`` is dropped, not held."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._offset = 0
         self._partial = b""
+        self._skipping = False  # inside a line already refused for its length
+        self._unreadable = False  # refused as a whole (said once)
+        self._refusals: list[dict[str, Any]] = []
+        self.refused = 0
 
     def read_new(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
+        data = self._read()
         self._offset += len(data)
-        data = self._partial + data
-        lines = data.split(b"\n")
+        lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()  # what follows the last newline is still being written
+        if self._skipping and lines:
+            lines.pop(0)  # the end of the overlong line
+            self._skipping = False
+        if len(self._partial) > LINE_BYTES:
+            self._refuse(f"a line over {LINE_BYTES} bytes")
+            self._partial, self._skipping = b"", True
         out = []
         for raw in lines:
-            rec = parse_line(raw)
+            rec, why = parse_record(raw)
             if rec is not None:
                 out.append(rec)
+            elif why:
+                self._refuse(why)
+        return out
+
+    def _read(self) -> bytes:
+        """What was appended, at most READ_BYTES; b"" (the reason refused once) when the file
+        is not there or is not a regular file of its own."""
+        try:
+            fd = open_regular(self.path)
+        except FileNotFoundError:
+            return b""
+        except (OSError, UntrustedDataError) as exc:  # a link (ELOOP), a FIFO, a device
+            if not self._unreadable:
+                self._refuse(f"cannot be read: {exc}")
+            self._unreadable = True
+            return b""
+        self._unreadable = False
+        try:
+            if os.fstat(fd).st_size < self._offset:  # truncated and written again: read it anew
+                self._offset, self._partial, self._skipping = 0, b"", False
+            return os.pread(fd, READ_BYTES, self._offset)
+        finally:
+            os.close(fd)
+
+    def _refuse(self, why: str) -> None:
+        self.refused += 1
+        if len(self._refusals) < REFUSALS_HELD:
+            self._refusals.append({"file": self.path, "reason": why[:300], "count": self.refused})
+
+    def take_refusals(self) -> list[dict[str, Any]]:
+        """The refusals since the last call (at most REFUSALS_HELD; ``count`` numbers them all)."""
+        out, self._refusals = self._refusals, []
         return out

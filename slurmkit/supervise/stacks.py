@@ -22,6 +22,9 @@ STACK_LINES = 40  # lines of one rank's stack kept in the node's ledger event
 LINE_CHARS = 200  # characters of one such line
 EXCERPT_FRAMES = 3  # innermost frames of the main thread in the verdict sent to node 0
 EXCERPT_CHARS = 300
+# A longer line of a dump is no frame (paths and names are far shorter). The dump is the rank's
+# text: a line of 64 KiB of " (" made the frame pattern backtrack for seconds per rank.
+FRAME_LINE_CHARS = 2000
 
 
 class StackPlace(str, Enum):
@@ -74,6 +77,8 @@ def parse_stack(text: str) -> list[ThreadStack]:
             threads.append(ThreadStack(head[0], head[1], head[2], tuple(frames)))
 
     for line in text.splitlines():
+        if len(line) > FRAME_LINE_CHARS:
+            continue
         fh, single, spy = _FH_HEADER.match(line), _FH_SINGLE.match(line), _SPY_HEADER.match(line)
         if fh or single or spy:
             close()

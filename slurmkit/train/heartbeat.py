@@ -8,8 +8,11 @@ The file lives in a node-local directory (:func:`node_local_dir`: /dev/shm, else
 else /tmp), never in the run directory: at 2,048 nodes x 8 ranks a beat per step on Lustre
 would be tens of thousands of metadata operations per second, and a slow metadata server would
 stall every rank's step. On tmpfs a beat is four system calls that never leave the node. The
-directory is per user and per run, mode 0700, and refused if someone else owns it (the parent
-is world-writable: another user could otherwise pre-create it and read or forge beats).
+directory is per user and per run, mode 0700, and never one someone else owns (the parent is
+world-writable: another user could otherwise pre-create it and read or forge beats). Its name is
+predictable, so another user can take it first (in sticky /dev/shm the victim cannot even remove
+it): an agent then uses a directory of its own with an unpredictable name (``mkdtemp``) and tells
+its ranks where through their environment (:func:`private_dir`).
 
 The agent publishes what the rank beats at a low, bounded rate (``heartbeat`` ledger samples),
 which is what tools on the login node read.
@@ -19,13 +22,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import stat
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from slurmkit.errors import ActionableError
+from slurmkit.untrusted import UntrustedDataError, parse_object, read_regular
+
+log = logging.getLogger(__name__)
+BEAT_BYTES = 64 * 1024  # one beat read back (slurmkit.supervise.monitor reads the same)
 
 
 class LocalDirError(ActionableError):
@@ -52,9 +61,33 @@ def node_local_dir(run_dir: str, env: Mapping[str, str], uid: int | None = None)
     return os.path.join(local_root(env), f"slurmkit-{os.getuid() if uid is None else uid}", key)
 
 
-def private_dir(path: str) -> str:
-    """Create ``path`` and its parent with mode 0700; refuse one that is a link, another
-    user's, or open to others (fix the mode when it is ours)."""
+def private_dir(path: str, *, fallback: bool = True) -> str:
+    """Create ``path`` and its parent with mode 0700 and return it; refuse one that is a link,
+    another user's, or not a directory (fix the mode when it is ours).
+
+    With ``fallback`` (the node agent: it passes the directory to its ranks in their
+    environment, so they need not guess its name), a refused ``<root>/slurmkit-<uid>`` is left
+    alone and ``<root>/slurmkit-<uid>-<random>/<name>`` is used instead: one this user already
+    owns (only this user can own one, so reusing it is safe), else a new one made by
+    ``mkdtemp``, which nobody can have taken. Without it, LocalDirError says what was found."""
+    try:
+        return _make_private(path)
+    except LocalDirError as exc:
+        if not fallback:
+            raise
+        refused = exc
+    root, uid = os.path.dirname(os.path.dirname(path)), os.getuid()
+    try:
+        base = _own_fallback(root, uid) or tempfile.mkdtemp(prefix=f"slurmkit-{uid}-", dir=root)
+    except OSError as exc:
+        raise LocalDirError(detected=f"{refused.detected}, and no private directory can be made in {root} ({exc})",
+                            requirement=refused.requirement, fix=refused.fix) from exc
+    fresh = _make_private(os.path.join(base, os.path.basename(path)))
+    log.warning("node-local directory: %s; using %s instead (%s)", refused.detected, fresh, refused.fix)
+    return fresh
+
+
+def _make_private(path: str) -> str:
     for d in (os.path.dirname(path), path):
         try:
             os.mkdir(d, 0o700)
@@ -69,6 +102,22 @@ def private_dir(path: str) -> str:
         if st.st_mode & 0o077:
             os.chmod(d, 0o700)
     return path
+
+
+def _own_fallback(root: str, uid: int) -> str | None:
+    """A directory ``slurmkit-<uid>-*`` in ``root`` that this user owns (not a link), if any."""
+    try:
+        names = sorted(n for n in os.listdir(root) if n.startswith(f"slurmkit-{uid}-"))
+    except OSError:
+        return None
+    for name in names:
+        try:
+            st = os.lstat(os.path.join(root, name))
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid:
+            return os.path.join(root, name)
+    return None
 
 
 def local_heartbeat_path(run_dir: str, rank: int, env: Mapping[str, str] | None = None,
@@ -109,7 +158,8 @@ class Heartbeat:
         if path is None:
             return None
         if not env.get("SLURMKIT_HEARTBEAT_FILE"):  # ours to create: private, per user and run
-            private_dir(os.path.dirname(os.path.dirname(path)))
+            # strict: a reader finds this beat by its name (no agent tells anyone another one)
+            private_dir(os.path.dirname(os.path.dirname(path)), fallback=False)
         return cls(path, rank=rank, generation=int(env.get("SLURMKIT_GENERATION", "0")))
 
     def beat(self, step: int, **extra: Any) -> dict[str, Any]:
@@ -129,10 +179,9 @@ class Heartbeat:
 
 
 def read_heartbeat(path: str) -> dict[str, Any] | None:
-    """The last beat at ``path``, or None if there is none yet (or it is unreadable)."""
+    """The last beat at ``path``, or None if there is none yet, or it is not a beat (not a
+    regular file, not a JSON object within slurmkit.untrusted's limits: a rank wrote it)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-    except (OSError, ValueError):
+        return parse_object(read_regular(path, BEAT_BYTES), max_bytes=BEAT_BYTES)
+    except (OSError, UntrustedDataError):
         return None
-    return dict(value) if isinstance(value, dict) else None
