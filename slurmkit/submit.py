@@ -29,7 +29,7 @@ from rich.markup import escape
 from slurmkit.config import SlurmkitConfig, compose, config_hash, to_yaml
 from slurmkit.errors import ConfigError, SlurmkitError, SubmissionError, print_error
 from slurmkit.layout import FROZEN_FILE_MODE, Layout, config_digest, resolve_layout, write_layout
-from slurmkit.rundir import RUN_DIR_MODE
+from slurmkit.rundir import RUN_DIR_MODE, make_submitit_dir, seal_pickles
 from slurmkit.render import JobSpec, build_jobspec, make_executor, render_standalone, render_submitit_script
 from slurmkit.submit_checks import check_run_root, check_store_backends, make_run_dir, remove_created
 from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
@@ -156,6 +156,7 @@ class Submitted:
 def submit_slurm(spec: JobSpec) -> Submitted:
     from slurmkit.launch.entry import submitit_entry
 
+    make_submitit_dir(spec.run_dir)  # 0700 before submitit writes its pickle there (rundir.py)
     executor = make_executor(spec)
     try:
         job = executor.submit(submitit_entry, spec.run_dir)
@@ -166,6 +167,7 @@ def submit_slurm(spec: JobSpec) -> Submitted:
             "Requirement: a partition, account, qos and resources this cluster accepts. "
             "Fix: check `sinfo -s` and `sacctmgr show assoc user=$USER`, then set cluster.partition / "
             "cluster.account / cluster.qos or lower the resources.") from exc
+    seal_pickles(spec.run_dir)
     return Submitted(str(job.job_id), spec.run_dir, "slurm", job)
 
 
@@ -188,13 +190,14 @@ def submit_local(spec: JobSpec) -> Submitted:
 
     from slurmkit.launch.entry import submitit_entry
 
-    ex = submitit.LocalExecutor(folder=os.path.join(spec.run_dir, "submitit"))
+    ex = submitit.LocalExecutor(folder=make_submitit_dir(spec.run_dir))  # 0700 first (rundir.py)
     minutes = (spec.time_limit_s or 7 * 24 * 3600) / 60
     ex.update_parameters(tasks_per_node=spec.nodes, timeout_min=minutes,
                          signal_delay_s=spec.signal_lead_s, stderr_to_stdout=True,
                          **local_gpu_parameters(spec.gpus_per_node, os.environ))
     job = ex.submit(submitit_entry, spec.run_dir)
     job._cancel_at_deletion = False  # the job outlives this command, as a Slurm job would
+    seal_pickles(spec.run_dir)
     return Submitted(str(job.job_id), spec.run_dir, "local", job)
 
 
