@@ -40,10 +40,10 @@ def _publish(path: str, payload: dict[str, object]) -> None:
     os.replace(tmp, path)
 
 
-def listen_socket(addr: str, backlog: int = 1024) -> socket.socket:
-    """A listening TCP socket on ``addr`` (a free port), for the store's server. ``backlog``:
-    connections the kernel queues before the server accepts them (every agent connects at once,
-    several times; the kernel caps it at net.core.somaxconn)."""
+def listen_socket(addr: str, backlog: int = 1024, port: int = 0) -> socket.socket:
+    """A listening TCP socket on ``addr`` (``port``, or a free one), for a store's server.
+    ``backlog``: connections the kernel queues before the server accepts them (every agent
+    connects at once, several times; the kernel caps it at net.core.somaxconn)."""
     try:
         infos = socket.getaddrinfo(addr, 0, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
@@ -55,13 +55,13 @@ def listen_socket(addr: str, backlog: int = 1024) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((sockaddr[0], 0))
+        sock.bind((sockaddr[0], port))
     except OSError as exc:
         sock.close()
         raise SlurmkitError(
-            f"Detected: cannot listen on node 0's address {addr} ({exc}). Requirement: an address "
-            "of this host that the other nodes reach. Fix: check SLURM_LAUNCH_NODE_IPADDR on the "
-            "batch host.") from None
+            f"Detected: cannot listen on {addr}:{port or 'a free port'} ({exc}). Requirement: "
+            "an address of this host that the other nodes reach (and a free port). Fix: check "
+            "SLURM_LAUNCH_NODE_IPADDR on the batch host (the ranks' MASTER_ADDR).") from None
     sock.listen(backlog)
     return sock
 

@@ -23,30 +23,65 @@ old key) and the root deletes an operation's keys once every rank has moved past
 
 Payloads are JSON, never pickle; what comes back is checked (a malformed line or a rank
 heard twice is a CoordinationError, which callers treat like any failed save or restore).
+
+Anyone who reaches the job's store can connect to it, so with a ``secret`` (``coord_secret``:
+derived from the run's token, slurmkit.supervise.channelbase, for this attempt, generation and
+store address) every key lives under a prefix derived from it, which a stranger cannot guess,
+and every value and gathered line carries an HMAC of its full key and payload: a value that
+is not signed so is refused (ForgedValueError, a CoordinationError), a forged gathered line is
+dropped, so nobody else can race in a step list, a promotion decision or a verdict.
 Bulk data between peers (buddy copies) goes over 2-rank gloo groups made for exactly the
 ranks involved (buddy.Links), never a world-sized one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
 from slurmkit.errors import SlurmkitError
+
+log = logging.getLogger(__name__)
 
 # Per-process operation counter (the scale benchmark reads it; one per coordinator call)
 COUNTERS: dict[str, int] = {"store_ops": 0}
 _COUNTER_LOCK = threading.Lock()
 MAX_REASON = 300  # characters of one rank's failure reason carried in an agreement
 MAX_REASONS = 8  # ranks whose reasons an agreement carries (the count says how many failed)
-_INSTANCES = "slurmkit/ckpt/instances"
+_TOP = "slurmkit/ckpt"  # every key of the checkpoint coordinators is below it
 
 
 class CoordinationError(SlurmkitError):
     """The ranks' exchange failed or returned something malformed."""
+
+
+class ForgedValueError(CoordinationError):
+    """A value on the job's store is not signed with this run's coordinator secret."""
+
+
+_MAC_HEX = 64  # characters of a value's HMAC-SHA256, in front of its payload
+
+
+def coord_secret(env: Mapping[str, str]) -> bytes | None:
+    """The coordinator's signing secret: the run's token (``$SLURMKIT_RUN_DIR/rdzv/token``,
+    0600, the agents' own) bound to this attempt, generation and store address, so a value
+    recorded in one generation is worthless in the next. None without a run directory (a
+    trainer started by hand): values are then not signed."""
+    run_dir = env.get("SLURMKIT_RUN_DIR")
+    if not run_dir:
+        return None
+    from slurmkit.supervise.channelbase import load_token
+
+    token = load_token(run_dir, create=True)  # made by node 0's agent; by a rank without one
+    scope = "/".join(env.get(k, "") for k in ("SLURMKIT_ATTEMPT", "SLURMKIT_GENERATION",
+                                              "MASTER_ADDR", "MASTER_PORT"))
+    return hmac.new(token, f"slurmkit-ckpt-coord:{scope}".encode(), hashlib.sha256).digest()
 
 
 def _count() -> None:
@@ -63,8 +98,10 @@ class Coordinator:
     """
 
     def __init__(self, store: Any | None, rank: int, world_size: int, *,
-                 root: int = 0) -> None:
+                 root: int = 0, secret: bytes | None = None, label: str = "") -> None:
         self.store: Any = store
+        self.secret = secret  # signs every value (None: unsigned, no run token)
+        self.label = label  # the store prefix of this coordinator, part of what is signed
         self.rank = rank
         self.world_size = world_size
         self.root = root
@@ -95,6 +132,53 @@ class Coordinator:
             raise CoordinationError(f"rank {self.rank}: waiting for {key!r} from the other "
                                     f"ranks failed: {exc}") from exc
 
+    def _mac(self, key: str, payload: bytes) -> bytes:
+        assert self.secret is not None
+        full = f"{self.label}{key}\n".encode()
+        return hmac.new(self.secret, full + payload, hashlib.sha256).hexdigest().encode()
+
+    def _seal(self, key: str, obj: Any) -> str:
+        """``obj`` as JSON, behind the HMAC of the full key and the JSON when signing."""
+        payload = json.dumps(obj)
+        if self.secret is None:
+            return payload
+        return self._mac(key, payload.encode()).decode() + payload
+
+    def _unseal(self, key: str, raw: bytes) -> bytes:
+        """The JSON payload of a value sealed under ``key``; ForgedValueError otherwise."""
+        if self.secret is None:
+            return raw
+        mac, payload = raw[:_MAC_HEX], raw[_MAC_HEX:]
+        if len(mac) != _MAC_HEX or not hmac.compare_digest(mac, self._mac(key, payload)):
+            raise ForgedValueError(
+                f"rank {self.rank}: the job's store holds a value under {key!r} that is not "
+                "signed with this run's token (a stranger writing to the ranks' store?): "
+                f"refused ({len(raw)} bytes, starting {raw[:24]!r})")
+        return payload
+
+    def _read(self, key: str) -> Any:
+        """Wait for ``key`` and return its signed JSON value."""
+        return _loads(self._unseal(key, self._get(key)), key)
+
+    def _set(self, key: str, obj: Any, what: str) -> None:
+        value = self._seal(key, obj)
+        self._request(lambda: self.store.set(key, value), what)
+
+    def _lines(self, key: str, data: bytes) -> bytes:
+        """The appended lines under ``key`` whose signature holds; a forged one is dropped
+        (and logged): the ranks' own lines are still there."""
+        if self.secret is None:
+            return data
+        good = []
+        for line in data.splitlines():
+            if not line.strip():
+                continue
+            try:
+                good.append(self._unseal(key, line))
+            except ForgedValueError as exc:
+                log.warning("%s; the line was dropped", exc)
+        return b"\n".join(good)
+
     def _request(self, fn: Callable[[], Any], what: str) -> Any:
         try:
             return fn()
@@ -119,11 +203,11 @@ class Coordinator:
         src = self.root if src is None else src
         k = f"{self._key()}/b"
         if self.rank == src:
-            self._request(lambda: self.store.set(k, json.dumps(obj)), "broadcast")
+            self._set(k, obj, "broadcast")
             if src == self.root:
                 self._stale.append(k)
             return obj
-        return _loads(self._get(k), k)
+        return self._read(k)
 
     def publish(self, obj: Any) -> str:
         """Every rank calls it, none waits: the root puts its ``obj`` under the returned key,
@@ -131,20 +215,20 @@ class Coordinator:
         every rank passed it. Other ranks' ``obj`` is ignored."""
         k = f"{self._key()}/p"
         if self.distributed and self.rank == self.root:
-            self._request(lambda: self.store.set(k, json.dumps(obj)), "publish")
+            self._set(k, obj, "publish")
             self._stale.append(k)
         return k
 
     def fetch(self, key: str) -> Any:
         """What the root ``publish``-ed (or a rank ``put``) under ``key``; waits for it."""
-        return _loads(self._get(key), key)
+        return self._read(key)
 
     def put(self, key: str, obj: Any) -> None:
         """Set ``key`` (one derived from an operation's key, e.g. ``publish``'s) for the few
         ranks that ``fetch`` it: a point-to-point signal, no other rank waits. The root must
         ``reclaim`` it."""
         if self.distributed:
-            self._request(lambda: self.store.set(key, json.dumps(obj)), "put")
+            self._set(key, obj, "put")
 
     def reclaim(self, keys: list[str]) -> None:
         """Root only: delete ``keys`` at the next gather or reduce, once every rank reached
@@ -162,18 +246,18 @@ class Coordinator:
             if objs is None or len(objs) != self.world_size:
                 raise CoordinationError("scatter needs one entry per rank on the root")
             keys = [f"{k}/{r}" for r in range(self.world_size)]
-            self._request(lambda: self.store.multi_set(keys, [json.dumps(o) for o in objs]),
-                          "scatter")
+            values = [self._seal(key, o) for key, o in zip(keys, objs)]
+            self._request(lambda: self.store.multi_set(keys, values), "scatter")
             self._stale.extend(keys)
             return objs[self.rank]
-        return _loads(self._get(f"{k}/{self.rank}"), k)
+        return self._read(f"{k}/{self.rank}")
 
     def gather_json(self, obj: Any) -> list[Any] | None:
         """Every rank's ``obj`` in rank order on the root; None elsewhere (no wait there)."""
         if not self.distributed:
             return [obj]
         k = self._key()
-        line = json.dumps([self.rank, obj]) + "\n"
+        line = self._seal(f"{k}/a", [self.rank, obj]) + "\n"
         self._request(lambda: self.store.append(f"{k}/a", line), "gather")
         arrived = self._request(lambda: self.store.add(f"{k}/n", 1), "gather count")
         if arrived == self.world_size:
@@ -181,7 +265,7 @@ class Coordinator:
         if self.rank != self.root:
             return None
         self._get(f"{k}/d")
-        out = _parse_lines(self._get(f"{k}/a"), self.world_size, k)
+        out = _parse_lines(self._lines(f"{k}/a", self._get(f"{k}/a")), self.world_size, k)
         self._fence([f"{k}/a", f"{k}/n", f"{k}/d"])
         return out
 
@@ -190,18 +274,19 @@ class Coordinator:
         if not self.distributed:
             return reduce([obj])
         k = self._key()
-        line = json.dumps([self.rank, obj]) + "\n"
+        line = self._seal(f"{k}/a", [self.rank, obj]) + "\n"
         self._request(lambda: self.store.append(f"{k}/a", line), "reduce")
         arrived = self._request(lambda: self.store.add(f"{k}/n", 1), "reduce count")
         if arrived == self.world_size:
             self._request(lambda: self.store.set(f"{k}/d", "1"), "reduce done")
         if self.rank == self.root:
             self._get(f"{k}/d")
-            result = reduce(_parse_lines(self._get(f"{k}/a"), self.world_size, k))
-            self._request(lambda: self.store.set(f"{k}/r", json.dumps(result)), "reduce result")
+            result = reduce(_parse_lines(self._lines(f"{k}/a", self._get(f"{k}/a")),
+                                         self.world_size, k))
+            self._set(f"{k}/r", result, "reduce result")
             self._fence([f"{k}/a", f"{k}/n", f"{k}/d", f"{k}/r"])
             return result
-        return _loads(self._get(f"{k}/r"), k)
+        return self._read(f"{k}/r")
 
     def all_gather_json(self, obj: Any) -> list[Any]:
         """Every rank's ``obj`` on every rank. O(N) bytes per rank: only for results every
@@ -282,10 +367,11 @@ def job_store(timeout_s: float) -> Any:
 
 
 def coordinators(rank: int, world_size: int, names: tuple[str, ...],
-                 timeout_s: float = 1800.0) -> list[Coordinator]:
+                 timeout_s: float = 1800.0, secret: bytes | None = None) -> list[Coordinator]:
     """One Coordinator per name, each on its own client connection to the job's store,
-    under a prefix unique to this store instance. Collective: every rank calls it.
-    ``side_store(coords[0], name)`` gives further clients under the same prefix."""
+    under a prefix unique to this store instance (and, with a ``secret``, unguessable; its
+    values signed). Collective: every rank calls it. ``side_store(coords[0], name)`` gives
+    further clients under the same prefix."""
     if world_size <= 1:
         return [Coordinator(None, rank, 1) for _ in names]
     import torch.distributed as dist
@@ -293,14 +379,18 @@ def coordinators(rank: int, world_size: int, names: tuple[str, ...],
     base = job_store(timeout_s)
     # the n-th store made in this job (on this rendezvous server): every rank counts itself
     # in, and the barrier below keeps a fast rank from counting into the next instance
-    count = int(base.add(_INSTANCES, 1))
+    top = _TOP
+    if secret is not None:  # a stranger cannot name (so cannot read or squat) any key
+        top = f"{top}/{hmac.new(secret, b'keys', hashlib.sha256).hexdigest()[:32]}"
+    count = int(base.add(f"{top}/instances", 1))
     instance = (count - 1) // world_size
-    prefix = f"slurmkit/ckpt/{instance}/"
+    prefix = f"{top}/{instance}/"
     out = []
     for name in names:
         client = _clone(base)
         client.set_timeout(timedelta(seconds=timeout_s))
-        out.append(Coordinator(dist.PrefixStore(f"{prefix}{name}/", client), rank, world_size))
+        out.append(Coordinator(dist.PrefixStore(f"{prefix}{name}/", client), rank, world_size,
+                               secret=secret, label=f"{prefix}{name}/"))
         out[-1].namespace = prefix
         out[-1].timeout_s = timeout_s
     out[0].barrier()

@@ -29,7 +29,7 @@ from slurmkit.errors import ConfigError, SlurmkitError
 from slurmkit.store.catalog import VerifiedCache, check_step, list_steps, read_manifest
 from slurmkit.store.config import StoreConfig, store_env
 from slurmkit.store.buddy import Links, Ring
-from slurmkit.store.coord import Coordinator, coordinators, side_store
+from slurmkit.store.coord import Coordinator, coord_secret, coordinators, side_store
 from slurmkit.store.manifest import Manifest, ManifestError, step_dir
 from slurmkit.store.promote import save_id
 from slurmkit.store.promoter import Promoter, error_fields, withdraw_step
@@ -125,7 +125,8 @@ class CheckpointStore:
         ``env["LOCAL_WORLD_SIZE"]`` (ranks per node, set by the node agent) enables the buddy
         copies of ``store.replicas``; without it the node layout is unknown and they are off."""
         env = store_env(cfg, env)  # + $SLURMKIT_RUN_ID: the run, not the job, names the tiers
-        fg, bg = _coordinators(rank, world_size, cfg.coord_timeout_s)
+        fg, bg = _coordinators(rank, world_size, cfg.coord_timeout_s,
+                               coord_secret(env) if world_size > 1 else None)
         ring = Ring(rank, world_size, int(env.get("LOCAL_WORLD_SIZE") or 0), cfg.replicas)
         links = Links(rank)
         if ring.enabled and world_size > 1:
@@ -456,8 +457,8 @@ def _secure_tiers(tiers: list[FsspecTier], rank: int) -> None:
                 log.warning("%s", warning)
 
 
-def _coordinators(rank: int, world_size: int, timeout_s: float = 1800.0
-                  ) -> tuple[Coordinator, Coordinator]:
+def _coordinators(rank: int, world_size: int, timeout_s: float = 1800.0,
+                  secret: bytes | None = None) -> tuple[Coordinator, Coordinator]:
     """The training thread's and the writer's coordinators: each one client connection to
     the job's rendezvous store (coord.py), no process group, nothing world-sized."""
     if world_size <= 1:
@@ -477,5 +478,8 @@ def _coordinators(rank: int, world_size: int, timeout_s: float = 1800.0
             requirement="the store's rank and world size match torch.distributed",
             fix="pass rank=dist.get_rank(), world_size=dist.get_world_size()",
         )
-    fg, bg = coordinators(rank, world_size, ("fg", "bg"), timeout_s)
+    if secret is None:
+        log.warning("no run directory ($SLURMKIT_RUN_DIR): the checkpoint coordinator's "
+                    "values on the job's store are not signed")
+    fg, bg = coordinators(rank, world_size, ("fg", "bg"), timeout_s, secret)
     return fg, bg

@@ -61,21 +61,43 @@ def _check_token_file(path: str, st: os.stat_result) -> None:
                            "or `chmod 600` it if nobody else could have read it")
 
 
+def _create_token(path: str) -> None:
+    """Write a fresh token at ``path`` unless one is there. Written whole under a private
+    name, then linked into place: a process reading the token meanwhile (a rank, another
+    agent) finds no file or the whole token, never an empty one."""
+    tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, secrets.token_hex(_TOKEN_BYTES).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass  # another process of the run made it first: theirs stands
+    except OSError:  # a file system without hard links: an exclusive create, then the write
+        with open(tmp, "rb") as f:
+            token = f.read()
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            return
+        try:
+            os.write(fd, token)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    finally:
+        os.unlink(tmp)
+
+
 def load_token(run_dir: str, *, create: bool) -> bytes:
     """The run's token; ``create``: make it if missing (the first agent that starts the run)."""
     path = token_path(run_dir)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     if create:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except FileExistsError:
-            pass
-        else:
-            try:
-                os.write(fd, secrets.token_hex(_TOKEN_BYTES).encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        _create_token(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import socket
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import cast
@@ -23,13 +25,23 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from slurmkit.contract import CUDA_VISIBLE_DEVICES, DEVICE, ContractError, DeviceChoice
+from slurmkit.contract import (
+    CUDA_VISIBLE_DEVICES,
+    DEVICE,
+    MASTER_ADDR,
+    MASTER_PORT,
+    RANK,
+    WORLD_SIZE,
+    ContractError,
+    DeviceChoice,
+)
 from slurmkit.errors import ConfigError
 from slurmkit.train.config import ParallelConfig, TrainConfig
 from slurmkit.train.model import Transformer
 from slurmkit.train.reduce import CommClock, rank_order_hook, timed_rank_order_hook
 
 log = logging.getLogger(__name__)
+_LISTENING: list[socket.socket] = []  # rank 0's store server sockets, open while it serves
 
 
 @dataclass(frozen=True)
@@ -64,15 +76,40 @@ def select_runtime(train: TrainConfig, local_rank: int, *, device: DeviceChoice 
     return Runtime(torch.device("cpu"), "gloo", torch.float32)
 
 
-def init_distributed(runtime: Runtime, parallel: ParallelConfig) -> None:
+def init_distributed(runtime: Runtime, parallel: ParallelConfig,
+                     env: Mapping[str, str] | None = None) -> None:
     """Join the process group from the torchrun-style environment (MASTER_ADDR/PORT, RANK)."""
+    env = os.environ if env is None else env
     if runtime.device.type == "cuda":
         torch.cuda.set_device(runtime.device)
+    timeout = timedelta(seconds=parallel.pg_timeout_s)
+    rank, world = int(env.get(RANK, "0")), int(env.get(WORLD_SIZE, "1"))
     dist.init_process_group(
-        runtime.backend,
-        timeout=timedelta(seconds=parallel.pg_timeout_s),
+        runtime.backend, store=rank_store(env, rank, world, timeout), rank=rank,
+        world_size=world, timeout=timeout,
         device_id=runtime.device if runtime.device.type == "cuda" else None,
     )
+
+
+def rank_store(env: Mapping[str, str], rank: int, world: int, timeout: timedelta) -> dist.Store:
+    """The ranks' rendezvous store, as ``env://`` makes it except that rank 0's server listens
+    on MASTER_ADDR only (like the agents' store, slurmkit.launch.rendezvous), not on every
+    interface of the node: a socket bound there is handed to the TCPStore."""
+    from slurmkit.launch.rendezvous import listen_socket
+
+    addr, port = env.get(MASTER_ADDR, ""), int(env.get(MASTER_PORT, "0") or 0)
+    if not addr or not port:
+        raise ContractError(f"{MASTER_ADDR}={addr!r} {MASTER_PORT}={port or ''!r}",
+                            "the rendezvous address and port in the rank's environment",
+                            "start ranks through the node agent, or set MASTER_ADDR and MASTER_PORT")
+    if rank == 0:
+        sock = listen_socket(addr, backlog=max(1024, 2 * world), port=port)
+        _LISTENING.append(sock)  # the server accepts on this descriptor for the process' life
+        store = dist.TCPStore(addr, port, world, True, timeout=timeout, wait_for_workers=False,
+                              master_listen_fd=sock.fileno(), use_libuv=True)
+    else:
+        store = dist.TCPStore(addr, port, world, False, timeout=timeout, use_libuv=True)
+    return dist.PrefixStore("default_pg", store)  # the keys env:// would use
 
 
 def require_supported(parallel: ParallelConfig) -> None:

@@ -1,0 +1,129 @@
+"""Hostile clients of the stores (issue 34, item 10): the checkpoint coordinator refuses values
+not signed with the run's secret, rank 0's store listens on MASTER_ADDR only, and what a
+stranger puts in the agents' store is capped before the agents read it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurmkit.store.coord import Coordinator, ForgedValueError, coord_secret
+from tests.unit.store_threads import run_ranks, store_clients
+
+SECRET = b"s" * 32
+
+
+def _world(n: int, secret: bytes | None = SECRET) -> tuple[Any, list[Coordinator], Any]:
+    """Coordinators of ``n`` ranks, and a stranger's client under the same key prefix (the
+    worst case: a stranger who learned the prefix)."""
+    server, clients = store_clients(n + 1, "t/", 20.0)
+    coords = [Coordinator(c, r, n, secret=secret, label="t/") for r, c in enumerate(clients[:n])]
+    return server, coords, clients[n]
+
+
+def _forged_broadcast(stranger: Any, coords: list[Coordinator]) -> Any:
+    # the next broadcast's key, squatted before the root writes: a stranger's step list
+    stranger.set("1/b", json.dumps({"steps": [999]}))
+    return coords[1].broadcast_json(None)
+
+
+def _replayed_value(stranger: Any, coords: list[Coordinator]) -> Any:
+    # a genuinely signed value, copied from the key it was signed for to another one
+    run_ranks(2, lambda r: coords[r].broadcast_json({"verdict": "ok"} if r == 0 else None))
+    stranger.set("2/b", bytes(stranger.get("1/b")))
+    return coords[1].broadcast_json(None)
+
+
+def _forged_gather_line(stranger: Any, coords: list[Coordinator]) -> Any:
+    # a line claiming rank 1's record (its files) appended before the ranks gather
+    stranger.append("1/a", json.dumps([1, {"files": ["/etc/passwd"]}]) + "\n")
+    out = run_ranks(2, lambda r: coords[r].gather_json({"files": [f"rank{r}"]}))
+    return out[0]
+
+
+def _forged_verdict(stranger: Any, coords: list[Coordinator]) -> Any:
+    # the agreement's result written under a stranger's hand before the root computes it
+    stranger.set("1/r", json.dumps({"ok": True, "bad": []}))
+    return coords[1].reduce_json(None, lambda xs: xs)
+
+
+# (case, attack, expected: an exception's text, or the value the ranks must see)
+CASES: list[tuple[str, Callable[[Any, list[Coordinator]], Any], str | object]] = [
+    ("item10b-forged-step-list", _forged_broadcast, "not signed with this run's token"),
+    ("item10b-replayed-under-another-key", _replayed_value, "not signed with this run's token"),
+    ("item10b-forged-verdict", _forged_verdict, "not signed with this run's token"),
+    ("item10b-forged-gather-line-dropped", _forged_gather_line,
+     [{"files": ["rank0"]}, {"files": ["rank1"]}]),
+]
+
+
+@pytest.mark.parametrize("case,attack,expected", CASES, ids=[c[0] for c in CASES])
+def test_coordinator_refuses_what_a_stranger_writes(case: str, attack: Callable[..., Any],
+                                                    expected: Any) -> None:
+    _, coords, stranger = _world(2)
+    if isinstance(expected, str):
+        with pytest.raises(ForgedValueError, match=expected):
+            attack(stranger, coords)
+    else:
+        assert attack(stranger, coords) == expected
+
+
+def test_coordinator_secret_comes_from_the_run_token_and_changes_per_generation(
+        tmp_path: Path) -> None:
+    env = {"SLURMKIT_RUN_DIR": str(tmp_path), "SLURMKIT_ATTEMPT": "7-0",
+           "SLURMKIT_GENERATION": "0", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    first = coord_secret(env)
+    assert first is not None and first == coord_secret(env)
+    assert (tmp_path / "rdzv" / "token").stat().st_mode & 0o777 == 0o600
+    assert coord_secret({**env, "SLURMKIT_GENERATION": "1"}) != first
+    assert coord_secret({}) is None
+
+
+_RANK0 = """
+import socket, sys
+from datetime import timedelta
+from slurmkit.train import parallel
+env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": sys.argv[1], "RANK": "0", "WORLD_SIZE": "1"}
+store = parallel.rank_store(env, 0, 1, timedelta(seconds=20))
+store.set("k", "v")
+other = sys.argv[2]
+try:
+    socket.create_connection((other, int(sys.argv[1])), timeout=5).close()
+    print("reachable")
+except OSError:
+    print("refused")
+"""
+
+
+def _other_address() -> str | None:
+    """An address of this host that is not loopback (None when there is none)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: only the route is looked up
+            addr = str(s.getsockname()[0])
+        except OSError:
+            return None
+    return None if addr.startswith("127.") else addr
+
+
+def test_rank0_store_listens_on_master_addr_only() -> None:
+    """item 10a: torch's env:// server listens on every interface; rank_store binds
+    MASTER_ADDR (here loopback), so the node's other address refuses the connection."""
+    other = _other_address()
+    if other is None:
+        pytest.skip("this host has no address besides loopback")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = subprocess.run([sys.executable, "-c", _RANK0, str(port), other], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "refused"
