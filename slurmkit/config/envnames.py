@@ -81,6 +81,6 @@ def check_env_names(where: str, env: Mapping[str, str]) -> None:
                               f"{where} may not replace what slurmkit sets for the run: no "
                               f"SLURMKIT_* name but {knobs}; none of the rank contract's RANK, "
                               "LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, SLURM_PROCID, "
-                              "SLURM_NTASKS, ...",
+                              "SLURM_NTASKS and the others of slurmkit/contract.py",
                               f"remove {name} from {where} (and from the command line: "
                               f"+{where}.{name}=...)")

@@ -81,8 +81,8 @@ def _check_env(cfg: SlurmkitConfig) -> None:
         for name in env:
             why = risky(name)
             if why:
-                log.warning("%s.%s is set: %s. Make sure that is meant; a value there runs in "
-                            "every rank and agent of the job", where, name, why)
+                log.warning("%s.%s is set, and %s: every agent and rank of the job runs with "
+                            "it. Make sure that is meant", where, name, why)
 
 
 def _more_values(cfg: SlurmkitConfig) -> list[tuple[str, str | None]]:
