@@ -251,8 +251,8 @@ def _layout_of(data: RunData) -> tuple[int, int]:
         try:
             layout = read_layout(data.run_dir)
             return layout.gpus_per_node, layout.train_nodes
-        except LayoutError as exc:
-            data.notes.append(f"{LAYOUT_NAME} not used: {exc}")
+        except (LayoutError, ValueError, RecursionError) as exc:  # a layout.json written by hand, or worse
+            data.notes.append(f"{LAYOUT_NAME} not used: {str(exc)[:200]}")
     job_gpus = _get(data.config, "job.gpus_per_node")
     gpn = _num(job_gpus) if job_gpus is not None else _num(_get(data.config, "cluster.gpus_per_node"))
     return int(gpn), int(_num(_get(data.config, "job.nodes"), 1))
