@@ -244,9 +244,9 @@ def nvme_requests(procs: Iterable[NodeProcess], node: str, proc_root: str = "/pr
     return [NvmeRequest(creds, list(runs.items())) for creds, runs in by_creds.items()]
 
 
-def _nvme_dir(config: str, env: Mapping[str, str], node: str, uid: int) -> str:
-    """``<store.nvme_uri>/<node>`` of the run ``config`` describes; raises ValueError saying
-    why not. Runs as the run's user (in :func:`_remove_as`)."""
+def _nvme_dir(config: str, env: Mapping[str, str], node: str, uid: int) -> str | None:
+    """``<store.nvme_uri>/<node>`` of the run ``config`` describes, None for a run without an
+    NVMe tier; raises ValueError saying why not. Runs as the run's user (:func:`_remove_as`)."""
     import yaml
 
     from slurmkit.store.tier import expand_env
@@ -259,8 +259,10 @@ def _nvme_dir(config: str, env: Mapping[str, str], node: str, uid: int) -> str:
         doc = yaml.safe_load(f.read(CONFIG_MAX_BYTES))
     store = doc.get("store") if isinstance(doc, dict) else None
     uri = store.get("nvme_uri") if isinstance(store, dict) else None
-    if not isinstance(uri, str) or not uri:
-        raise ValueError(f"{config} names no store.nvme_uri")
+    if uri in (None, ""):
+        return None
+    if not isinstance(uri, str):
+        raise ValueError(f"{config}: store.nvme_uri is a {type(uri).__name__}, not a string")
     root = expand_env(uri, env)
     root = root[len("file://"):] if root.startswith("file://") else root
     if "://" in root or not os.path.isabs(root):
@@ -284,8 +286,9 @@ def _remove_as(req: NvmeRequest, node: str, out_fd: int) -> None:
         for config, env in req.runs:
             try:
                 path = _nvme_dir(config, env, node, uid)
-                shutil.rmtree(path)
-                report.append({"removed": path})
+                if path is not None:
+                    shutil.rmtree(path)
+                    report.append({"removed": path})
             except FileNotFoundError:
                 pass  # no save reached this node's NVMe yet
             except Exception as exc:  # anything the user's files hold: reported, never root's problem
