@@ -184,15 +184,18 @@ class Ledger:
                 self.stats.rejected += 1
                 self._report(f"slurmkit ledger: reading a rank's events failed: {exc!r:.200}")
                 continue
-            self._hold_refusals(src)
+            notes = _refusals(src)
             for rec in records:
-                line = self._checked(rec)
+                line, why = self._checked(rec)
                 if line is not None:
                     self._hold(str(rec["event"]), line)
+                elif len(notes) < REFUSALS_NAMED:
+                    notes.append({"file": str(getattr(src, "path", "?")), "reason": why[:300]})
+            self._hold_refusals(notes)
 
-    def _hold_refusals(self, src: Source) -> None:
-        """What the source refused, as ``rank_data_refused`` events of this writer: the file and why."""
-        for note in _refusals(src):
+    def _hold_refusals(self, notes: list[dict[str, Any]]) -> None:
+        """What a source refused, as ``rank_data_refused`` events of this writer: the file and why."""
+        for note in notes:
             try:
                 validate("rank_data_refused", note)
                 record: dict[str, Any] = {"t": round(self._clock(), 6), "event": "rank_data_refused"}
@@ -205,8 +208,8 @@ class Ledger:
                 continue
             self._report(f"slurmkit ledger: refused {note.get('file')}: {note.get('reason')}")
 
-    def _checked(self, rec: Mapping[str, Any]) -> bytes | None:
-        """A record from a source, validated and re-encoded with ``t`` first; None if refused."""
+    def _checked(self, rec: Mapping[str, Any]) -> tuple[bytes | None, str]:
+        """A record from a source, validated and re-encoded with ``t`` first; (None, why) if refused."""
         event = rec.get("event")
         fields = {k: v for k, v in rec.items() if k not in ("t", "event", "source")}
         try:
@@ -217,11 +220,10 @@ class Ledger:
             if isinstance(rec.get("source"), str):
                 out["source"] = rec["source"]
             out.update(fields)
-            return encode(out)
+            return encode(out), ""
         except (ValueError, TypeError, RecursionError) as exc:
             self.stats.rejected += 1
-            self._report(f"slurmkit ledger: refused a rank's event {str(event)[:60]!r}: {exc}")
-            return None
+            return None, f"event {str(event)[:60]!r}: {exc}"
 
     def _hold(self, event: str, line: bytes) -> None:
         self._held.append((event, line))
@@ -373,7 +375,7 @@ def parse_line(raw: bytes) -> dict[str, Any] | None:
     return parse_record(raw)[0]
 
 
-def parse_record(raw: bytes) -> tuple[dict[str, Any] | None, str]:
+def parse_record(raw: bytes, max_bytes: int = LINE_BYTES) -> tuple[dict[str, Any] | None, str]:
     """(the record on one ledger or spool line, "") or (None, why not; "" for an empty line)."""
     raw = raw.strip()
     if not raw:
@@ -385,7 +387,7 @@ def parse_record(raw: bytes) -> tuple[dict[str, Any] | None, str]:
     why = ""
     for start in starts:
         try:
-            value = parse_object(raw[start:], max_bytes=LINE_BYTES)
+            value = parse_object(raw[start:], max_bytes=max_bytes)
         except UntrustedDataError as exc:
             why = why or str(exc)
             continue

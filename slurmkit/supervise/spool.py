@@ -86,7 +86,7 @@ class SpoolReader:
             self._partial, self._skipping = b"", True
         out = []
         for raw in lines:
-            rec, why = parse_record(raw)
+            rec, why = parse_record(raw, LINE_BYTES)
             if rec is not None:
                 out.append(rec)
             elif why:

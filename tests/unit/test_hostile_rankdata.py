@@ -61,8 +61,8 @@ def _spool_survives(line: bytes, reason: str) -> Callable[[Path, pytest.LogCaptu
         ledger.append("end", status="completed", exit_code=0)  # pulls the spool first: no raise
         ledger.close(retries=())
         events = list(read_ledger(str(tmp / "ledger.jsonl")))
-        assert [e["event"] for e in events] == ["rank_data_refused", "train_started", "end"]
-        assert events[0]["file"] == str(spool) and reason in events[0]["reason"]
+        assert [e["event"] for e in events] == ["train_started", "rank_data_refused", "end"]
+        assert events[1]["file"] == str(spool) and reason in events[1]["reason"]
     return case
 
 

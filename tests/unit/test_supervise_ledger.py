@@ -296,8 +296,10 @@ def test_rank_events_reach_the_ledger_through_the_spool_before_the_agents_next_e
     said: list[str] = []
     agent._report = said.append
     assert agent.flush()
-    assert events_of(path)[-1] == "train_finished" and agent.stats.rejected == 1
+    assert events_of(path)[-2:] == ["train_finished", "rank_data_refused"] and agent.stats.rejected == 1
     assert "bogus" in said[0]
+    refused = list(read_ledger(path))[-1]  # named in the ledger too: the rank's file, and why
+    assert refused["file"] == spool and "unknown ledger event 'bogus'" in refused["reason"]
     assert os.stat(spool).st_mode & 0o777 == 0o600
     agent.close()
 
