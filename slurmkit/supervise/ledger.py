@@ -361,7 +361,7 @@ def read_ledger(path: str, *, refused: Callable[[str], None] | None = None) -> I
             rec, why = parse_record(raw)
             if rec is not None:
                 yield rec
-            elif why and told < REFUSALS_NAMED:
+            elif why and raw.endswith(b"\n") and told < REFUSALS_NAMED:  # not the line being written
                 told += 1
                 say(f"{path} line {lineno} skipped: {why}")
 

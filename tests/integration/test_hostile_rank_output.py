@@ -1,4 +1,5 @@
-"""What a rank writes cannot take its node agent down, on the real local Slurm cluster (issue 34, item 7).
+"""What a rank writes cannot take its node agent down, and another user cannot keep it from
+starting, on the real local Slurm cluster (issue 34, items 7 and 8).
 
 hostile_rank_program.py runs on 2 nodes x 1 rank: each rank, between steps, puts garbage into
 its heartbeat file (``null``, a number, 100,000-deep nesting, a 5,000-digit step, bytes that are
@@ -8,18 +9,25 @@ agent (agent_error: a lost node, a requeue without it). Now the job completes: n
 no failure, no node excluded or requeue; every spool refusal is in the ledger by file and
 reason, rank 0's valid event after the garbage still reached it, and the ledger stays readable
 by ``python -m slurmkit.supervise`` (the report's figures) and ``slurmkit status``.
+
+Item 8: another user (root here) created ``<node-local root>/slurmkit-<uid>`` before the job, in
+a sticky directory open to all, as /dev/shm is. Before the fix every agent of the job failed at
+start with a LocalDirError traceback and no ``end`` event. Now the agents take a private
+directory of their own (``slurmkit-<uid>-<random>``) and pass it to their ranks; the job completes.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 from tests.integration.faults import diagnose, events, finish, submit
-from tests.integration.helpers import read_ledger, slurm_env
+from tests.integration.helpers import read_ledger, slurm_env, submitter_uid
 
 pytestmark = pytest.mark.integration
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hostile_rank_program.py")
@@ -67,3 +75,30 @@ def _agent_logs(run_dir: str) -> str:
                 with open(os.path.join(d, name), errors="replace") as f:
                     out.append(f.read())
     return "\n".join(out)
+
+
+def test_a_node_local_directory_another_user_took_first_leaves_the_job_running(cluster_env, tmp_path) -> None:
+    env = slurm_env(cluster_env)
+    uid = submitter_uid(env)
+    # Outside tmp_path: the test hands tmp_path and all in it to the submitting user.
+    root = tempfile.mkdtemp(prefix="slurmkit-h4-shm-")
+    try:
+        os.chmod(root, 0o1777)  # as /dev/shm
+        squatted = os.path.join(root, f"slurmkit-{uid}")
+        os.mkdir(squatted, 0o755)  # root's, not the job user's (the test runs as root)
+        if os.stat(squatted).st_uid == uid:
+            pytest.skip("the job runs as this test's own user: nobody else can squat its directory here")
+        env["SLURMKIT_NODE_LOCAL_DIR"] = root  # the job inherits the submitter's environment
+        job, run_dir = submit(["+exp=tiny", "job.name=squatted-shm", "job.nodes=2", "job.ranks_per_node=1",
+                               f"job.command=[python,{PROGRAM},'4','0.2']"], env, str(tmp_path))
+        state = finish(job, env, timeout_s=300, run_dir=run_dir)
+        why = diagnose(run_dir, job, env)
+        assert state == "COMPLETED", f"job {job} ended {state}\n{why}"
+        assert events(run_dir, "agent_error") == [] and events(run_dir, "exclusion") == [], why
+        dirs = {e["heartbeat_dir"] for e in events(run_dir, "ranks_started")}
+        assert dirs and all(d.startswith(f"{squatted}-") for d in dirs), dirs
+        assert os.listdir(squatted) == [] and os.stat(squatted).st_uid != uid  # left as it was
+        logs = _agent_logs(run_dir)
+        assert f"{squatted} is owned by uid" in logs and "Traceback" not in logs, logs[-3000:]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
