@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from slurmkit.store import nofollow
 from slurmkit.store.manifest import (
     LATEST,
     MANIFEST,
@@ -15,6 +16,7 @@ from slurmkit.store.manifest import (
     FileEntry,
     Manifest,
     ManifestError,
+    UnsafeManifestError,
     hash_file,
     hash_stream,
     parse_step_dir,
@@ -23,6 +25,46 @@ from slurmkit.store.manifest import (
 from slurmkit.store.tier import Tier, TierError
 
 log = logging.getLogger(__name__)
+MAX_MANIFEST_BYTES = 256 << 20  # a manifest lists ~150 bytes per file
+
+
+def read_bytes(tier: Tier, rel: str, limit: int | None = None) -> bytes:
+    """``rel``'s bytes; on a local tier opened without following a link below the tier
+    root (nofollow.py: a refusal is an OSError). At most ``limit`` bytes are read, more
+    is an error: a file its reader would hold in memory cannot grow it without bound."""
+    root = tier.local_path("")
+    if root is not None:
+        with nofollow.opened(root, rel) as f:
+            data = f.read() if limit is None else f.read(limit + 1)
+    else:
+        with tier.open(rel, "rb") as f:
+            data = f.read() if limit is None else f.read(limit + 1)
+    if limit is not None and len(data) > limit:
+        raise ManifestError(f"{rel} is larger than {limit} bytes")
+    return data
+
+
+def step_sizes(tier: Tier, step: int) -> dict[str, int]:
+    """Size of every file in the step directory; on a local tier only regular files, and a
+    step directory that is a link is refused (TierError)."""
+    root = tier.local_path("")
+    if root is None:
+        return tier.sizes(step_dir(step))
+    try:
+        return nofollow.sizes(root, step_dir(step))
+    except OSError as exc:
+        raise TierError(f"{tier.name} tier {tier.uri}: {exc}") from exc
+
+
+def file_size(tier: Tier, rel: str) -> int:
+    """Size of one file (on a local tier: a regular file, reached without a link)."""
+    root = tier.local_path("")
+    if root is None:
+        return tier.size(rel)
+    try:
+        return nofollow.size(root, rel)
+    except OSError as exc:
+        raise TierError(f"{tier.name} tier {tier.uri}: {rel}: {exc}") from exc
 
 
 @dataclass
@@ -46,11 +88,22 @@ def list_steps(tier: Tier) -> list[int]:
 
 
 def read_manifest(tier: Tier, step: int) -> Manifest:
+    """The step's manifest, checked. A link on the way to it is refused as unsafe."""
     rel = f"{step_dir(step)}/{MANIFEST}"
-    if not tier.exists(rel):
+    if tier.local_path("") is None and not tier.exists(rel):
         raise ManifestError("no manifest (save incomplete or manifest deleted)")
-    with tier.open(rel, "rb") as f:
-        data = f.read()
+    try:
+        data = read_bytes(tier, rel, MAX_MANIFEST_BYTES)
+    except FileNotFoundError as exc:
+        raise ManifestError("no manifest (save incomplete or manifest deleted)") from exc
+    except nofollow.LinkRefused as exc:
+        raise UnsafeManifestError(
+            detected=f"checkpoint step {step}: {exc.strerror}",
+            requirement="a step is a plain directory of regular files on its tier",
+            fix="treat the step as tampered with: restore falls back to an older step; "
+                "find out who placed the link, then delete it") from exc
+    except OSError as exc:
+        raise TierError(f"{tier.name} tier {tier.uri}: read {rel!r} failed: {exc}") from exc
     m = Manifest.from_json(data)
     if m.step != step:
         raise ManifestError(f"manifest says step {m.step}, directory says {step}")
@@ -68,9 +121,19 @@ def check_step(tier: Tier, step: int, *, deep: bool,
         m = read_manifest(tier, step)
     except (ManifestError, TierError) as exc:
         return StepStatus(step, tier, None, str(exc))
-    entries = files(m) if files is not None else m.files
+    except Exception as exc:  # whatever a hostile step raises: the step is bad, not us
+        return StepStatus(step, tier, None, f"{type(exc).__name__}: {exc}"[:1000])
     try:
-        sizes = tier.sizes(step_dir(step))  # one listing instead of two requests per file
+        return _check_files(tier, step, m, files(m) if files is not None else m.files,
+                            deep, on_bytes)
+    except Exception as exc:
+        return StepStatus(step, tier, m, f"{type(exc).__name__}: {exc}"[:1000])
+
+
+def _check_files(tier: Tier, step: int, m: Manifest, entries: list[FileEntry], deep: bool,
+                 on_bytes: Callable[[int], None] | None) -> StepStatus:
+    try:
+        sizes = step_sizes(tier, step)  # one listing instead of two requests per file
     except TierError as exc:
         return StepStatus(step, tier, m, str(exc))
     for e in entries:
@@ -97,14 +160,16 @@ def check_metadata(tier: Tier, step: int, m: Manifest) -> str | None:
     from slurmkit.store.safe_reader import UnsafeMetadataError, check_storage, load_metadata
 
     rel = f"{step_dir(step)}/{METADATA}"
+    size = next((f.size for f in m.files if f.name == METADATA), 0)
     try:
-        with tier.open(rel, "rb") as f:
-            data = f.read()
+        data = read_bytes(tier, rel, size)
         check_storage(load_metadata(data), {f.name: f.size for f in m.files})
     except UnsafeMetadataError as exc:
         return f"{METADATA} refused: {exc.detected}"
     except (TierError, OSError) as exc:
         return f"{METADATA}: {exc}"
+    except Exception as exc:  # anything else a crafted file raises: not verified
+        return f"{METADATA}: {type(exc).__name__}: {exc}"[:1000]
     return None
 
 
@@ -118,16 +183,16 @@ def check_file(tier: Tier, step: int, e: FileEntry, algo: str, *, deep: bool,
     rel = f"{step_dir(step)}/{e.name}"
     try:
         if sizes is None:
-            sizes = {e.name: tier.size(rel)} if tier.exists(rel) else {}
+            sizes = {e.name: file_size(tier, rel)} if tier.exists(rel) else {}
         if e.name not in sizes:
             return f"missing shard {e.name}"
         size = sizes[e.name]
         if size != e.size:
             return f"shard {e.name} has {size} bytes, manifest says {e.size} (truncated?)"
         if deep:
-            local = tier.local_path(rel)
-            if local is not None:
-                digest, _ = hash_file(local, algo, on_bytes)
+            root = tier.local_path("")
+            if root is not None:  # (no link followed below the root)
+                digest, _ = hash_file(rel, algo, on_bytes, root=root)
             else:
                 with tier.open(rel, "rb") as f:
                     digest, _ = hash_stream(f, algo, on_bytes)

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from slurmkit.store.catalog import list_steps
+from slurmkit.store.catalog import file_size, list_steps, step_sizes
 from slurmkit.store.coord import Coordinator
 from slurmkit.store.manifest import step_dir
 from slurmkit.store.tier import Tier, TierError
@@ -81,7 +81,7 @@ class StepSizes(Mapping[str, int]):
         self._listed = not is_shared(tier)
         if self._listed:
             try:
-                self._known = dict(tier.sizes(step_dir(step)))
+                self._known = dict(step_sizes(tier, step))  # (links left out)
             except TierError as exc:
                 log.warning("cannot list step %d on %s: %s", step, tier.uri, exc)
 
@@ -91,7 +91,7 @@ class StepSizes(Mapping[str, int]):
         if name not in self._known:
             rel = f"{step_dir(self.step)}/{name}"
             try:
-                self._known[name] = self.tier.size(rel)
+                self._known[name] = file_size(self.tier, rel)
             except (TierError, OSError):
                 self._known[name] = None  # missing (or unreadable: the step falls back)
         return self._known[name]

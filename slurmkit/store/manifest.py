@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
 from slurmkit.errors import ActionableError, SlurmkitError
+from slurmkit.store import nofollow
 
 FORMAT = "slurmkit-ckpt/1"
 MANIFEST = "manifest.json"
@@ -117,14 +118,16 @@ def hash_stream(f: IO[bytes], algo: str, on_bytes: Callable[[int], None] | None 
     return h.hexdigest(), n
 
 
-def hash_file(path: str, algo: str, on_bytes: Callable[[int], None] | None = None
-              ) -> tuple[str, int]:
+def hash_file(path: str, algo: str, on_bytes: Callable[[int], None] | None = None,
+              root: str | None = None) -> tuple[str, int]:
     """Checksum and size of a local file: one reused buffer, the kernel told to read ahead
-    sequentially (about 25% faster from a cold page cache than plain reads)."""
+    sequentially (about 25% faster from a cold page cache than plain reads). With ``root``,
+    ``path`` is relative to it and opened without following a link (nofollow.py)."""
     h = Hasher(algo)
     n = 0
     buf = memoryview(bytearray(_CHUNK))
-    with open(path, "rb", buffering=0) as f:
+    fd = nofollow.open_fd(root, path) if root is not None else os.open(path, os.O_RDONLY)
+    with open(fd, "rb", buffering=0) as f:
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         while k := f.readinto(buf):

@@ -12,8 +12,12 @@ Per step (newest first, the union of every rank's view), each rank:
     Tiers holding different saves of one step are never mixed.
 The ranks agree (all must succeed) and only then DCP reads the shards (``weights_only``,
 with a load planner whose byte path refuses, through a file system that opens only the
-verified files). A step that fails anywhere is skipped with its reason (``ckpt_skipped``;
-``ckpt_rejected`` when a copy was refused as unsafe) and the next older one is tried.
+verified files, never through a link). JSON values are decoded within limits and checked
+against the template before the ranks agree again. A step that fails anywhere, with any
+exception (a shard rewritten with a matching checksum, garbage JSON, a malformed entry), is
+skipped with its reason (``ckpt_skipped``; ``ckpt_rejected`` when a copy was refused as
+unsafe) and the next older one is tried. Only when no step restores and some step did not
+fit the template (the model changed) does restore raise, rather than start from scratch.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystem
@@ -35,7 +40,9 @@ from torch.distributed.checkpoint.metadata import Metadata
 
 from slurmkit.errors import SlurmkitError
 from slurmkit.store.catalog import check_file, read_manifest
+from slurmkit.store import nofollow
 from slurmkit.store.coord import MAX_REASON, MAX_REASONS, Coordinator
+from slurmkit.store.json_values import UnsafeValueError, decode
 from slurmkit.store.listing import StepSizes, agreed_steps
 from slurmkit.store.manifest import (
     METADATA,
@@ -46,22 +53,36 @@ from slurmkit.store.manifest import (
     step_dir,
 )
 from slurmkit.store.safe_reader import (
+    NoFollowFileSystem,
     SafeLoadPlanner,
     SafeReader,
+    TemplateMisfitError,
     UnsafeMetadataError,
     check_storage,
     load_metadata,
 )
-from slurmkit.store.staging import JSON_PREFIX, apply_json, load_targets
+from slurmkit.store.staging import JSON_PREFIX, load_targets, walk
 from slurmkit.store.tier import Tier, TierError
 
 log = logging.getLogger(__name__)
 FILE_WORKERS = 4  # files of one step downloaded / hashed at the same time
-UNSAFE = (UnsafeMetadataError, UnsafeManifestError)  # a copy refused as crafted
+UNSAFE = (UnsafeMetadataError, UnsafeManifestError, UnsafeValueError)  # refused as crafted
+MISFIT = "does not fit the template: "  # a load failure that is the template's, not the step's
+REFUSED = "refused: "
 
 
 class RestoreError(SlurmkitError):
     """A verified checkpoint does not fit the template (changed model or state layout)."""
+
+
+class StepLoadError(RestoreError):
+    """Loading a verified step failed on some rank (every rank raises the same verdict)."""
+
+    def __init__(self, reason: str, misfit: bool, unsafe: bool) -> None:
+        super().__init__(reason)
+        self.reason, self.misfit, self.unsafe = reason, misfit, unsafe
+
+
 
 
 @dataclass
@@ -86,6 +107,7 @@ class Source:
     by_tier: dict[str, int]  # bytes read per tier
     scratch_dirs: list[str] = field(default_factory=list)  # downloads to remove after loading
     metadata: Metadata | None = None  # the verified .metadata, once read
+    where: dict[str, tuple[str, str]] = field(default_factory=dict)  # path -> (root, rel)
 
     @property
     def tier(self) -> str:
@@ -145,6 +167,7 @@ class _Assembly:
                                                        for t in tiers}
         self.scratch_dirs: list[str] = []
         self.by_tier: dict[str, int] = {}
+        self.where: dict[str, tuple[str, str]] = {}  # path -> (root, rel): opened link-free
         self._lock = threading.Lock()
 
     def get(self, f: FileEntry) -> tuple[str | None, str]:
@@ -169,16 +192,21 @@ class _Assembly:
         return None, "; ".join(problems)
 
     def _one(self, t: Tier, f: FileEntry) -> tuple[str | None, str]:
-        local = t.local_path(f"{step_dir(self.step)}/{f.name}")
+        rel = f"{step_dir(self.step)}/{f.name}"
+        local = t.local_path(rel)
         if local is not None:
             bad = check_file(t, self.step, f, self.m.checksum_algo, deep=True,
                              sizes=self.listing[t.name])
+            with self._lock:
+                self.where[local] = (t.local_path("") or "/", rel)
             return (local, "") if bad is None else (None, bad)
         d = os.path.join(self.scratch, f"{t.name}-{step_dir(self.step)}")
         with self._lock:
             if d not in self.scratch_dirs:
                 self.scratch_dirs.append(d)
         path = os.path.join(d, f.name)
+        with self._lock:
+            self.where[path] = (d, f.name)
         digest, size = t.get_file_hashed(f"{step_dir(self.step)}/{f.name}", path,
                                          self.m.checksum_algo, f.size)
         if size != f.size:
@@ -211,8 +239,7 @@ def _assemble(tiers: list[Tier], step: int, m: Manifest, scratch: str,
             return None, why
         paths[METADATA], used = path, [meta]
         try:
-            with open(path, "rb") as fh:
-                md = load_metadata(fh.read())
+            md = load_metadata(nofollow.read_bytes(*asm.where[path]))
             # the manifest's sizes are what the listing and the checksums verify against
             check_storage(md, {f.name: f.size for f in files})
             needed = files_needed(template, md)
@@ -231,7 +258,8 @@ def _assemble(tiers: list[Tier], step: int, m: Manifest, scratch: str,
                 return None, why
             paths[f.name] = path
     by_tier = dict(asm.by_tier) or {tiers[0].name: 0}  # (a step with no files to read)
-    return Source(m, paths, used + files, by_tier, list(asm.scratch_dirs), md), ""
+    return Source(m, paths, used + files, by_tier, list(asm.scratch_dirs), md,
+                  dict(asm.where)), ""
 
 
 def pick_source(tiers: Sequence[Tier], step: int, scratch: str,
@@ -256,8 +284,8 @@ def _pick(tiers: Sequence[Tier], step: int, scratch: str, template: dict[Any, An
             problems.append(f"{t.name}: {exc}")
             rejected.append(problems[-1])
             continue
-        except (ManifestError, TierError) as exc:
-            problems.append(f"{t.name}: {exc}")
+        except Exception as exc:  # (ManifestError, TierError, anything a hostile step raises)
+            problems.append(f"{t.name}: {_say(exc)}")
             continue
         saves.setdefault(_save_identity(m), (m, []))[1].append(t)
     for m, holders in saves.values():
@@ -266,6 +294,9 @@ def _pick(tiers: Sequence[Tier], step: int, scratch: str, template: dict[Any, An
         except UNSAFE as exc:
             problems.append(f"{'+'.join(t.name for t in holders)}: {exc}")
             rejected.append(problems[-1])
+            continue
+        except Exception as exc:  # any other failure reading this save: try the next
+            problems.append(f"{'+'.join(t.name for t in holders)}: {_say(exc)}")
             continue
         if src is not None:
             return src, problems, rejected
@@ -276,56 +307,80 @@ def _pick(tiers: Sequence[Tier], step: int, scratch: str, template: dict[Any, An
 class MappedReader(SafeReader):
     """SafeReader over verified files that may lie in different directories (tiers)."""
 
-    def __init__(self, paths: dict[str, str]) -> None:
+    def __init__(self, paths: dict[str, str],
+                 where: dict[str, tuple[str, str]] | None = None) -> None:
         super().__init__(os.path.dirname(paths.get(METADATA) or next(iter(paths.values()))))
-        self.fs = _MappedFileSystem(paths)
+        self.fs = _MappedFileSystem(paths, where)
 
 
-class _MappedFileSystem(FileSystem):
+class _MappedFileSystem(NoFollowFileSystem):
     """Opens the verified files and nothing else: a name that is not one of them (a path
-    out of the step, a file no manifest lists) is refused, not joined to a directory."""
+    out of the step, a file no manifest lists) is refused, not joined to a directory; each
+    is opened below its tier root without following a link."""
 
-    def __init__(self, paths: dict[str, str]) -> None:
-        super().__init__()
+    def __init__(self, paths: dict[str, str],
+                 where: dict[str, tuple[str, str]] | None = None) -> None:
+        super().__init__(where)
         self.paths = paths
 
     def concat_path(self, path: str | os.PathLike[str], suffix: str) -> str | os.PathLike[str]:
         if suffix in self.paths:
-            return Path(self.paths[suffix])
+            return self.paths[suffix]
         raise UnsafeMetadataError(f"checkpoint load asked for {suffix!r}, which is not one of "
                                   "the step's verified files")
 
 
-def load_into(template: dict[Any, Any], paths: dict[str, str], coord: Coordinator,
-              md: Metadata | None = None) -> None:
-    """DCP load of verified files into ``template`` (tensors in place); ``md``: their
-    metadata when already read."""
+def _say(exc: BaseException) -> str:
+    """One line for a failure's reason (an ActionableError says all of it itself)."""
+    text = str(exc) if isinstance(exc, SlurmkitError) else f"{type(exc).__name__}: {exc}"
+    return text[:4 * MAX_REASON]
+
+
+def _read(template: dict[Any, Any], paths: dict[str, str], md: Metadata | None,
+          where: dict[str, tuple[str, str]] | None) -> dict[str, Any]:
+    """DCP load into ``template``'s tensors (in place); its JSON values decoded and checked
+    (flat key -> value, applied only once every rank succeeded)."""
     if md is None:
-        md = MappedReader(paths).read_metadata()  # allowlisted, after its checksum matched
+        md = MappedReader(paths, where).read_metadata()  # checked, after its checksum matched
     flat = load_targets(template, json_sizes(md))
-    # Each rank reads its own part (no process group: DCP's load plan is local), then the
-    # ranks agree, so that a rank whose load failed never trains on alone.
+    dcp.load(flat, storage_reader=MappedReader(paths, where), planner=SafeLoadPlanner(),
+             no_dist=True)
+    return {key: decode(key, flat[JSON_PREFIX + key], parent[k])
+            for key, parent, k in walk(template)
+            if JSON_PREFIX + key in flat and not isinstance(parent[k], torch.Tensor)}
+
+
+def load_into(template: dict[Any, Any], paths: dict[str, str], coord: Coordinator,
+              md: Metadata | None = None,
+              where: dict[str, tuple[str, str]] | None = None) -> None:
+    """DCP load of verified files into ``template`` (tensors in place, JSON values once all
+    ranks succeeded); ``md``: their metadata when already read. Each rank reads its own part
+    (no process group: DCP's load plan is local), then the ranks agree, so that a rank whose
+    load failed never trains on alone: any failure on any rank raises StepLoadError, the
+    same on every rank."""
     failure: BaseException | None = None
+    values: dict[str, Any] = {}
     try:
-        dcp.load(flat, storage_reader=MappedReader(paths), planner=SafeLoadPlanner(),
-                 no_dist=True)
+        values = _read(template, paths, md, where)
     except CheckpointException as exc:
-        failure = _load_failure(exc, paths)
-        failure.__cause__ = exc
-    except (RuntimeError, ValueError, KeyError) as exc:
-        failure = RestoreError(f"checkpoint ({os.path.dirname(next(iter(paths.values())))}) "
-                               "does not fit "
-                               f"the template state: {exc}")
-        failure.__cause__ = exc
-    except Exception as exc:  # (re-raised below, after the other ranks heard of it)
+        failure = _load_failure(exc)
+    except Exception as exc:  # anything a step's bytes can raise: the step is skipped
         failure = exc
-    ok, bad = coord.agree(failure is None, f"{type(failure).__name__}: {failure}")
+    why = ""
     if failure is not None:
-        raise failure
+        why = (MISFIT if isinstance(failure, TemplateMisfitError) else
+               REFUSED if isinstance(failure, UNSAFE) else "") + _say(failure)
+        log.info("loading %s failed: %s", os.path.dirname(next(iter(paths.values()))), why)
+    ok, bad = coord.agree(failure is None, why)
     if not ok:
-        raise RestoreError("restore failed on other ranks: "
-                           + "; ".join(f"rank {r}: {w}" if r >= 0 else w for r, w in bad))
-    apply_json(template, flat)
+        reasons = [w for _, w in bad]
+        text = why if coord.world_size == 1 else "; ".join(
+            f"rank {r}: {w}" if r >= 0 else w for r, w in bad)
+        raise StepLoadError(text, any(w.startswith(MISFIT) for w in reasons),
+                            any(w.startswith(REFUSED) for w in reasons))
+    for key, parent, k in walk(template):
+        if key in values:
+            parent[k] = values[key]
 
 
 def _verdicts(coord: Coordinator, ok: bool, why: str, rejected: list[str]) -> dict[str, Any]:
@@ -354,21 +409,35 @@ def _verdicts(coord: Coordinator, ok: bool, why: str, rejected: list[str]) -> di
     return {"ok": bool(res.get("ok")), "reports": reports}
 
 
-def _load_failure(exc: CheckpointException, paths: dict[str, str]) -> Exception:
-    """The error to raise for DCP's wrapper of every rank's load failure (a BaseException,
-    which ``except Exception`` would let through)."""
-    causes = [(r, e) for r, (e, _) in sorted(exc.failures.items())]
-    unsafe = next((e for _, e in causes if isinstance(e, UNSAFE)), None)
-    if isinstance(unsafe, Exception):  # the reader refused what the checks should have
-        return unsafe
-    return RestoreError(f"checkpoint ({os.path.dirname(next(iter(paths.values())))}) does not "
-                        "fit the template state: "
-                        + "; ".join(f"rank {r}: {e}" for r, e in causes))
+def _load_failure(exc: CheckpointException) -> BaseException:
+    """The cause of DCP's wrapper of a load failure (a BaseException, which ``except
+    Exception`` would let through): a refusal or a template misfit first."""
+    causes = [e for _, (e, _) in sorted(exc.failures.items())]
+    for kind in (UNSAFE, TemplateMisfitError):
+        hit = next((e for e in causes if isinstance(e, kind)), None)
+        if hit is not None:
+            return hit
+    return RestoreError("checkpoint does not load: " + "; ".join(_say(e) for e in causes))
+
+
+def _skip(step: int, reason: str, unsafe: bool, skipped: list[tuple[int, str]],
+          emit: Callable[[dict[str, Any]], None]) -> None:
+    if unsafe:  # someone wrote a crafted checkpoint: say so loudly
+        log.error("restore refuses step %d as unsafe: %s", step, reason)
+    else:
+        log.warning("restore skips step %d: %s", step, reason)
+    skipped.append((step, reason))
+    emit({"event": "ckpt_rejected" if unsafe else "ckpt_skipped", "step": step,
+          "phase": "restore", "reason": reason})
 
 
 def restore_newest(template: dict[Any, Any], tiers: Sequence[Tier], coord: Coordinator,
                    scratch: str, emit: Callable[[dict[str, Any]], None]) -> RestoreResult | None:
+    """The newest step every rank can verify and load, loaded into ``template``; None when
+    none can (nothing saved yet, or every step damaged). RestoreError when no step loads and
+    some did not fit the template: a changed model must not silently start from scratch."""
     skipped: list[tuple[int, str]] = []
+    misfits: list[str] = []
     for step in candidate_steps(tiers, coord):
         t0 = time.perf_counter()
         src, problems, rejected = _pick(tiers, step, scratch, template)
@@ -380,15 +449,8 @@ def restore_newest(template: dict[Any, Any], tiers: Sequence[Tier], coord: Coord
         if not verdicts["ok"]:
             reason = "; ".join(f"rank {r}: {v['why']}" if r >= 0 else v["why"]
                                for r, v in verdicts["reports"] if not v["ok"])
-            if coord.world_size == 1:
-                reason = why
-            if refusals:  # someone wrote a crafted checkpoint: say so loudly
-                log.error("restore refuses step %d as unsafe: %s", step, reason)
-            else:
-                log.warning("restore skips step %d: %s", step, reason)
-            skipped.append((step, reason))
-            emit({"event": "ckpt_rejected" if refusals else "ckpt_skipped", "step": step,
-                  "phase": "restore", "reason": reason})
+            _skip(step, why if coord.world_size == 1 else reason, bool(refusals), skipped,
+                  emit)
             if src is not None:
                 src.cleanup()
             continue
@@ -399,20 +461,33 @@ def restore_newest(template: dict[Any, Any], tiers: Sequence[Tier], coord: Coord
         if src is None:
             raise RestoreError("internal: a verified source vanished")
         try:
-            load_into(template, src.paths, coord, src.metadata)
+            load_into(template, src.paths, coord, src.metadata, src.where)
+        except StepLoadError as exc:  # (on every rank alike)
+            _skip(step, exc.reason, exc.unsafe, skipped, emit)
+            if exc.misfit:
+                misfits.append(f"step {step}: {exc.reason}")
+            continue
         finally:
             src.cleanup()
-        tier = next(t for t in tiers if t.name == src.tier)
-        result = RestoreResult(step, tier.name, tier.uri, skipped,
-                               files_read=len(src.files),
-                               bytes_read=sum(f.size for f in src.files),
-                               fetch_s=round(t1 - t0, 3),
-                               load_s=round(time.perf_counter() - t1, 3))
-        emit({"event": "ckpt_restored", "step": step, "tier": tier.name,
-              "uri": tier.uri, "skipped": [list(s) for s in skipped],
-              "bytes_by_tier": src.by_tier,
-              "files_read": result.files_read, "bytes_read": result.bytes_read,
-              "step_bytes": src.manifest.total_bytes, "fetch_s": result.fetch_s,
-              "load_s": result.load_s})
-        return result
+        return _restored(step, tiers, src, skipped, t0, t1, emit)
+    if misfits:
+        raise RestoreError("no checkpoint fits the template state (did the model or the "
+                           "state's layout change?): " + "; ".join(misfits)[:4000])
     return None
+
+
+def _restored(step: int, tiers: Sequence[Tier], src: Source, skipped: list[tuple[int, str]],
+              t0: float, t1: float, emit: Callable[[dict[str, Any]], None]) -> RestoreResult:
+    tier = next(t for t in tiers if t.name == src.tier)
+    result = RestoreResult(step, tier.name, tier.uri, skipped,
+                           files_read=len(src.files),
+                           bytes_read=sum(f.size for f in src.files),
+                           fetch_s=round(t1 - t0, 3),
+                           load_s=round(time.perf_counter() - t1, 3))
+    emit({"event": "ckpt_restored", "step": step, "tier": tier.name,
+          "uri": tier.uri, "skipped": [list(s) for s in skipped],
+          "bytes_by_tier": src.by_tier,
+          "files_read": result.files_read, "bytes_read": result.bytes_read,
+          "step_bytes": src.manifest.total_bytes, "fetch_s": result.fetch_s,
+          "load_s": result.load_s})
+    return result

@@ -4,8 +4,10 @@ Whoever can write a shard can rewrite the manifest, so a checksum proves nothing
 intent; everything DCP would trust in ``.metadata`` is checked instead:
 
   * DCP pickles ``.metadata`` and ``FileSystemReader.read_metadata`` unpickles it with plain
-    ``pickle.load``. ``load_metadata`` unpickles with an allowlist of the few globals DCP's
-    metadata is made of; anything else is refused before it is imported.
+    ``pickle.load``. ``load_metadata`` unpickles it into inert stand-ins of the few classes
+    DCP's metadata is made of (metadata_pickle.py: no real class ever reaches pickle, so
+    BUILD cannot set an attribute on one), anything else is refused before it is imported,
+    and the real dataclasses are built from checked values.
   * A byte item (``BytesStorageMetadata``) is read by DCP's default load planner with
     ``torch.load(weights_only=False)``, i.e. an arbitrary pickle in a shard file. slurmkit
     never writes one (staging.py turns every non-tensor value into a JSON uint8 tensor), so
@@ -13,8 +15,11 @@ intent; everything DCP would trust in ``.metadata`` is checked instead:
   * Every ``storage_data`` entry names a plain file of the step (no separator, no ``..``)
     that the manifest lists, and its byte range lies inside that file (``check_storage``);
     ``SafeReader.read_data`` checks the range again against the file it opens.
-  * Every chunk lies inside its tensor and has a storage record, and no entry declares
-    more bytes than are stored for it (a JSON value's buffer is allocated from that size).
+  * Every key's chunks tile its tensor (inside it, no overlap, no gap), each has exactly one
+    storage record, the records' byte ranges do not overlap within a file, and no entry
+    declares more bytes than are stored for it (a JSON value's buffer is allocated from
+    that size: overlapping records once let 1 MiB declare 256 MiB).
+  * Files are opened without following a link (nofollow.py).
   * No stream transforms: slurmkit writes none, and each one would run a decoder on
     untrusted bytes.
 Tensors themselves are read by DCP with ``torch.load(weights_only=True)``.
@@ -22,92 +27,48 @@ Tensors themselves are read by DCP with ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import io
+import math
 import os
-import pickle
-from collections.abc import Mapping
-from typing import Any, cast
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import (
-    ChunkStorageMetadata,
     Metadata,
     MetadataIndex,
     StorageMeta,
-    TensorProperties,
     TensorStorageMetadata,
 )
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from slurmkit.errors import ActionableError
+from slurmkit.errors import SlurmkitError
+from slurmkit.store import nofollow
 from slurmkit.store.manifest import UnsafeManifestError, check_name
+from slurmkit.store.metadata_pickle import UnsafeMetadataError, byte_item, to_metadata, unpickle
+from slurmkit.store.staging import JSON_PREFIX
 
-# modules whose dataclasses and enums make up DCP metadata (plain records, no side effects)
-_RECORD_MODULES = frozenset({
-    "torch.distributed.checkpoint.metadata",
-    "torch.distributed.checkpoint.filesystem",
-    "torch.distributed.checkpoint.planner",
-})
-_PATH_CLASSES = frozenset({"PurePath", "PurePosixPath", "PosixPath", "PureWindowsPath",
-                           "WindowsPath", "Path"})
-_FIX = ("treat the step as tampered with: restore falls back to an older step; find out "
-        "who wrote it, then delete it (python -m slurmkit.store gc)")
-
-
-class UnsafeMetadataError(ActionableError):
-    """A checkpoint's .metadata holds something slurmkit never writes (it may be crafted)."""
-
-    def __init__(self, detected: str, requirement: str | None = None,
-                 fix: str | None = None) -> None:
-        super().__init__(detected, requirement or "a DCP checkpoint of tensors only, every "
-                         "byte range inside a file its manifest lists", fix or _FIX)
-
-
-def _byte_item(what: str) -> UnsafeMetadataError:
-    return UnsafeMetadataError(
-        f"checkpoint .metadata stores {what} as a byte item (BytesStorageMetadata), which "
-        "DCP would unpickle with torch.load(weights_only=False); slurmkit never writes one")
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if module in _RECORD_MODULES and "." not in name:
-            if name == "BytesStorageMetadata":
-                raise _byte_item("an entry")
-            obj = getattr(__import__(module, fromlist=[name]), name, None)
-            if isinstance(obj, type) and (dataclasses.is_dataclass(obj)
-                                          or issubclass(obj, enum.Enum)):
-                return obj
-        elif module == "torch" and "." not in name:
-            obj = getattr(torch, name, None)
-            if obj is torch.Size or isinstance(obj, (torch.dtype, torch.layout,
-                                                     torch.memory_format)):
-                return obj
-        elif module == "torch.serialization" and name == "_get_layout":
-            return torch.serialization._get_layout  # maps a layout's name to the layout
-        elif module == "pathlib" and name in _PATH_CLASSES:
-            import pathlib
-
-            return getattr(pathlib, name)
-        raise UnsafeMetadataError(
-            f"checkpoint .metadata refers to {module}.{name}, which DCP metadata never "
-            "contains; refusing to unpickle it")
+__all__ = ["MAX_JSON_BYTES", "NoFollowFileSystem", "SafeLoadPlanner", "SafeReader", "TemplateMisfitError", "UnsafeMetadataError",
+           "check_shape", "check_storage", "load_metadata"]
+MAX_JSON_BYTES = 256 << 20  # one JSON value of the state (its load buffer is this big)
+_byte_item = byte_item
 
 
 def load_metadata(data: bytes) -> Metadata:
-    """Unpickle ``.metadata`` through the allowlist and check its shape (``check_shape``)."""
+    """Unpickle ``.metadata`` into stand-ins, build the real Metadata from checked values,
+    and check its shape (``check_shape``). Anything else is an UnsafeMetadataError."""
     try:
-        md = _MetadataUnpickler(io.BytesIO(data)).load()
+        md = to_metadata(unpickle(data), budget=len(data) + 64)
     except UnsafeMetadataError:
         raise
     except Exception as exc:  # a truncated or garbled pickle: refused the same way
-        raise UnsafeMetadataError(f"checkpoint .metadata does not unpickle ({exc!r})") from exc
+        raise UnsafeMetadataError("checkpoint .metadata does not unpickle "
+                                  f"({type(exc).__name__}: {str(exc)[:200]})") from exc
     check_shape(md)
     return md
 
@@ -116,23 +77,20 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def check_shape(md: Any) -> None:
-    """Refuse a ``Metadata`` holding anything but tensor entries and plain storage records."""
-    if type(md) is not Metadata:
-        raise UnsafeMetadataError(f"checkpoint .metadata holds a {type(md).__name__}, "
-                                  "not DCP Metadata")
-    if not isinstance(md.state_dict_metadata, dict) or not isinstance(md.storage_data, dict):
-        raise UnsafeMetadataError("checkpoint .metadata lacks its entry or storage table")
+def check_shape(md: Metadata) -> None:
+    """Refuse a ``Metadata`` whose entries, chunks and byte ranges are not what DCP writes:
+    tensor entries whose chunks tile them, one storage record per chunk, byte ranges that
+    do not overlap, no entry declaring more bytes than its records hold."""
+    entries: dict[str, TensorStorageMetadata] = {}
     for key, entry in md.state_dict_metadata.items():
-        _check_entry(key, entry)
+        entries[key] = _check_entry(key, entry)
+        _check_tiling(key, entries[key])
     stored: dict[str, int] = {}
     for index, info in md.storage_data.items():
         _check_record(md, index, info)
         stored[index.fqn] = stored.get(index.fqn, 0) + info.length
-    for key, value in md.state_dict_metadata.items():
-        entry = cast(TensorStorageMetadata, value)  # (checked above)
-        # every chunk has its bytes somewhere, and an entry declares no more bytes than are
-        # stored for it (a JSON value's load buffer is allocated from its declared size)
+    _check_ranges(md)
+    for key, entry in entries.items():
         missing = [list(c.offsets) for c in entry.chunks
                    if MetadataIndex(key, c.offsets) not in md.storage_data]
         if missing:
@@ -144,39 +102,74 @@ def check_shape(md: Any) -> None:
                                       f"bytes but stores {stored.get(key, 0)}")
 
 
-def _check_entry(key: Any, entry: Any) -> None:
-    """One entry of the table: a tensor record whose chunks lie inside the tensor."""
-    if not isinstance(key, str):
-        raise UnsafeMetadataError(f"checkpoint .metadata has a {type(key).__name__} key")
+def _check_entry(key: str, entry: Any) -> TensorStorageMetadata:
+    """One entry of the table: a tensor record whose chunks lie inside the tensor (a JSON
+    value: one row of bytes, at most MAX_JSON_BYTES)."""
     if type(entry) is not TensorStorageMetadata:
-        if type(entry).__name__ == "BytesStorageMetadata":
-            raise _byte_item(f"key {key!r}")
         raise UnsafeMetadataError(f"checkpoint .metadata stores key {key!r} as a "
                                   f"{type(entry).__name__}, not a tensor")
-    if (type(entry.properties) is not TensorProperties
-            or not isinstance(entry.properties.dtype, torch.dtype)
-            or type(entry.size) is not torch.Size
-            or not isinstance(entry.chunks, list)
-            or any(type(c) is not ChunkStorageMetadata for c in entry.chunks)):
-        raise UnsafeMetadataError(f"checkpoint .metadata entry {key!r} is not a plain "
-                                  "tensor record")
     for c in entry.chunks:
-        if (type(c.offsets) is not torch.Size or type(c.sizes) is not torch.Size
-                or not len(c.offsets) == len(c.sizes) == len(entry.size)
-                or any(o < 0 or n < 0 or o + n > d
-                       for o, n, d in zip(c.offsets, c.sizes, entry.size))):
+        if (not len(c.offsets) == len(c.sizes) == len(entry.size)
+                or any(o + n > d for o, n, d in zip(c.offsets, c.sizes, entry.size))):
             raise UnsafeMetadataError(f"checkpoint .metadata gives {key!r} (size "
                                       f"{list(entry.size)}) a chunk outside it")
+    if key.startswith(JSON_PREFIX) and (
+            entry.properties.dtype != torch.uint8 or len(entry.size) != 1
+            or entry.size[0] > MAX_JSON_BYTES):
+        raise UnsafeMetadataError(
+            f"checkpoint .metadata declares the JSON value {key!r} as a {entry.properties.dtype}"
+            f" tensor of size {list(entry.size)}; slurmkit writes one row of at most "
+            f"{MAX_JSON_BYTES} bytes")
+    return entry
 
 
-def _check_record(md: Metadata, index: Any, info: Any) -> None:
-    """One storage record: a plain file name, a byte range, no stream transforms."""
-    if type(index) is not MetadataIndex or type(info) is not _StorageInfo:
-        raise UnsafeMetadataError("checkpoint .metadata has a storage record of type "
-                                  f"{type(index).__name__} -> {type(info).__name__}")
-    if index.fqn not in md.state_dict_metadata:
+def _check_tiling(key: str, entry: TensorStorageMetadata) -> None:
+    """The chunks cover every element of the tensor exactly once. Checked on the grid of
+    the chunks' own boundaries (one cell per chunk for DCP's shardings)."""
+    if entry.size.numel() == 0:
+        return
+    bounds = [sorted({0, d} | {c.offsets[i] for c in entry.chunks}
+                     | {c.offsets[i] + c.sizes[i] for c in entry.chunks})
+              for i, d in enumerate(entry.size)]
+    shape = [len(b) - 1 for b in bounds]
+    if math.prod(shape) > max(1 << 16, 4 * len(entry.chunks)):
+        raise UnsafeMetadataError(f"checkpoint .metadata splits {key!r} into "
+                                  f"{len(entry.chunks)} chunks that form no grid")
+    where = [{v: j for j, v in enumerate(b)} for b in bounds]
+    grid = torch.zeros(shape, dtype=torch.int32)
+    for c in entry.chunks:
+        grid[tuple(slice(w[o], w[o + n]) for w, o, n in zip(where, c.offsets, c.sizes))] += 1
+    if not bool((grid == 1).all()):
+        raise UnsafeMetadataError(f"checkpoint .metadata gives {key!r} chunks that overlap "
+                                  "or leave part of it uncovered")
+
+
+def _check_ranges(md: Metadata) -> None:
+    """No two storage records share a byte of a file."""
+    by_file: dict[str, list[tuple[int, int, str]]] = {}
+    for index, info in md.storage_data.items():
+        by_file.setdefault(info.relative_path, []).append(
+            (info.offset, info.offset + info.length, index.fqn))
+    for name, ranges in by_file.items():
+        ranges.sort()
+        for (_, end, a), (start, _, b) in zip(ranges, ranges[1:]):
+            if start < end:
+                raise UnsafeMetadataError(
+                    f"checkpoint .metadata stores {a!r} and {b!r} in overlapping bytes of "
+                    f"{name!r} (one byte counted twice lets a value claim more than is "
+                    "stored)")
+
+
+def _check_record(md: Metadata, index: MetadataIndex, info: Any) -> None:
+    """One storage record: a chunk of a declared key, a plain file name, a byte range, no
+    stream transforms."""
+    entry = md.state_dict_metadata.get(index.fqn)
+    if not isinstance(entry, TensorStorageMetadata):
         raise UnsafeMetadataError(f"checkpoint .metadata stores bytes for {index.fqn!r}, "
                                   "which no tensor entry declares")
+    if index.offset is None or all(c.offsets != index.offset for c in entry.chunks):
+        raise UnsafeMetadataError(f"checkpoint .metadata stores bytes for {index.fqn!r} at "
+                                  f"{list(index.offset or [])}, where it has no chunk")
     try:
         check_name(info.relative_path, "storage_data file name")
     except UnsafeManifestError as exc:
@@ -184,7 +177,7 @@ def _check_record(md: Metadata, index: Any, info: Any) -> None:
     if not (_is_int(info.offset) and _is_int(info.length)
             and info.offset >= 0 and info.length >= 0):
         raise UnsafeMetadataError(f"checkpoint .metadata gives {index.fqn!r} the byte "
-                                  f"range offset={info.offset!r} length={info.length!r}")
+                                  f"range offset={info.offset!r:.40} length={info.length!r:.40}")
     if info.transform_descriptors:
         raise UnsafeMetadataError(
             f"checkpoint .metadata asks for stream transforms "
@@ -208,11 +201,22 @@ def check_storage(md: Metadata, sizes: Mapping[str, int]) -> None:
                 "bytes (a shard truncated, its manifest rewritten to match?)")
 
 
+class TemplateMisfitError(SlurmkitError):
+    """DCP's planner cannot fit a checkpoint to the template (a changed model or layout)."""
+
+
 class SafeLoadPlanner(DefaultLoadPlanner):
-    """DCP's default load planner whose byte path refuses (it would unpickle anything)."""
+    """DCP's default load planner whose byte path refuses (it would unpickle anything), and
+    whose planning failures say they are the template's (TemplateMisfitError), not the
+    step's bytes."""
 
     def create_local_plan(self) -> LoadPlan:
-        plan = super().create_local_plan()
+        try:
+            plan = super().create_local_plan()
+        except UnsafeMetadataError:
+            raise
+        except Exception as exc:
+            raise TemplateMisfitError(str(exc)[:600]) from exc
         for item in plan.items:
             if item.type == LoadItemType.BYTE_IO:
                 raise _byte_item(f"key {item.storage_index.fqn!r}")
@@ -222,9 +226,41 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         raise _byte_item(f"key {read_item.storage_index.fqn!r}")
 
 
+class NoFollowFileSystem(FileSystem):
+    """DCP's local file system, for reading only: a file is opened relative to its
+    directory without following a link, and must be a regular file (``where`` maps a path
+    to the (root, relative path) to open it by, every component below root link-free)."""
+
+    def __init__(self, where: Mapping[str, tuple[str, str]] | None = None) -> None:
+        super().__init__()
+        self.where = dict(where or {})
+
+    def _split(self, path: str | os.PathLike[str]) -> tuple[str, str]:
+        p = os.fspath(path)
+        return self.where.get(p) or nofollow.split(p)
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
+        if mode != "rb":
+            raise UnsafeMetadataError(f"a checkpoint reader asked to open {path!s} for {mode}")
+        with nofollow.opened(*self._split(path)) as f:
+            yield f  # type: ignore[misc]
+
+    def size(self, path: str | os.PathLike[str]) -> int:
+        fd = nofollow.open_fd(*self._split(path))
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+
+
 class SafeReader(FileSystemReader):
-    """DCP's FileSystemReader whose metadata is unpickled through the allowlist and checked,
-    and which reads only plain files of its directory, only inside their sizes."""
+    """DCP's FileSystemReader whose metadata is unpickled into stand-ins and checked, and
+    which reads only regular files of its directory (no link), only inside their sizes."""
+
+    def __init__(self, path: str | os.PathLike[str], **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self.fs: NoFollowFileSystem = NoFollowFileSystem()
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         path = self._get_metadata_path(kwargs.get("rank"))
@@ -244,7 +280,7 @@ class SafeReader(FileSystemReader):
             name = info.relative_path
             if name not in sizes:
                 check_name(name, "storage_data file name")
-                sizes[name] = os.path.getsize(self.fs.concat_path(self.path, name))
+                sizes[name] = self.fs.size(self.fs.concat_path(self.path, name))
         check_storage(Metadata({}, storage_data={
             item.storage_index: self.storage_data[item.storage_index] for item in plan.items}),
             sizes)

@@ -129,7 +129,9 @@ def truncated_rewritten(step_path: str, key: str) -> str:
 
 
 class OpenAudit:
-    """Every path this process opens (Python audit events ``open``/``os.open``) while on."""
+    """Every path this process opens (Python audit events ``open``/``os.open``) while on.
+    A plain name is kept as it is: the no-follow readers open each component relative to
+    its (recorded) parent directory."""
 
     _installed: OpenAudit | None = None
 
@@ -149,8 +151,9 @@ class OpenAudit:
     def _hook(self, event: str, args: tuple[Any, ...]) -> None:
         if self.on and event in ("open", "os.open") and args and isinstance(
                 args[0], (str, bytes, os.PathLike)):
-            with self._lock:
-                self.paths.append(os.path.abspath(os.fsdecode(args[0])))
+            path = os.fsdecode(args[0])
+            with self._lock:  # (a relative name: opened below a directory fd, nofollow.py)
+                self.paths.append(os.path.abspath(path) if "/" in path else path)
 
     @contextmanager
     def recording(self) -> Iterator[list[str]]:

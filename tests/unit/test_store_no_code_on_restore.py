@@ -24,7 +24,9 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(ROOT, "slurmkit")
-SAFE_READER = os.path.join("slurmkit", "store", "safe_reader.py")
+# the restricted unpickler (inert stand-ins, no real class) and the reader built on it
+SAFE_READER = {os.path.join("slurmkit", "store", "safe_reader.py"),
+               os.path.join("slurmkit", "store", "metadata_pickle.py")}
 UNSAFE_MODULES = {"pickle", "marshal", "shelve", "dill", "cloudpickle", "joblib"}
 SAFE_READERS = {"MappedReader", "SafeReader"}
 
@@ -60,8 +62,8 @@ class _Audit(ast.NodeVisitor):
 
     def visit_Import(self, node: ast.Import) -> None:
         for a in node.names:
-            # safe_reader needs pickle for its allowlisted Unpickler subclass only
-            if a.name.split(".")[0] in UNSAFE_MODULES and self.rel != SAFE_READER:
+            # metadata_pickle needs pickle for its stand-in Unpickler subclass only
+            if a.name.split(".")[0] in UNSAFE_MODULES and self.rel not in SAFE_READER:
                 self._bad(node, f"imports {a.name}")
             if a.name == "torch.distributed.checkpoint" and a.asname:
                 self.dcp_aliases.add(a.asname)
@@ -69,7 +71,7 @@ class _Audit(ast.NodeVisitor):
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         mod = node.module or ""
-        if mod.split(".")[0] in UNSAFE_MODULES and self.rel != SAFE_READER:
+        if mod.split(".")[0] in UNSAFE_MODULES and self.rel not in SAFE_READER:
             self._bad(node, f"imports from {mod}")
         if mod.startswith("torch.distributed.checkpoint"):
             for a in node.names:
@@ -93,9 +95,9 @@ class _Audit(ast.NodeVisitor):
                 self._bad(node, f"{name} without planner=SafeLoadPlanner()")
             if _call_name(reader) not in SAFE_READERS:
                 self._bad(node, f"{name} without a SafeReader storage_reader")
-        elif last == "FileSystemReader" and self.rel != SAFE_READER:
+        elif last == "FileSystemReader" and self.rel not in SAFE_READER:
             self._bad(node, "builds DCP's FileSystemReader (its read_metadata is plain pickle)")
-        elif last == "Unpickler" and self.rel != SAFE_READER:
+        elif last == "Unpickler" and self.rel not in SAFE_READER:
             self._bad(node, "builds an Unpickler")
         self.generic_visit(node)
 
