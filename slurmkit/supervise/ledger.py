@@ -361,8 +361,8 @@ def read_ledger(path: str, *, refused: Callable[[str], None] | None = None) -> I
             rec, why = parse_record(raw)
             if rec is not None:
                 yield rec
-            elif why and raw.endswith(b"\n") and told < REFUSALS_NAMED:  # not the line being written
-                told += 1
+            elif why and told < REFUSALS_NAMED and (raw.endswith(b"\n") or len(raw) > LINE_BYTES):
+                told += 1  # (a last line without its newline is still being written)
                 say(f"{path} line {lineno} skipped: {why}")
 
 
