@@ -45,7 +45,7 @@ def conf_dirs(env: Mapping[str, str] | None = None) -> list[str]:
         raise ConfigError(f"SLURMKIT_CONF_DIR={site!r}, which is not a directory",
                           "a directory of config files laid out like conf/ (cluster/, exp/, ...)",
                           "create it, or unset SLURMKIT_CONF_DIR to use the packaged configs")
-    if any(c in site for c in "'\\") or any(ord(c) < 32 for c in site):
+    if any(c in site for c in "'\\") or not site.isprintable():
         raise ConfigError(f"SLURMKIT_CONF_DIR={site!r} holds a quote, backslash or control "
                           "character", "a plain path", "move the conf directory to a plain path")
     return [site, shipped] if site != shipped else [shipped]

@@ -10,7 +10,12 @@ from slurmkit.config.envnames import check_env_names, risky
 from slurmkit.config.schema import SlurmkitConfig
 from slurmkit.errors import ConfigError
 from slurmkit.layout import Layout, resolve_layout
-from slurmkit.render.secrets import check_env_secrets, check_image_secrets, check_text_secrets
+from slurmkit.render.secrets import (
+    check_config_secrets,
+    check_env_secrets,
+    check_image_secrets,
+    check_text_secrets,
+)
 from slurmkit.render.values import check_printable, check_slurm_names
 from slurmkit.slurm.hostlist import compress_hostlist, expand_hostlist
 from slurmkit.slurm.timelimit import format_time_limit, parse_time_limit
@@ -102,6 +107,7 @@ def _check_secrets(cfg: SlurmkitConfig, spec: JobSpec) -> None:
     check_text_secrets("cluster.container_mounts", spec.container_mounts)
     for key in STORE_URIS:
         check_text_secrets(f"store.{key}", [getattr(cfg.store, key)])
+    check_config_secrets(cfg)
 
 
 def _check_resources(cfg: SlurmkitConfig, nodes: int, cpus: int | None) -> None:
@@ -187,9 +193,9 @@ def build_jobspec(cfg: SlurmkitConfig, run_dir: str, srun_args: list[str] | None
         nodes_per_step=nodes_per_step(nodes, cfg.launch.nodes_per_step),
     )
     # Nothing is written before these pass (submit renders before it creates the run directory).
+    _check_secrets(cfg, spec)  # first: the printable check quotes what it refuses
     check_printable(spec, _more_values(cfg))
     check_slurm_names(spec)
-    _check_secrets(cfg, spec)
     return spec
 
 

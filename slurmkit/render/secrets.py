@@ -20,8 +20,10 @@ name a file (``*_FILE``, ``*_PATH``), ``TOKENIZERS_PARALLELISM``, ``MAX_TOKENS``
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from slurmkit.errors import ConfigError
 
@@ -215,3 +217,26 @@ def check_image_secrets(what: str, image: str | None) -> None:
     why = None if image is None else image_credentials(image)
     if why:
         raise _refuse(f"{what} holds {why} (value not shown)")
+
+
+def _strings(node: Any, path: str) -> Iterator[tuple[str, str]]:
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        for f in dataclasses.fields(node):
+            yield from _strings(getattr(node, f.name), f"{path}.{f.name}" if path else f.name)
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            yield from _strings(v, f"{path}.{k}")
+    elif isinstance(node, (list, tuple)):
+        for i, v in enumerate(node):
+            yield from _strings(v, f"{path}[{i}]")
+    elif isinstance(node, str):
+        yield path, node
+
+
+def check_config_secrets(cfg: object) -> None:
+    """Refuse a key shape or a credential in a URI in any string of the whole config (a data
+    path, a model URI, a field added later): all of it is frozen into config.yaml."""
+    for path, value in _strings(cfg, ""):
+        why = secret_shape(value)
+        if why:
+            raise _refuse(f"{path} holds {why} (value not shown)")

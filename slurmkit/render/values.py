@@ -75,11 +75,13 @@ def _fields(spec: JobSpec) -> Iterable[tuple[str, str | None]]:
     yield "the config digest", spec.config_sha256
 
 
-def refuse_unprintable(what: str, value: str | None, allow_tab: bool = False) -> None:
-    """Refuse ``value`` (the config key ``what``) unless every character is printable."""
+def refuse_unprintable(what: str, value: str | None, allow_tab: bool = False, show: bool = True) -> None:
+    """Refuse ``value`` (the config key ``what``) unless every character is printable.
+    ``show`` False: an environment value, which may be a secret, is not quoted."""
     bad = None if value is None else unprintable(value, allow_tab)
     if bad is not None:
-        raise ConfigError(f"{what} {value!r} holds a control character or other non-printable "
+        shown = repr(value) if show else "(value not shown)"
+        raise ConfigError(f"{what} {shown} holds a control character or other non-printable "
                           f"character ({bad})",
                           "printable text only (str.isprintable(), tabs aside in cluster.setup): "
                           "it is written into the batch script, where a line separator such as "
@@ -91,7 +93,7 @@ def check_printable(spec: JobSpec, more: Iterable[tuple[str, str | None]] = ()) 
     """Refuse a non-printable character anywhere in what the batch script carries (and in
     ``more``: other values that reach the job, by config key)."""
     for what, value in _fields(spec):
-        refuse_unprintable(what, value)
+        refuse_unprintable(what, value, show=not what.startswith("environment variable"))
     for what, value in more:  # not on a script line of their own: a tab does no harm
         refuse_unprintable(what, value, allow_tab=True)
     for line in spec.setup:

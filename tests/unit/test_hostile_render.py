@@ -120,6 +120,8 @@ def test_item6_the_renderer_cuts_lines_at_newlines_only() -> None:
     (["job.command=[python,train.py,'--key=${oc.env:AWS_SECRET_ACCESS_KEY}']"], "AWS_SECRET_ACCESS_KEY",
      AWS_SECRET),
     (["+job.env.X='${oc.decode:\"1\"}'"], "resolver", None),
+    (["train.data_path='https://bob:hunter2@data.site/tokens.bin'"], "train.data_path", "hunter2"),
+    (["+job.env.X='hunter2\u2028'"], "U+2028", "hunter2"),  # an env value is never quoted
 ])
 def test_item11_secrets_in_disguise_are_refused_unechoed(argv, why, secret, tmp_path, capsys, no_sbatch,
                                                          monkeypatch) -> None:
