@@ -7,6 +7,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from slurmkit.store import nofollow
 from slurmkit.store.manifest import (
@@ -112,10 +113,14 @@ def read_manifest(tier: Tier, step: int) -> Manifest:
 
 def check_step(tier: Tier, step: int, *, deep: bool,
                files: Callable[[Manifest], list[FileEntry]] | None = None,
-               on_bytes: Callable[[int], None] | None = None) -> StepStatus:
+               on_bytes: Callable[[int], None] | None = None,
+               contents: bool = False) -> StepStatus:
     """Manifest self-check, then every file's presence and size; checksums too when ``deep``.
+    Never raises: whatever a step holds, it is reported as the step's problem.
 
     ``files`` narrows which manifest entries must be here (a node's NVMe holds its own).
+    ``contents`` (with ``deep``): every record is decoded as restore would (``store
+    verify``: a shard rewritten with a matching checksum is not verified).
     """
     try:
         m = read_manifest(tier, step)
@@ -124,8 +129,11 @@ def check_step(tier: Tier, step: int, *, deep: bool,
     except Exception as exc:  # whatever a hostile step raises: the step is bad, not us
         return StepStatus(step, tier, None, f"{type(exc).__name__}: {exc}"[:1000])
     try:
-        return _check_files(tier, step, m, files(m) if files is not None else m.files,
-                            deep, on_bytes)
+        st = _check_files(tier, step, m, files(m) if files is not None else m.files,
+                          deep, on_bytes)
+        if st.ok and deep and contents:
+            st.problem = check_contents(tier, step, m)
+        return st
     except Exception as exc:
         return StepStatus(step, tier, m, f"{type(exc).__name__}: {exc}"[:1000])
 
@@ -171,6 +179,52 @@ def check_metadata(tier: Tier, step: int, m: Manifest) -> str | None:
     except Exception as exc:  # anything else a crafted file raises: not verified
         return f"{METADATA}: {type(exc).__name__}: {exc}"[:1000]
     return None
+
+
+def check_contents(tier: Tier, step: int, m: Manifest) -> str | None:
+    """Why a step whose checksums verify would still not restore (None when it would):
+    every tensor record loads (``weights_only``) with its chunk's dtype and shape, and every
+    JSON value decodes within its limits. Reads the whole step once more."""
+    import io
+
+    import torch
+    from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
+
+    from slurmkit.store.json_values import decode
+    from slurmkit.store.safe_reader import load_metadata
+    from slurmkit.store.staging import JSON_PREFIX
+
+    size = next((f.size for f in m.files if f.name == METADATA), None)
+    if size is None:
+        return None
+    try:
+        md = load_metadata(read_bytes(tier, f"{step_dir(step)}/{METADATA}", size))
+        for index, info in sorted(md.storage_data.items(),
+                                  key=lambda kv: (kv[1].relative_path, kv[1].offset)):
+            entry = md.state_dict_metadata[index.fqn]
+            if not isinstance(entry, TensorStorageMetadata):  # (load_metadata refuses it)
+                return f"{index.fqn}: not a tensor entry"
+            chunk = next(c for c in entry.chunks
+                         if MetadataIndex(index.fqn, c.offsets) == index)
+            where = f"{info.relative_path} ({index.fqn})"
+            t = torch.load(io.BytesIO(_read_range(tier, step, info)), map_location="cpu",
+                           weights_only=True)
+            if (not isinstance(t, torch.Tensor) or t.shape != chunk.sizes
+                    or t.dtype != entry.properties.dtype):
+                return f"{where}: the stored record is not the tensor .metadata declares"
+            if index.fqn.startswith(JSON_PREFIX) and len(entry.chunks) == 1:
+                decode(index.fqn, t, None)
+    except Exception as exc:  # a record that does not load: the step would be skipped
+        return f"record does not load: {type(exc).__name__}: {exc}"[:1000]
+    return None
+
+
+def _read_range(tier: Tier, step: int, info: Any) -> bytes:
+    rel = f"{step_dir(step)}/{info.relative_path}"
+    root = tier.local_path("")
+    with (nofollow.opened(root, rel) if root is not None else tier.open(rel, "rb")) as f:
+        f.seek(info.offset)
+        return f.read(info.length)
 
 
 def check_file(tier: Tier, step: int, e: FileEntry, algo: str, *, deep: bool,

@@ -53,7 +53,8 @@ def status_table(tiers: Sequence[FsspecTier], deep: bool, console: Console) -> i
                 def advance(n: int, k: TaskID = task) -> None:
                     prog.advance(k, n)
 
-                st = check_step(t, s, deep=deep, on_bytes=advance)
+                # (never raises: a hostile step is a row in red, not a traceback)
+                st = check_step(t, s, deep=deep, on_bytes=advance, contents=deep)
                 prog.remove_task(task)
                 rows.setdefault(s, []).append(st)
     table = Table(title=f"checkpoints ({'checksums verified' if deep else 'sizes checked'})")

@@ -34,7 +34,8 @@ from collections.abc import Callable
 from typing import Any
 
 from slurmkit.store.buddy import Links, Pair, Ring, _pair, _plain_name, exchange
-from slurmkit.store.catalog import list_steps, read_manifest
+from slurmkit.store import nofollow
+from slurmkit.store.catalog import list_steps, read_manifest, step_sizes
 from slurmkit.store.coord import MAX_REASON, CoordinationError, Coordinator
 from slurmkit.store.manifest import (
     MANIFEST,
@@ -65,7 +66,7 @@ def node_report(tier: FsspecTier, ring: Ring, newest: int) -> dict[str, Any]:
             break
         try:
             m = read_manifest(tier, step)
-            sizes = tier.sizes(step_dir(step))
+            sizes = step_sizes(tier, step)  # (regular files only, no link followed)
         except (ManifestError, TierError):
             continue
         if m.world_size != ring.world_size:
@@ -155,15 +156,20 @@ def run_plan(plan: list[Transfer], links: Links, rank: int, tier: FsspecTier, st
         pairs.setdefault(_pair(t[0], t[1]), []).append(t)
     links.ensure(p for p in pairs if rank in p)
     d = tier.local_path(step_dir(step))
-    if d is None:
+    root = tier.local_path("")
+    if d is None or root is None:
         raise TierError(f"{tier.uri} is not a local path")
+    if nofollow.is_link(root, step_dir(step)):
+        raise TierError(f"{d} is a symbolic link; a step directory must be a directory")
     os.makedirs(d, exist_ok=True)
     got: dict[str, tuple[str, int] | None] = {}
     for pair in sorted(pairs):
         if rank not in pair:
             continue
         peer = pair[1] if pair[0] == rank else pair[0]
-        send = [(n, os.path.join(d, n), sizes.get(n, _size(os.path.join(d, n))))
+        # a link or anything but a regular file is never read: sent as missing (no path)
+        send = [(n, os.path.join(d, n) if _size(os.path.join(d, n)) >= 0 else "",
+                 sizes.get(n, _size(os.path.join(d, n))))
                 for s, _, n in pairs[pair] if s == rank]
         recv = [(n, os.path.join(d, f".fetch-{rank}-{n}")) for s, r, n in pairs[pair]
                 if r == rank]
@@ -172,10 +178,12 @@ def run_plan(plan: list[Transfer], links: Links, rank: int, tier: FsspecTier, st
 
 
 def _size(path: str) -> int:
+    """Size of the regular file ``path`` (its directory as given, the name itself not
+    followed if a link); -1 when it is missing, a link or not a regular file."""
     try:
-        return os.path.getsize(path)
+        return nofollow.size(*nofollow.split(path))
     except OSError:
-        return 0
+        return -1
 
 
 def _mine(plan: list[Transfer], rank: int) -> list[list[Any]]:
@@ -286,8 +294,7 @@ def _lacking(template: dict[Any, Any], m: Manifest, d: str, ring: Ring,
     role = {ring.rank, *ring.sources()}
     want = {f.name for f in m.files if f.rank in role and f.name != METADATA}
     try:
-        with open(os.path.join(d, METADATA), "rb") as fh:
-            md = load_metadata(fh.read())
+        md = load_metadata(nofollow.read_bytes(d, METADATA))
         needed = files_needed(template, md)
     except Exception as exc:  # noqa: BLE001 - the restore itself reports a bad .metadata
         problems.append(f".metadata unreadable: {exc}")

@@ -16,10 +16,13 @@ Safety rules:
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import uuid
 from collections.abc import Callable
 
+from slurmkit.store import nofollow
 from slurmkit.store.catalog import check_step, list_steps
 from slurmkit.store.manifest import MANIFEST, PARTIAL, parse_step_dir, step_dir
 from slurmkit.store.tier import Tier, TierError
@@ -29,6 +32,12 @@ TRASH = ".trash"
 
 
 def _delete_step(tier: Tier, name: str) -> None:
+    root = tier.local_path("")
+    if root is not None and nofollow.is_link(root, name):
+        # a link placed where a step belongs: remove the link, never what it points at
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(root, name))
+        return
     if tier.renames_atomically():
         trash = f"{TRASH}/{name}.{uuid.uuid4().hex[:8]}"
         try:
@@ -39,6 +48,18 @@ def _delete_step(tier: Tier, name: str) -> None:
     else:
         tier.rm(f"{name}/{MANIFEST}")
         tier.rm(name, recursive=True)
+
+
+def _committed(tier: Tier, step: int) -> bool:
+    """The step has a manifest (read through no link on a local tier)."""
+    root = tier.local_path("")
+    if root is None:
+        return tier.exists(f"{step_dir(step)}/{MANIFEST}")
+    try:
+        nofollow.size(root, f"{step_dir(step)}/{MANIFEST}")
+    except OSError:
+        return False
+    return True
 
 
 def _partial_step(name: str) -> int | None:
@@ -70,7 +91,7 @@ def gc_tier(tier: Tier, keep: int, protected: set[int],
         if s in protected:
             log.info("retention keeps step %d on %s: a promotion still needs it", s, tier.uri)
             continue
-        committed = tier.exists(f"{step_dir(s)}/{MANIFEST}")
+        committed = _committed(tier, s)
         _delete_step(tier, step_dir(s))
         if committed:
             deleted.append(s)

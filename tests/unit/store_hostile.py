@@ -163,3 +163,85 @@ class OpenAudit:
             yield self.paths
         finally:
             self.on = False
+
+
+def _record(md: Metadata, key: str, nth: int = 0) -> tuple[MetadataIndex, _StorageInfo]:
+    return sorted(((k, i) for k, i in md.storage_data.items() if k.fqn == key),
+                  key=lambda kv: list(kv[0].offset or []))[nth]
+
+
+def garbage_record(step_path: str, key: str, nth: int = 0) -> str:
+    """Overwrite the bytes of ``key``'s ``nth`` chunk in its shard with other bytes of the
+    same length and reseal: every size and checksum matches, the record does not load.
+    Returns the shard's name."""
+    _, info = _record(read_md(step_path), key, nth)
+    with open(os.path.join(step_path, info.relative_path), "r+b") as f:
+        f.seek(info.offset)
+        f.write(bytes((i * 7 + 3) % 256 for i in range(info.length)))
+    reseal(step_path)
+    return info.relative_path
+
+
+def replace_json(step_path: str, key: str, raw: bytes) -> None:
+    """Make the JSON value ``key`` (flat, without the prefix) hold ``raw``: a new record
+    appended to its shard, the entry and its record pointed at it, the manifest resealed."""
+    md = read_md(step_path)
+    fqn = "__json__." + key
+    index, info = _record(md, fqn)
+    buf = io.BytesIO()
+    torch.save(torch.frombuffer(bytearray(raw), dtype=torch.uint8), buf)
+    path = os.path.join(step_path, info.relative_path)
+    offset = os.path.getsize(path)
+    with open(path, "ab") as f:
+        f.write(buf.getvalue())
+    entry = md.state_dict_metadata[fqn]
+    size = torch.Size([len(raw)])
+    md.state_dict_metadata[fqn] = dataclasses.replace(
+        entry, size=size, chunks=[dataclasses.replace(entry.chunks[0], sizes=size)])
+    md.storage_data[index] = dataclasses.replace(info, offset=offset,
+                                                 length=len(buf.getvalue()))
+    write_md(step_path, md)
+    reseal(step_path)
+
+
+def overlapping_records(step_path: str, key: str, copies: int) -> int:
+    """Declare the JSON value ``key`` ``copies`` times its size, in ``copies`` chunks whose
+    storage records all point at the one stored record (the sum of the records' lengths
+    then covers the declared size). Returns the declared bytes."""
+    md = read_md(step_path)
+    fqn = "__json__." + key
+    index, info = _record(md, fqn)
+    entry = md.state_dict_metadata[fqn]
+    n = entry.size[0]
+    chunks = [dataclasses.replace(entry.chunks[0], offsets=torch.Size([i * n]),
+                                  sizes=torch.Size([n])) for i in range(copies)]
+    md.state_dict_metadata[fqn] = dataclasses.replace(entry, size=torch.Size([n * copies]),
+                                                      chunks=chunks)
+    del md.storage_data[index]
+    for i in range(copies):
+        md.storage_data[MetadataIndex(fqn, torch.Size([i * n]), i)] = info
+    write_md(step_path, md)
+    reseal(step_path)
+    return n * copies
+
+
+def entry_without_field(step_path: str, key: str, field_name: str) -> None:
+    """``key``'s entry pickled without one of its fields (a TensorStorageMetadata whose
+    ``__dict__`` lacks ``field_name``)."""
+    md = read_md(step_path)
+    entry = md.state_dict_metadata[key]
+    bare = object.__new__(type(entry))
+    bare.__dict__.update({k: v for k, v in entry.__dict__.items() if k != field_name})
+    md.state_dict_metadata[key] = bare
+    write_md(step_path, md)
+    reseal(step_path)
+
+
+def shard_link(step_path: str, key: str, outside: str) -> str:
+    """Move ``key``'s shard to ``outside`` and leave a symbolic link to it in its place:
+    sizes and checksums still match through the link. Returns the shard's name."""
+    _, info = _record(read_md(step_path), key)
+    path = os.path.join(step_path, info.relative_path)
+    os.replace(path, outside)
+    os.symlink(outside, path)
+    return info.relative_path
