@@ -33,6 +33,7 @@ USER_KNOBS = frozenset({
     "SLURMKIT_LOG_LEVEL",  # slurmkit/train/__main__.py
     "SLURMKIT_NODE_LOCAL_DIR",  # slurmkit/train/heartbeat.py: where node-local files go
     "SLURMKIT_S3_ENDPOINT",  # slurmkit/store/tier.py: the object tier's endpoint
+    "SLURMKIT_RUN_ID",  # slurmkit/store/config.py: the run's identity when store.run_id is ""
 })
 
 
