@@ -127,3 +127,47 @@ def test_rank0_store_listens_on_master_addr_only() -> None:
                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "refused"
+
+
+_FLOOD = """
+import json, os
+from datetime import timedelta
+import torch.distributed as dist
+from slurmkit.launch import rendezvous
+
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) << 10 for l in f if l.startswith("VmRSS"))
+
+sock = rendezvous.listen_socket("127.0.0.1")
+port = sock.getsockname()[1]
+pid = rendezvous.serve_capped(sock, None, 32 << 20)
+agent = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=20), use_libuv=True)
+agent.set("mine", "1")
+before = rss()
+stranger = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=20), use_libuv=True)
+stored = 0
+for i in range(32):  # 128 MiB offered, 4 MiB a value
+    try:
+        stranger.set(f"junk{i}", b"x" * (4 << 20))
+        stranger.get(f"junk{i}")
+        stored += 4
+    except Exception:
+        break
+print(json.dumps({"stored_mib": stored, "agent_grew_mib": (rss() - before) >> 20,
+                  "server_alive": os.waitpid(pid, os.WNOHANG) == (0, 0),
+                  "agent_reads": bytes(agent.get("mine")).decode()}))
+"""
+
+
+def test_a_stranger_cannot_grow_node0s_agent_through_its_store() -> None:
+    """item 10c: the agents' store is served by a child process capped at STORE_CAP_BYTES (32
+    MiB here): a stranger's 128 MiB flood stops at the cap, the agent's process does not grow,
+    the server survives and the agent still reads its own value. (Before: the server lived in
+    the agent, which grew by every byte offered.)"""
+    out = subprocess.run([sys.executable, "-c", _FLOOD], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["stored_mib"] <= 32 and res["agent_grew_mib"] < 16
+    assert res["server_alive"] and res["agent_reads"] == "1"
