@@ -13,12 +13,13 @@ from tests.integration.store_workers import join_gloo, leave_gloo
 from tests.unit.store_hostile import (
     OpenAudit,
     byte_item_pickle,
+    garbage_record,
     manifest_dotdot,
     storage_outside,
     truncated_rewritten,
 )
 
-SAVES = 5
+SAVES = 6
 
 
 def state_at(step: int, world: int, mesh: Any) -> dict[str, Any]:
@@ -44,9 +45,11 @@ def outside_files(root: str) -> dict[str, str]:
 
 
 def craft(root: str, marker: str) -> None:
-    """Rank 0, as the attacker: four of the five committed steps rewritten, each with its
-    manifest resealed to match."""
+    """Rank 0, as the attacker: five of the six committed steps rewritten, each with its
+    manifest resealed to match. Step 6 is well-formed but rank 1's chunk of ``model.w``
+    does not load (its bytes rewritten): rank 0 loads its part, and both must skip it."""
     outside = outside_files(root)
+    garbage_record(step_path(root, 6), "model.w", nth=1)
     byte_item_pickle(step_path(root, 5), "model.bias", marker)
     storage_outside(step_path(root, 4), "model.w", outside["abs"])
     manifest_dotdot(step_path(root, 3), "model.w", outside["dotdot"])
@@ -54,7 +57,7 @@ def craft(root: str, marker: str) -> None:
 
 
 def hostile_main(rank: int, world: int, root: str, port: int, out: str) -> None:
-    """Save SAVES steps through the real store on a shared tier, let rank 0 craft four of
+    """Save SAVES steps through the real store on a shared tier, let rank 0 craft five of
     them, then restore on every rank while recording every file this process opens."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh

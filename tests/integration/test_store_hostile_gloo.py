@@ -1,9 +1,11 @@
 """Hostile checkpoints against a real gloo world of 2 ranks on a shared tier.
 
-Rank 0 rewrites four of five committed steps (and reseals each manifest): a byte item
+Rank 0 rewrites five of six committed steps (and reseals each manifest): a byte item
 carrying a pickle, a ``storage_data`` path outside the step, a manifest name with ``..``,
-a truncated shard. Every rank must refuse all four, open nothing outside the steps, agree on
-step 1, and the run's ledger must say what was found in each step."""
+a truncated shard, and (step 6) rank 1's chunk rewritten so that it does not load while
+every checksum matches. Every rank must refuse the four crafted ones, skip step 6 together
+(rank 0's part loads; the ranks agree it does not restore), open nothing outside the steps,
+agree on step 1, and the run's ledger must say what was found in each step."""
 
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from tests.integration.store_hostile_workers import hostile_main
 pytestmark = pytest.mark.integration
 
 
-def test_two_ranks_refuse_four_crafted_steps_and_restore_the_good_one(tmp_path: Any) -> None:
+def test_two_ranks_refuse_crafted_steps_skip_one_that_fails_to_load_and_restore_the_good_one(
+        tmp_path: Any) -> None:
     root, out = str(tmp_path / "ck"), str(tmp_path)
     mp.start_processes(hostile_main, args=(2, root, free_port(), out), nprocs=2, join=True,
                        start_method="spawn")
@@ -30,13 +33,15 @@ def test_two_ranks_refuse_four_crafted_steps_and_restore_the_good_one(tmp_path: 
         with open(os.path.join(out, f"rank{r}.json")) as f:
             res = json.load(f)
         assert res["ok"] and res["step"] == 1, res
-        assert [s for s, _ in res["skipped"]] == [5, 4, 3, 2], res["skipped"]
+        assert [s for s, _ in res["skipped"]] == [6, 5, 4, 3, 2], res["skipped"]
         for path in res["outside"].values():
             assert os.path.exists(path)  # the bait was there to be read
             assert path not in res["opened_under_root"], path
         # under the root the restore opened files of step directories and its own scratch
         # only; of a refused step, nothing but the manifest and .metadata that refuse it
         for p in res["opened_under_root"]:
+            if os.path.isdir(p):  # a tier directory: files below it are opened by name
+                continue
             step = next((part for part in p.split(os.sep) if part.startswith("step_")), "")
             assert step or ".restore" in p.split(os.sep), p
             if step and step != "step_0000000001":
@@ -50,5 +55,7 @@ def test_two_ranks_refuse_four_crafted_steps_and_restore_the_good_one(tmp_path: 
     assert "which has" in rejected[2] and "truncated" in rejected[2]
     for reason in rejected.values():  # both ranks refused, each said why
         assert "rank 0:" in reason and "rank 1:" in reason and "Detected:" in reason
+    (skip6,) = [e for e in events if e["event"] == "ckpt_skipped" and e["step"] == 6]
+    assert "rank 1:" in skip6["reason"] and "does not load" in skip6["reason"], skip6
     (restored,) = [e for e in events if e["event"] == "ckpt_restored"]
     assert restored["step"] == 1
