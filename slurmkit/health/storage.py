@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from slurmkit.health.result import CheckResult, bad, ok, wait
+from slurmkit.store.tiertrust import make_private_dirs
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -74,7 +75,7 @@ def check_nvme(path: str, *, min_free_bytes: int, probe_bytes: int, min_write_mb
     fix_space = (f"free space under {path} (old runs' checkpoints), lower store.keep_nvme or "
                  "health.nvme_min_free_gb, or drain the node")
     try:
-        os.makedirs(path, exist_ok=True)
+        make_private_dirs(path)  # 0700, as the store makes it (a group-writable tier is refused)
     except OSError as exc:
         return bad(name, f"cannot create the NVMe tier directory {path}: {exc.strerror or exc}",
                    "a writable NVMe tier on every node", fix_space)

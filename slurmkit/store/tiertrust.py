@@ -15,13 +15,16 @@ component of the tier's path, from ``/`` down, is checked:
 * a symbolic link is followed only when this user or root owns it.
 
 A group-writable directory of a shared tier (a Lustre project directory) is a warning naming
-it, not a refusal: team directories are commonly ``2770``. The store creates its directories
+it, not a refusal: team directories are commonly ``2770``. A directory whose group is the
+user's private group (named after the user, no other member: umask 002 sites) counts as
+writable by the user alone. The store creates its directories
 0700 and its files 0600 whatever the umask: a checkpoint is its owner's data.
 """
 
 from __future__ import annotations
 
 import contextlib
+import grp
 import os
 import pwd
 import stat
@@ -84,6 +87,18 @@ def _walk(path: str, uid: int, tier: str) -> tuple[list[tuple[str, os.stat_resul
     return seen, True
 
 
+def _private_group(gid: int, uid: int) -> bool:
+    """Whether ``gid`` is ``uid``'s user private group (its name, no other member)."""
+    if gid == 0:
+        return False
+    try:
+        user = pwd.getpwuid(uid).pw_name
+        group = grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return group.gr_name == user and set(group.gr_mem) <= {user}
+
+
 def _refuse(tier: str, path: str, detected: str, requirement: str, where: str) -> UnsafeTierError:
     return UnsafeTierError(
         detected=f"the {tier} tier's directory {path}: {detected}",
@@ -110,6 +125,8 @@ def check_tier_path(tier: str, path: str, *, shared: bool = False,
                           "every directory of the path owned by you or root", where)
         mode = stat.S_IMODE(st.st_mode)
         if not mode & 0o022 or (mode & stat.S_ISVTX and not is_root):
+            continue
+        if not mode & 0o002 and _private_group(st.st_gid, uid):
             continue
         if mode & 0o002 or not shared:
             whom = "anyone" if mode & 0o002 else "its group"

@@ -161,3 +161,26 @@ def test_scratch_tier_of_another_user_is_refused(tmp_path: Path,
         CheckpointStore.from_config(cfg, rank=0, world_size=1, node="n0", env={},
                                     sleep=lambda s: None)
     assert list((tmp_path / "scratch").iterdir()) == []
+
+
+def test_a_group_writable_directory_of_the_users_private_group_is_accepted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """umask 002 sites: a 0775 directory whose group is the user's private group (named after
+    the user, no other member) is writable by the user alone; any other group is refused."""
+    import grp
+    import pwd
+
+    from slurmkit.store import tiertrust
+
+    if os.geteuid() != 0:
+        pytest.skip("chgrp to an arbitrary group needs root")
+    _mode(tmp_path / "mine", 0o775)
+    os.chown(tmp_path / "mine", -1, 4242)
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    members: list[str] = []
+    monkeypatch.setattr(tiertrust.grp, "getgrgid",
+                        lambda g: grp.struct_group((me, "x", g, members)))
+    assert check_tier_path("nvme", str(tmp_path / "mine" / "ckpt")) == []
+    members.append("someone-else")
+    with pytest.raises(UnsafeTierError, match="writable by its group"):
+        check_tier_path("nvme", str(tmp_path / "mine" / "ckpt"))
