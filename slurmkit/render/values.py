@@ -83,9 +83,9 @@ def refuse_unprintable(what: str, value: str | None, allow_tab: bool = False, sh
         shown = repr(value) if show else "(value not shown)"
         raise ConfigError(f"{what} {shown} holds a control character or other non-printable "
                           f"character ({bad})",
-                          "printable text only (str.isprintable(), tabs aside in cluster.setup): "
-                          "it is written into the batch script, where a line separator such as "
-                          "U+2028 or U+0085 would start a new line",
+                          "printable text only (str.isprintable()): it reaches the batch script "
+                          "or the job's config, where a line separator such as U+2028 or U+0085 "
+                          "starts a new line and a bidi override hides what runs",
                           f"remove the newline, line separator or control character from {what}")
 
 
