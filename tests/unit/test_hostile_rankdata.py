@@ -165,3 +165,24 @@ def test_item8_a_squatted_node_local_directory_leaves_the_agent_a_private_one(
     assert os.lstat(predicted.parent) == before  # the squatter's entry is left as it was
     # the next agent on the node takes the same one (its ranks learn it from the agent's environment)
     assert private_dir(node_local_dir("/runs/a", env)) == got
+
+
+# ------------------------------------------------------------------ the shared parser's limits
+
+@pytest.mark.parametrize(("text", "why"), [
+    (b"[" * 33 + b"]" * 33, "nested deeper than 32"), (b'{"a": ' + b"1" * 31 + b"}", "31 digits"),
+    (b"-" + b"9" * 40, "40 digits"), (b"1e999", "out of range"), (b"[NaN]", "NaN"), (b'"\\udc00"', "lone surrogate"),
+    (b'{"a": "\xff"}', "not UTF-8"), (b"x" * 101, "over 100 bytes"),
+])
+def test_item7_the_shared_parser_refuses_what_a_reader_would_choke_on(text: bytes, why: str) -> None:
+    from slurmkit.untrusted import UntrustedDataError, parse_json
+
+    with pytest.raises(UntrustedDataError, match=why):
+        parse_json(text, max_bytes=100)
+
+
+@pytest.mark.parametrize("text", [b"[" * 32 + b"]" * 32, b"1" * 30, b"1.5e300", b'"\\ud83d\\ude00"', b'"[[[[{{{{"'])
+def test_item7_the_shared_parser_takes_what_is_within_its_limits(text: bytes) -> None:
+    from slurmkit.untrusted import parse_json
+
+    assert parse_json(text, max_bytes=100) is not None
