@@ -78,6 +78,7 @@ def _refused(argv: list[str], tmp_path: Path, capsys, called: Path, root: str | 
     (["store.lustre_uri='/lustre/ckpt\u2028x'"], "store.lustre_uri", "U+2028"),
     (["cluster.account='acct\u00a0x'"], "cluster.account", "U+00A0"),
     ("ROOT", "submit.run_root", "U+2028"),  # the case: a run root holding U+2028
+    (["-m", "train.lr=1e-3,3e-3", "+job.env.X='a\u2028b'"], "environment variable X", "U+2028"),  # a sweep
 ])
 def test_item6_unprintable_values_are_refused(argv, where, code, tmp_path, capsys, no_sbatch) -> None:
     root = None
