@@ -23,6 +23,8 @@ old key) and the root deletes an operation's keys once every rank has moved past
 
 Payloads are JSON, never pickle; what comes back is checked (a malformed line or a rank
 heard twice is a CoordinationError, which callers treat like any failed save or restore).
+Bulk data between peers (buddy copies) goes over 2-rank gloo groups made for exactly the
+ranks involved (buddy.Links), never a world-sized one.
 
 Anyone who reaches the job's store can connect to it, so with a ``secret`` (``coord_secret``:
 derived from the run's token, slurmkit.supervise.channelbase, for this attempt, generation and
@@ -30,8 +32,6 @@ store address) every key lives under a prefix derived from it, which a stranger 
 and every value and gathered line carries an HMAC of its full key and payload: a value that
 is not signed so is refused (ForgedValueError, a CoordinationError), a forged gathered line is
 dropped, so nobody else can race in a step list, a promotion decision or a verdict.
-Bulk data between peers (buddy copies) goes over 2-rank gloo groups made for exactly the
-ranks involved (buddy.Links), never a world-sized one.
 """
 
 from __future__ import annotations

@@ -65,6 +65,8 @@ def _create_token(path: str) -> None:
     """Write a fresh token at ``path`` unless one is there. Written whole under a private
     name, then linked into place: a process reading the token meanwhile (a rank, another
     agent) finds no file or the whole token, never an empty one."""
+    if os.path.lexists(path):
+        return  # the usual case: nothing to write (the run directory may even be read-only)
     tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
