@@ -6,7 +6,7 @@ import hashlib
 import logging
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from hydra import compose as hydra_compose
@@ -139,17 +139,6 @@ def to_typed(raw: Any) -> SlurmkitConfig:
     return obj
 
 
-def _strings(node: Any, path: str) -> Iterator[tuple[str, str]]:
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from _strings(v, f"{path}.{k}" if path else str(k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            yield from _strings(v, f"{path}[{i}]")
-    elif isinstance(node, str):
-        yield path, node
-
-
 def check_resolvers(raw: Any) -> None:
     """Refuse what OmegaConf would resolve into a secret before it is resolved.
 
@@ -157,13 +146,13 @@ def check_resolvers(raw: Any) -> None:
     config.yaml (and, in job.env, written into the batch script) in clear; the value then
     looks like any random string, so the variable's name is checked here, on the unresolved
     text. job.env / cluster.env values are text for the script: no other resolver there."""
-    from slurmkit.render.secrets import FIX, secret_name  # render imports config: not at the top
+    from slurmkit.render.secrets import FIX, config_strings, secret_name  # render imports config
 
     try:
         tree = OmegaConf.to_container(raw, resolve=False)
     except OmegaConfBaseException:
         return  # to_typed reports it
-    for path, text in _strings(tree, ""):
+    for path, text in config_strings(tree):
         for m in _RESOLVER.finditer(text):
             resolver, var = m.group(1), m.group(2).split(",", 1)[0].strip()
             if resolver in _ENV_RESOLVERS:

@@ -219,16 +219,17 @@ def check_image_secrets(what: str, image: str | None) -> None:
         raise _refuse(f"{what} holds {why} (value not shown)")
 
 
-def _strings(node: Any, path: str) -> Iterator[tuple[str, str]]:
+def config_strings(node: Any, path: str = "") -> Iterator[tuple[str, str]]:
+    """(dotted key, value) of every string in a config: dataclasses, dicts, lists."""
     if dataclasses.is_dataclass(node) and not isinstance(node, type):
         for f in dataclasses.fields(node):
-            yield from _strings(getattr(node, f.name), f"{path}.{f.name}" if path else f.name)
+            yield from config_strings(getattr(node, f.name), f"{path}.{f.name}" if path else f.name)
     elif isinstance(node, dict):
         for k, v in node.items():
-            yield from _strings(v, f"{path}.{k}")
+            yield from config_strings(v, f"{path}.{k}" if path else str(k))
     elif isinstance(node, (list, tuple)):
         for i, v in enumerate(node):
-            yield from _strings(v, f"{path}[{i}]")
+            yield from config_strings(v, f"{path}[{i}]")
     elif isinstance(node, str):
         yield path, node
 
@@ -236,7 +237,7 @@ def _strings(node: Any, path: str) -> Iterator[tuple[str, str]]:
 def check_config_secrets(cfg: object) -> None:
     """Refuse a key shape or a credential in a URI in any string of the whole config (a data
     path, a model URI, a field added later): all of it is frozen into config.yaml."""
-    for path, value in _strings(cfg, ""):
+    for path, value in config_strings(cfg):
         why = secret_shape(value)
         if why:
             raise _refuse(f"{path} holds {why} (value not shown)")
