@@ -176,9 +176,10 @@ class RankMonitor:
         return beats
 
     def _current_beat(self, w: _RankWatch) -> tuple[dict[str, object], int, float] | None:
-        """The rank's beat (with its step and time) if this process wrote it. A requeued job starts again at generation 0,
-        and its heartbeat files still hold the last beats of the previous allocation: those are
-        older than the rank, and taking them would start the hang timer before the first step."""
+        """The rank's beat (with its step and time) if this process wrote it. A requeued job
+        starts again at generation 0, and its heartbeat files still hold the last beats of the
+        previous allocation: those are older than the rank, and taking them would start the hang
+        timer before the first step."""
         try:
             beat = _read_beat(w.heartbeat_path)
         except UntrustedDataError as exc:

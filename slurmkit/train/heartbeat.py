@@ -80,8 +80,9 @@ def private_dir(path: str, *, fallback: bool = True) -> str:
     try:
         base = _own_fallback(root, uid) or tempfile.mkdtemp(prefix=f"slurmkit-{uid}-", dir=root)
     except OSError as exc:
-        raise LocalDirError(detected=f"{refused.detected}, and no private directory can be made in {root} ({exc})",
-                            requirement=refused.requirement, fix=refused.fix) from exc
+        raise LocalDirError(
+            detected=f"{refused.detected}, and no private directory can be made in {root} ({exc})",
+            requirement=refused.requirement, fix=refused.fix) from exc
     fresh = _make_private(os.path.join(base, os.path.basename(path)))
     log.warning("node-local directory: %s; using %s instead (%s)", refused.detected, fresh, refused.fix)
     return fresh
