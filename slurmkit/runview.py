@@ -42,6 +42,7 @@ METRICS_NAME = "metrics.jsonl"
 SWEEP_NAME = "sweep.json"
 END_STATUSES = frozenset({"completed", "stopped", "signalled", "cancelled", "failed", "ended"})
 TAIL_BYTES = 64 * 1024  # one block from a file's end: far more than one metrics/ledger line
+CONFIG_BYTES = 16 * 1024 * 1024  # a frozen config is a few KiB
 SWEEP_BYTES = 64 * 1024 * 1024  # sweep.json: a thousand variants with their overrides take ~1 MiB
 REFUSALS_NAMED = 20  # refused ledger lines named in the log per watched run
 
@@ -184,9 +185,8 @@ def read_heartbeat_step(run_dir: str, env: Mapping[str, str] | None = None) -> i
 def read_config(run_dir: str) -> dict[str, Any]:
     """The frozen config as plain data (safe YAML: a config file runs no code), {} if unreadable."""
     try:
-        with open(os.path.join(run_dir, "config.yaml"), encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError):
+        raw = yaml.safe_load(read_regular(os.path.join(run_dir, "config.yaml"), CONFIG_BYTES))
+    except (OSError, ValueError, yaml.YAMLError, RecursionError):  # too big, not text, nested too deep
         return {}
     return raw if isinstance(raw, dict) else {}
 

@@ -21,7 +21,7 @@ import pytest
 
 from slurmkit.launch.stackdump import RankTarget, read_traces
 from slurmkit.report.run import load_run
-from slurmkit.runview import LedgerTail
+from slurmkit.runview import LedgerTail, build_view, read_config
 from slurmkit.supervise.ledger import Ledger, read_ledger
 from slurmkit.supervise.monitor import RankMonitor
 from slurmkit.supervise.report import summarize
@@ -106,6 +106,13 @@ def _viewer_heartbeat_survives(tmp: Path, caplog: pytest.LogCaptureFixture) -> N
     assert read_heartbeat(str(path)) is None  # status's heartbeat step on rank 0's node
 
 
+def _viewer_config_survives(tmp: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp / "config.yaml").write_bytes(b"[" * 100_000)  # yaml's composer recurses: RecursionError
+    (tmp / "ledger.jsonl").write_bytes(GOOD_START + GOOD_END)
+    assert read_config(str(tmp)) == {}
+    assert build_view(str(tmp), list(read_ledger(str(tmp / "ledger.jsonl"))), full=True).phase == "completed"
+
+
 ITEM7 = {
     "heartbeat null": _monitor_survives(b"null"),
     "heartbeat a number": _monitor_survives(b"5"),
@@ -121,6 +128,7 @@ ITEM7 = {
     "ledger time not a number": _ledger_survives(b'{"t": "soon", "event": "failure", "cls": "hang"}'),
     "metrics 5,000-digit step": _report_survives_metrics,
     "viewer's heartbeat nested": _viewer_heartbeat_survives,
+    "viewer's config.yaml nested": _viewer_config_survives,
 }
 
 
