@@ -31,6 +31,13 @@ _RESOLVER = re.compile(r"\$\{\s*([A-Za-z_][\w.]*)\s*:([^}]*)\}")
 _ENV_RESOLVERS = ("oc.env", "env")
 
 
+def _one_line(text: str) -> str:
+    """A library's message quoting the user's text: on one line, non-printable characters
+    (U+2028, a bidi override) escaped as ``slurmkit logs`` shows them."""
+    text = text.replace("\n", " ")
+    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
+
+
 def conf_dirs(env: Mapping[str, str] | None = None) -> list[str]:
     """The conf directories in search order: a site's own ($SLURMKIT_CONF_DIR) overlays the one
     shipped in the package. A file the site has wins; the packaged ones fill in the rest, so a
@@ -118,7 +125,7 @@ def compose_dict(overrides: list[str], directory: str | None = None) -> Any:
         raise ConfigError(str(exc).splitlines()[0], "an existing config option",
                           f"see the files under {' and '.join(dirs)}") from exc
     except (HydraException, OmegaConfBaseException) as exc:
-        raise ConfigError(f"invalid configuration or override: {exc}".replace("\n", " "),
+        raise ConfigError(f"invalid configuration or override: {_one_line(str(exc))}",
                           "keys and values that the schema in slurmkit/config/schema.py defines",
                           "check the spelling of the override (key=value, +key=value to add)") from exc
     finally:
@@ -130,7 +137,7 @@ def to_typed(raw: Any) -> SlurmkitConfig:
     try:
         obj = OmegaConf.to_object(raw)
     except OmegaConfBaseException as exc:
-        raise ConfigError(f"invalid configuration: {exc}".replace("\n", " "),
+        raise ConfigError(f"invalid configuration: {_one_line(str(exc))}",
                           "values of the types the schema defines",
                           "fix the value named above") from exc
     if not isinstance(obj, SlurmkitConfig):
