@@ -210,11 +210,14 @@ def scan(data: bytes) -> None:
         elif op == 0x68:  # BINGET
             stack.append(memo[data[i]])
             i += 1
+        elif op == 0x6A:  # LONG_BINGET
+            stack.append(memo[int.from_bytes(data[i:i + 4], "little")])
+            i += 4
         elif op == 0x8C:  # SHORT_BINUNICODE
             i += 1 + data[i]
             stack.append(0)
-        elif op == 0x4B:  # BININT1
-            i += 1
+        elif op == 0x4B or op == 0x4D or op == 0x4A:  # BININT1, BININT2, BININT
+            i += 1 if op == 0x4B else 2 if op == 0x4D else 4
             stack.append(0)
         elif op == 0x29:  # EMPTY_TUPLE
             stack.append(1)
@@ -259,15 +262,13 @@ def _rare(op: int, data: bytes, i: int, stack: list[int], marks: list[int],
                                   "which DCP metadata never does")
     if op == 0x2E:  # STOP
         return -1
-    fixed = {0x80: 1, 0x95: 8, 0x71: 1, 0x72: 4, 0x6A: 4, 0x4D: 2, 0x4A: 4, 0x47: 8}
+    fixed = {0x80: 1, 0x95: 8, 0x71: 1, 0x72: 4, 0x47: 8}
     if op in (0x71, 0x72):  # BINPUT, LONG_BINPUT: only the next index (or an old one)
         k = int.from_bytes(data[i:i + fixed[op]], "little")
         if k > len(memo):
             raise UnsafeMetadataError("checkpoint .metadata stores a memo entry out of order")
         memo[k:k + 1] = [stack[-1]]
-    elif op == 0x6A:  # LONG_BINGET
-        stack.append(memo[int.from_bytes(data[i:i + 4], "little")])
-    elif op in (0x4D, 0x4A, 0x47):  # BININT2, BININT, BINFLOAT
+    elif op == 0x47:  # BINFLOAT
         stack.append(0)
     elif op == 0x8A:  # LONG1
         i += 1 + data[i]
@@ -332,10 +333,12 @@ class Converter:
         state = x.state if x.state is not None else {}
         if x.args or type(state) is not dict or any(type(k) is not str for k in state):
             raise _refuse(f"gives a {cls.__name__} arguments or state DCP never writes")
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        extra = [k for k in state if k not in known]
-        if extra:
-            raise _refuse(f"gives a {cls.__name__} the unknown field {extra[0][:60]!r}")
+        known = _FIELDS[cls]
+        if not known.keys() >= state.keys():
+            extra = next(k for k in state if k not in known)
+            raise _refuse(f"gives a {cls.__name__} the unknown field {extra[:60]!r}")
+        if len(state) == len(known):
+            return state
         out = {}
         for name, f in known.items():
             if name in state:
@@ -481,6 +484,9 @@ class Converter:
                 self.plain(item, depth + 1)
             return v
         raise _refuse(f"has a {_what(v)} in its planner data")
+
+
+_FIELDS = {cls: {f.name: f for f in dataclasses.fields(cls)} for cls in _RECORDS}
 
 
 def to_metadata(tree: Any, budget: int) -> Metadata:

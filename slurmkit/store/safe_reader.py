@@ -126,7 +126,7 @@ def _check_entry(key: str, entry: Any) -> TensorStorageMetadata:
 def _check_tiling(key: str, entry: TensorStorageMetadata) -> None:
     """The chunks cover every element of the tensor exactly once. Checked on the grid of
     the chunks' own boundaries (one cell per chunk for DCP's shardings)."""
-    if entry.size.numel() == 0:
+    if entry.size.numel() == 0 or _tiles_along_one_dim(entry):
         return
     bounds = [sorted({0, d} | {c.offsets[i] for c in entry.chunks}
                      | {c.offsets[i] + c.sizes[i] for c in entry.chunks})
@@ -142,6 +142,25 @@ def _check_tiling(key: str, entry: TensorStorageMetadata) -> None:
     if not bool((grid == 1).all()):
         raise UnsafeMetadataError(f"checkpoint .metadata gives {key!r} chunks that overlap "
                                   "or leave part of it uncovered")
+
+
+def _tiles_along_one_dim(entry: TensorStorageMetadata) -> bool:
+    """The common sharding, checked in O(n log n): every chunk spans the tensor in all
+    dimensions but one, and along that one they follow each other from 0 to its end."""
+    size = list(entry.size)
+    split = {i for c in entry.chunks for i, (o, n) in enumerate(zip(c.offsets, c.sizes))
+             if o != 0 or n != size[i]}
+    if len(split) > 1:
+        return False
+    d = split.pop() if split else 0
+    if not size:
+        return len(entry.chunks) == 1
+    end = 0
+    for o, n in sorted((c.offsets[d], c.sizes[d]) for c in entry.chunks):
+        if o != end or n == 0:
+            return False
+        end = o + n
+    return end == size[d]
 
 
 def _check_ranges(md: Metadata) -> None:
