@@ -43,4 +43,14 @@ def print_error(console: Any, exc: BaseException | str, label: str = "error") ->
     """
     from rich.text import Text  # rich only where something is printed: ranks import this module
 
-    console.print(Text.assemble((label, "bold red"), ": ", str(exc)), highlight=False)
+    console.print(Text.assemble((label, "bold red"), ": ", printable(str(exc))), highlight=False)
+
+
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable escaped (tab and newline kept).
+
+    Messages quote what the user or a file gave: a bidi override, a C1 control or a line
+    separator in it must reach the terminal as ``\u202e``, never act there.
+    """
+    return "".join(c if c.isprintable() or c in "\t\n" else c.encode("unicode_escape").decode("ascii")
+                   for c in text)

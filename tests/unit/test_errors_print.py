@@ -43,3 +43,23 @@ def test_supervise_prints_a_run_dir_with_brackets_literally(tmp_path) -> None:
                          capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "400"})
     assert res.returncode == 2
     assert f"no ledger.jsonl in {run_dir}" in res.stderr, res.stderr
+
+
+def test_print_error_escapes_what_would_act_on_the_terminal() -> None:
+    """A message quoting a user's value or a file's bytes: a bidi override, a C1 CSI and a line
+    separator reach the terminal escaped; newlines and ordinary unicode stay."""
+    buf = io.StringIO()
+    print_error(Console(file=buf, width=400), "value 'a\u202eb\x9b31mc\u2028d' in\tjob.name (é)\nnext")
+    out = buf.getvalue()
+    assert "\u202e" not in out and "\x9b" not in out and "\u2028" not in out
+    assert "a\\u202eb\\x9b31mc\\u2028d" in out and "job.name (é)\nnext" in out  # rich expands the tab
+
+
+def test_a_sweep_override_with_a_line_separator_is_printed_escaped(tmp_path) -> None:
+    res = subprocess.run([sys.executable, "-m", "slurmkit.submit", "-m", "+exp=tiny", "cluster=local",
+                          "job.name=a\u2028b,c", f"submit.run_root={tmp_path}"],
+                         capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+                         env={**os.environ, "COLUMNS": "400"})
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "\u2028" not in res.stderr and "\\u2028" in res.stderr, res.stderr
+    assert os.listdir(tmp_path) == []
