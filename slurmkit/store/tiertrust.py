@@ -14,8 +14,9 @@ component of the tier's path, from ``/`` down, is checked:
   names the store is about to use);
 * a symbolic link is followed only when this user or root owns it.
 
-A group-writable directory of a shared tier (a Lustre project directory) is a warning naming
-it, not a refusal: team directories are commonly ``2770``. A directory whose group is the
+On a shared tier (a Lustre project directory) a directory above the tier's own that is
+group-writable or owned by a colleague is a warning naming it, not a refusal: team directories
+are commonly a PI's, ``2770``. A directory whose group is the
 user's private group (named after the user, no other member: umask 002 sites) counts as
 writable by the user alone. The store creates its directories
 0700 and its files 0600 whatever the umask: a checkpoint is its owner's data.
@@ -120,22 +121,33 @@ def check_tier_path(tier: str, path: str, *, shared: bool = False,
     warnings = []
     for n, (where, st) in enumerate(seen):
         is_root = complete and n == len(seen) - 1  # the tier's own directory
-        if st.st_uid not in (uid, 0):
+        warning = _judge(tier, path, where, st, uid, shared=shared, is_root=is_root)
+        if warning:
+            warnings.append(f"the {tier} tier's directory {path}: {where} {warning}: they "
+                            "can replace checkpoints there")
+    return warnings
+
+
+def _judge(tier: str, path: str, where: str, st: os.stat_result, uid: int, *, shared: bool,
+           is_root: bool) -> str | None:
+    """One directory of the path: raise UnsafeTierError, or return a warning (what a team
+    directory of a shared tier may be: owned by a colleague, writable by the group)."""
+    problems = []
+    if st.st_uid not in (uid, 0):
+        if not shared or is_root:
             raise _refuse(tier, path, f"{where} is owned by {_who(st.st_uid)}",
                           "every directory of the path owned by you or root", where)
-        mode = stat.S_IMODE(st.st_mode)
-        if not mode & 0o022 or (mode & stat.S_ISVTX and not is_root):
-            continue
-        if not mode & 0o002 and _private_group(st.st_gid, uid):
-            continue
+        problems.append(f"is owned by {_who(st.st_uid)}")
+    mode = stat.S_IMODE(st.st_mode)
+    open_to_others = bool(mode & 0o022) and not (mode & stat.S_ISVTX and not is_root)
+    if open_to_others and not (not mode & 0o002 and _private_group(st.st_gid, uid)):
         if mode & 0o002 or not shared:
             whom = "anyone" if mode & 0o002 else "its group"
             raise _refuse(tier, path, f"{where} (mode {mode:04o}) is writable by {whom}",
                           "no directory of the path writable by others, except sticky "
                           "directories above the tier's own", where)
-        warnings.append(f"the {tier} tier's directory {path}: {where} (mode {mode:04o}) is "
-                        "group-writable: members of its group can replace checkpoints there")
-    return warnings
+        problems.append(f"(mode {mode:04o}) is group-writable")
+    return " and ".join(problems) or None
 
 
 def make_private_dirs(path: str) -> None:

@@ -71,6 +71,11 @@ CASES: list[tuple[str, Layout, str, str, str | None]] = [
      "link/ckpt", "nvme", None),
     ("item5-group-writable-lustre-warns", lambda r: _mode(r / "project", 0o2775),
      "project/ckpt", "lustre", None),
+    # a shared tier below a colleague's team directory warns; the tier's own must be yours
+    ("item5-colleagues-project-lustre-warns", lambda r: _stranger_dir(r / "project", 0o2770),
+     "project/ckpt", "lustre", None),
+    ("item5-lustre-tier-owned-by-stranger", lambda r: _stranger_dir(r / "theirs", 0o755),
+     "theirs", "lustre", f"is owned by uid {STRANGER}"),
 ]
 
 
