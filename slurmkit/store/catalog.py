@@ -265,8 +265,10 @@ def scan(tier: Tier, *, deep: bool) -> list[StepStatus]:
 def _read_latest(tier: Tier) -> int | None:
     if not tier.exists(LATEST):
         return None
-    with tier.open(LATEST, "rb") as f:
-        return int(json.loads(f.read())["step"])
+    step = json.loads(read_bytes(tier, LATEST, 1 << 16))["step"]
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise ValueError(f"{LATEST} names a {type(step).__name__}")
+    return step
 
 
 def read_latest(tier: Tier) -> int | None:
@@ -274,7 +276,8 @@ def read_latest(tier: Tier) -> int | None:
     OSError from inside the open file on S3, e.g. while the server restarts)."""
     try:
         return _read_latest(tier)
-    except (TierError, OSError, ValueError, KeyError, TypeError) as exc:
+    except (TierError, OSError, ValueError, KeyError, TypeError, ManifestError,
+            RecursionError) as exc:
         log.warning("unreadable %s on %s: %s", LATEST, tier.uri, exc)
         return None
 
@@ -285,8 +288,9 @@ def write_latest(tier: Tier, step: int) -> None:
     fails the write rather than risk a rewind."""
     try:
         current = _read_latest(tier)
-    except (TierError, ValueError, KeyError, TypeError):
-        current = None
+    except (TierError, ValueError, KeyError, TypeError, ManifestError, RecursionError,
+            nofollow.LinkRefused):
+        current = None  # (a link in its place is replaced, never followed)
     except OSError as exc:
         raise TierError(f"cannot read {LATEST} on {tier.uri}: {exc}") from exc
     if current is not None and current >= step:

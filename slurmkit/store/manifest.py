@@ -178,11 +178,15 @@ class Manifest:
         """Parse and check the manifest's own checksum; raise ManifestError if anything is off."""
         try:
             body = json.loads(data)
+            if not isinstance(body, dict):
+                raise ManifestError(f"malformed manifest: a {type(body).__name__}, not an "
+                                    "object")
             claimed = body.pop("manifest_checksum")
             if claimed != _self_checksum(body):
                 raise ManifestError("manifest checksum mismatch (manifest corrupted)")
             if body.get("format") != FORMAT:
                 raise ManifestError(f"unknown manifest format {body.get('format')!r}")
+            _check_types(body)
             body["files"] = [_file_entry(f) for f in body["files"]]
             names = [f.name for f in body["files"]]
             if len(set(names)) != len(names):
@@ -190,11 +194,29 @@ class Manifest:
             return Manifest(**body)
         except ManifestError:
             raise
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ManifestError(f"malformed manifest: {exc}") from exc
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            raise ManifestError(f"malformed manifest: {type(exc).__name__}: {exc}"[:500]
+                                ) from exc
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "step": (int,), "world_size": (int,), "checksum_algo": (str,), "config_hash": (str,),
+    "created_unix": (int, float), "tier": (str,), "promote_to": (list,), "files": (list,)}
+
+
+def _check_types(body: dict[str, Any]) -> None:
+    """Every field of the kind its readers expect (they index, compare and sum them)."""
+    for name, kinds in _TYPES.items():
+        v = body.get(name)
+        if name in body and (not isinstance(v, kinds) or isinstance(v, bool)):
+            raise ManifestError(f"malformed manifest: {name} is a {type(v).__name__}")
+    if not all(isinstance(t, str) for t in body.get("promote_to", [])):
+        raise ManifestError("malformed manifest: promote_to holds a non-string")
 
 
 def _file_entry(f: dict[str, Any]) -> FileEntry:
+    if not isinstance(f, dict):
+        raise ManifestError(f"malformed manifest: a file entry is a {type(f).__name__}")
     e = FileEntry(**f)
     check_name(e.name)
     for field_name in ("size", "rank"):

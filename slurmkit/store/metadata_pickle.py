@@ -72,7 +72,8 @@ class _Sealed(type):
                                   f"class {cls.__name__} itself; DCP metadata never does")
 
     def __delattr__(cls, name: str) -> None:
-        cls.__setattr__(name, None)
+        raise UnsafeMetadataError(f"checkpoint .metadata deletes attribute {name[:40]!r} of "
+                                  f"the class {cls.__name__}; DCP metadata never does")
 
 
 class _InstanceState:

@@ -178,10 +178,12 @@ def run_plan(plan: list[Transfer], links: Links, rank: int, tier: FsspecTier, st
 
 
 def _size(path: str) -> int:
-    """Size of the regular file ``path`` (its directory as given, the name itself not
-    followed if a link); -1 when it is missing, a link or not a regular file."""
+    """Size of the regular file ``path`` (a file of a step directory: neither it nor the
+    step directory followed if a link); -1 when missing, a link or not a regular file."""
+    head, name = os.path.split(path)
+    root, step = os.path.split(head)
     try:
-        return nofollow.size(*nofollow.split(path))
+        return nofollow.size(root, f"{step}/{name}")
     except OSError:
         return -1
 
@@ -294,7 +296,8 @@ def _lacking(template: dict[Any, Any], m: Manifest, d: str, ring: Ring,
     role = {ring.rank, *ring.sources()}
     want = {f.name for f in m.files if f.rank in role and f.name != METADATA}
     try:
-        md = load_metadata(nofollow.read_bytes(d, METADATA))
+        md = load_metadata(nofollow.read_bytes(os.path.dirname(d),
+                                               f"{os.path.basename(d)}/{METADATA}"))
         needed = files_needed(template, md)
     except Exception as exc:  # noqa: BLE001 - the restore itself reports a bad .metadata
         problems.append(f".metadata unreadable: {exc}")

@@ -185,9 +185,22 @@ def _wrong_kind(d: str, tmp: Any) -> str:
     return "'note' is a dict where the template holds a str"
 
 
+def _manifest_string(d: str, tmp: Any) -> str:
+    with open(os.path.join(d, "manifest.json"), "w") as f:
+        f.write('"a manifest"')
+    return "malformed manifest: a str"
+
+
+def _manifest_deep(d: str, tmp: Any) -> str:
+    with open(os.path.join(d, "manifest.json"), "w") as f:
+        f.write("[" * 100_000 + "]" * 100_000)
+    return "malformed manifest"
+
+
 # (verify has no template: a well-formed value of another kind is not a damaged step)
 VERIFY_KNOWS = {"a record rewritten, checksum matching", "JSON nested 100000 deep",
-                "an entry without its fields"}
+                "an entry without its fields", "a manifest that is a string",
+                "a manifest nested 100000 deep"}
 
 
 FAILS_TO_LOAD: dict[str, Callable[[str, Any], str]] = {
@@ -195,6 +208,8 @@ FAILS_TO_LOAD: dict[str, Callable[[str, Any], str]] = {
     "JSON nested 100000 deep": _deep_json,
     "an entry without its fields": _no_fields,
     "a JSON value of another kind than the template's": _wrong_kind,
+    "a manifest that is a string": _manifest_string,
+    "a manifest nested 100000 deep": _manifest_deep,
 }
 
 
