@@ -17,6 +17,7 @@ import dataclasses
 import enum
 import os
 import pathlib
+import pickle
 import shutil
 from collections.abc import Callable
 from typing import Any
@@ -161,6 +162,27 @@ def test_1_tuples_nested_a_million_deep_are_refused_not_a_segfault() -> None:
     blob = b"\x80\x04}" + b")" + b"\x85" * 1_000_000 + b"K\x01s."
     with pytest.raises(UnsafeMetadataError, match="nests tuples"):
         load_metadata(blob)
+
+
+@pytest.mark.parametrize("blob, found", [
+    (b"\x80\x02N" + b"r\xf0\xff\xff\xff" + b".", "memo entry out of order"),  # 32 GiB memo
+    (b"\x80\x02C\x01x.", "opcode 0x43"),  # bytes: DCP metadata holds none
+    (b"\x80\x02(cos\nsystem\nX\x01\x00\x00\x00xo.", "opcode 0x6f"),  # OBJ
+])
+def test_1_opcodes_and_memo_indices_dcp_never_writes_are_refused_before_unpickling(
+        blob: bytes, found: str) -> None:
+    with pytest.raises(UnsafeMetadataError, match=found):
+        load_metadata(blob)
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_1_metadata_in_every_pickle_protocol_reads_as_dcp_wrote_it(
+        tmp_path: Any, protocol: int) -> None:
+    dcp_save(str(tmp_path))
+    theirs = dcp.FileSystemReader(str(tmp_path)).read_metadata()
+    ours = load_metadata(pickle.dumps(theirs, protocol=protocol))
+    assert ours.state_dict_metadata == theirs.state_dict_metadata
+    assert ours.storage_data == theirs.storage_data and ours.planner_data == theirs.planner_data
 
 
 # -- 2. a verified step that does not load: skipped, never a crash -----------------------
