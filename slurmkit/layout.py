@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
 from slurmkit.errors import ActionableError, ConfigError
+from slurmkit.untrusted import UntrustedDataError, parse_json, read_regular
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,7 @@ FROZEN_FILE_MODE = 0o644  # config.yaml and layout.json: the job's user alone wr
 CONFIG_NAME = "config.yaml"
 LAYOUT_VERSION = 1
 MAX_LAYOUT_BYTES = 64 * 1024  # a layout is a few hundred bytes; anything larger is not one
+MAX_CONFIG_BYTES = 16 * 1024 * 1024  # a frozen config is a few KiB (slurmkit.runview reads as much)
 
 
 class _Cluster(Protocol):
@@ -182,22 +184,12 @@ def write_layout(run_dir: str, layout: Layout) -> str:
 def read_layout(run_dir: str) -> Layout:
     """The run's frozen layout, validated, and checked against the config.yaml beside it."""
     path = os.path.join(run_dir, LAYOUT_NAME)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_LAYOUT_BYTES + 1)
-        with open(os.path.join(run_dir, CONFIG_NAME), "rb") as f:
-            config_text = f.read()
-    except OSError as exc:
-        raise LayoutError(f"{exc.filename or path} cannot be read ({exc.strerror or exc})",
-                          f"the run directory's {CONFIG_NAME} and {LAYOUT_NAME}, written by slurmkit submit",
-                          "check that the run directory is on a file system every node mounts, "
-                          "or resubmit the run") from exc
-    if len(raw) > MAX_LAYOUT_BYTES:
-        raise _damaged(path, f"over {MAX_LAYOUT_BYTES} bytes")
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _damaged(path, f"text that is not JSON ({exc})") from exc
+    raw = _read_frozen(path, MAX_LAYOUT_BYTES)
+    config_text = _read_frozen(os.path.join(run_dir, CONFIG_NAME), MAX_CONFIG_BYTES)
+    try:  # within limits: a 5,000-digit number or deep nesting is refused, never a crash of the agent
+        data = parse_json(raw, max_bytes=MAX_LAYOUT_BYTES)
+    except UntrustedDataError as exc:
+        raise _damaged(path, str(exc)) from None
     layout = Layout.from_dict(data, path)
     if layout.config_sha256 != config_digest(config_text):
         raise LayoutError(f"{path} was frozen with another {CONFIG_NAME} (sha256 {layout.config_sha256[:12]}... "
@@ -205,6 +197,20 @@ def read_layout(run_dir: str) -> Layout:
                           f"the layout and config that slurmkit submit froze together",
                           f"resubmit the run; never edit a run directory's {CONFIG_NAME} by hand")
     return layout
+
+
+def _read_frozen(path: str, max_bytes: int) -> bytes:
+    """The bytes of a frozen file of the run directory: a regular file, never a link followed or
+    a FIFO waited on (the run directory is shared), at most ``max_bytes``; else LayoutError."""
+    try:
+        return read_regular(path, max_bytes)
+    except UntrustedDataError as exc:
+        detected = str(exc)
+    except OSError as exc:  # ELOOP: a symbolic link where slurmkit submit wrote a file
+        detected = f"{exc.filename or path} cannot be read ({exc.strerror or exc})"
+    raise LayoutError(detected, f"the run directory's {CONFIG_NAME} and {LAYOUT_NAME}, regular files written "
+                      "by slurmkit submit",
+                      "check that the run directory is on a file system every node mounts, or resubmit the run")
 
 
 def load_layout(run_dir: str, cfg: LayoutConfig) -> Layout:

@@ -32,7 +32,7 @@ from slurmkit.launch import stackdump, standby, tether
 from slurmkit.launch.ranks import RankProcess, spawn_rank, stop_ranks, watch_rank
 from slurmkit.launch.rendezvous import connect
 from slurmkit.launch.steptimes import StepTimes
-from slurmkit.layout import load_layout
+from slurmkit.layout import LayoutError, load_layout
 from slurmkit.errors import SlurmkitError
 from slurmkit.rundir import RunDirError, check_config_digest, check_run_dir
 from slurmkit.slurm.client import SlurmClient
@@ -54,7 +54,7 @@ from slurmkit.supervise.spool import SpoolReader
 from slurmkit.supervise.stragglers import NodeWindow
 from slurmkit.supervise.timeouts import beat_interval_s, failure_env
 from slurmkit.train import flightrec
-from slurmkit.train.heartbeat import node_local_dir, private_dir
+from slurmkit.train.heartbeat import LocalDirError, node_local_dir, private_dir
 from slurmkit.train.signals import STACK_FILE_ENV
 
 # ProcessGroupNCCL's flight-recorder FIFO is <value><rank>.pipe. torch >= 2.7 reads only the
@@ -536,6 +536,16 @@ def settle_heap() -> int:
     return gc.get_freeze_count()
 
 
+def refuse_start(ledger: Ledger, exc: SlurmkitError) -> int:
+    """An agent that cannot start on this node (no private node-local directory can be made, the
+    run directory's layout.json is damaged): what a new allocation would meet again. It says so
+    in its log and, as an ``end`` event, in the ledger, and asks for no requeue (93)."""
+    log.error("%s", exc)
+    ledger.append("end", status="failed", exit_code=contract.EXIT_NO_REQUEUE, reason=str(exc))
+    ledger.close()
+    return contract.EXIT_NO_REQUEUE
+
+
 def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
     """Entry point on every node (submitit callable and `python -m slurmkit.launch RUN_DIR`)."""
     env = dict(os.environ) if env is None else dict(env)
@@ -573,8 +583,11 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
         if fd_warning:
             log.warning("%s", fd_warning)
             ledger.append("config_warning", message=fd_warning)
-    peers = peer_checks(ctx, channel, store.port, cfg, load_layout(run_dir, cfg).train_nodes, env)
-    node = NodeAgent(run_dir, cfg, ctx, env, ledger, peers=peers)
+    try:
+        peers = peer_checks(ctx, channel, store.port, cfg, load_layout(run_dir, cfg).train_nodes, env)
+        node = NodeAgent(run_dir, cfg, ctx, env, ledger, peers=peers)
+    except (LocalDirError, LayoutError) as exc:
+        return refuse_start(ledger, exc)
     node.install_signal_handlers()
     node.warm_up()  # generation 0's ranks import while the agents meet
     beater = start_alive_thread(ctx, channel, store.port,

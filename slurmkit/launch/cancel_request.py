@@ -8,15 +8,30 @@ once, after its ranks have left, and ends the job (``end`` status ``cancelled``,
 ``scancel`` of its own job, so Slurm records CANCELLED and never requeues it).
 
 The file is read only on that path, never per step, and holds no secret (who asked and when).
+The run directory is shared, so the file is read as untrusted: a regular file (never a FIFO
+waited on, never a link followed) of a few bytes holding the object the canceller writes; any
+other content is refused in the agent's log and counts as no request.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any
 
+from slurmkit.errors import ActionableError
+from slurmkit.untrusted import UntrustedDataError, parse_object, read_regular
+
+log = logging.getLogger(__name__)
+
 CANCEL_REQUEST_NAME = "cancel_request.json"
+MAX_REQUEST_BYTES = 64 * 1024  # the canceller writes under 200 bytes
+_FIELDS = {"job_id": str, "by": str, "time": (int, float)}
+
+
+class CancelRequestError(ActionableError):
+    """A cancel request file that is not one ``slurmkit cancel --checkpoint`` wrote."""
 
 
 def cancel_request_path(run_dir: str) -> str:
@@ -33,11 +48,31 @@ def write_cancel_request(run_dir: str, *, job_id: str, by: str, time_s: float) -
     return path
 
 
-def read_cancel_request(run_dir: str) -> dict[str, Any] | None:
-    """The request, or None when there is none (or it is unreadable: then nobody asked)."""
+def load_cancel_request(run_dir: str) -> dict[str, Any] | None:
+    """The request, None when there is none; CancelRequestError for anything else there."""
+    path = cancel_request_path(run_dir)
     try:
-        with open(cancel_request_path(run_dir), encoding="utf-8") as f:
-            raw = json.load(f)
-    except (OSError, ValueError):
+        data = parse_object(read_regular(path, MAX_REQUEST_BYTES), max_bytes=MAX_REQUEST_BYTES)
+        for key, kind in _FIELDS.items():
+            if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
+                raise UntrustedDataError(f"{key}={str(data.get(key))[:40]!r}, not a {_kind_name(kind)}")
+    except FileNotFoundError:
         return None
-    return raw if isinstance(raw, dict) else None
+    except (OSError, UntrustedDataError) as exc:  # ELOOP: a link; EACCES: someone else's file
+        raise CancelRequestError(f"{path}: {exc}", "the request that slurmkit cancel --checkpoint writes, "
+                                 "a small JSON file of this user", f"remove {path} and cancel again") from None
+    return data
+
+
+def read_cancel_request(run_dir: str) -> dict[str, Any] | None:
+    """The request, or None when there is none, or when it is refused (then nobody asked; the
+    refusal is logged)."""
+    try:
+        return load_cancel_request(run_dir)
+    except CancelRequestError as exc:
+        log.error("ignoring the cancel request: %s", exc)
+        return None
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    return "number" if isinstance(kind, tuple) else "string"

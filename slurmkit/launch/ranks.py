@@ -49,9 +49,15 @@ class RankProcess:
             pass
 
 
+#: The most of one line held in the agent's memory: a rank that prints megabytes without a
+#: newline (a progress bar redrawn with \r for hours, a dump of binary data) is written to its
+#: log and passed to the sink in pieces of this size, never buffered whole.
+MAX_LINE_BYTES = 1 << 20
+
+
 def _tee(rank: int, stream, path: str, sink: LineSink | None) -> None:
     with open(path, "ab", buffering=0) as out:
-        for raw in iter(stream.readline, b""):
+        for raw in iter(lambda: stream.readline(MAX_LINE_BYTES), b""):
             out.write(raw)
             if sink is not None:
                 try:

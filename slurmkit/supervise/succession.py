@@ -43,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from slurmkit.errors import ActionableError
+from slurmkit.untrusted import UntrustedDataError, parse_object
 
 log = logging.getLogger(__name__)
 
@@ -101,14 +102,11 @@ def _record(raw: bytes | None, path: str) -> dict[str, object] | None:
     """The JSON object in ``raw``; SuccessionFileError for garbage (None: still empty)."""
     if raw is None or not raw.strip():
         return None
-    try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, ValueError):
-        data = None
-    if not isinstance(data, dict):
-        raise SuccessionFileError(f"{path} does not hold an agent's record ({raw[:40]!r})",
-                                  "the JSON object an agent wrote", f"remove {path}")
-    return data
+    try:  # within limits: 2,000 brackets nest past Python's recursion limit, 4,000 digits are an int
+        return parse_object(raw, max_bytes=_MAX_FILE)
+    except UntrustedDataError as exc:
+        raise SuccessionFileError(f"{path} does not hold an agent's record ({exc}: {raw[:40]!r})",
+                                  "the JSON object an agent wrote", f"remove {path}") from None
 
 
 def _name(value: object) -> str:

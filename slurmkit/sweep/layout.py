@@ -24,9 +24,11 @@ from typing import Any
 
 from slurmkit.errors import ConfigError
 from slurmkit.rundir import RUN_DIR_MODE
+from slurmkit.untrusted import UntrustedDataError, parse_object, read_regular
 
 SWEEP_NAME = "sweep.json"
 SUFFIX = "-sweep"
+MAX_SWEEP_BYTES = 64 * 1024 * 1024  # ~100 bytes per override: far beyond Slurm's MaxArraySize
 
 
 @dataclass
@@ -105,30 +107,43 @@ def load_sweep(sweep_dir: str) -> Sweep:
     """
     sweep_dir = os.path.abspath(sweep_dir)
     path = os.path.join(sweep_dir, SWEEP_NAME)
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise _bad(path, f"cannot be read ({exc})") from exc
-    if not isinstance(doc, dict) or doc.get("kind") != "sweep" or not isinstance(doc.get("variants"), list):
+    try:  # never a FIFO waited on or a link followed; within size, depth and number limits
+        doc = parse_object(read_regular(path, MAX_SWEEP_BYTES), max_bytes=MAX_SWEEP_BYTES)
+    except (OSError, UntrustedDataError) as exc:
+        raise _bad(path, f"cannot be read ({exc})") from None
+    if doc.get("kind") != "sweep" or not isinstance(doc.get("variants"), list):
         raise _bad(path, "not a sweep record (kind/variants missing)")
+    for key in ("name", "array", "executor"):
+        if not isinstance(doc.get(key, ""), str):
+            raise _bad(path, f"{key} is a {type(doc[key]).__name__}, not a string")
+    common, job_id, pid = doc.get("common_overrides", []), doc.get("job_id"), doc.get("runner_pid")
+    if not _strings(common):
+        raise _bad(path, "common_overrides is not a list of strings")
+    if not isinstance(job_id, (str, int, type(None))) or isinstance(job_id, bool):
+        raise _bad(path, f"job_id is a {type(job_id).__name__}, not a string")
+    return Sweep(sweep_dir=sweep_dir, name=doc.get("name", ""), array=doc.get("array", ""),
+                 executor=doc.get("executor", "slurm"), common_overrides=list(common),
+                 variants=_variants(doc["variants"], sweep_dir, path),
+                 job_id=None if job_id is None else str(job_id),
+                 runner_pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None)
+
+
+def _strings(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(o, str) for o in value)
+
+
+def _variants(raw: list[Any], sweep_dir: str, path: str) -> list[Variant]:
     variants = []
-    for i, v in enumerate(doc["variants"]):
-        if not isinstance(v, dict) or v.get("index") != i:
+    for i, v in enumerate(raw):
+        if not isinstance(v, dict) or v.get("index") != i or isinstance(v.get("index"), bool):
             raise _bad(path, f"variant {i} is malformed or out of order")
-        ovs = v.get("overrides")
-        if not isinstance(ovs, list) or not all(isinstance(o, str) for o in ovs):
+        if not _strings(v.get("overrides")):
             raise _bad(path, f"variant {i} has no list of overrides")
         if v.get("run_dir") != variant_dir(sweep_dir, i):
-            raise _bad(path, f"variant {i} names run directory {v.get('run_dir')!r}, "
+            raise _bad(path, f"variant {i} names run directory {str(v.get('run_dir'))[:200]!r}, "
                              f"not {variant_dir(sweep_dir, i)!r}")
-        variants.append(Variant(i, list(ovs), variant_dir(sweep_dir, i)))
-    job_id = doc.get("job_id")
-    return Sweep(sweep_dir=sweep_dir, name=str(doc.get("name", "")), array=str(doc.get("array", "")),
-                 executor=str(doc.get("executor", "slurm")),
-                 common_overrides=[str(o) for o in doc.get("common_overrides", [])],
-                 variants=variants, job_id=None if job_id is None else str(job_id),
-                 runner_pid=doc["runner_pid"] if isinstance(doc.get("runner_pid"), int) else None)
+        variants.append(Variant(i, list(v["overrides"]), variant_dir(sweep_dir, i)))
+    return variants
 
 
 def is_sweep_dir(path: str) -> bool:

@@ -94,6 +94,10 @@ def _make_private(path: str) -> str:
             os.mkdir(d, 0o700)
         except FileExistsError:
             pass
+        except OSError as exc:  # EROFS, ENOSPC, a root that is not a real directory: say so, never a traceback
+            raise LocalDirError(detected=f"{d} cannot be made ({exc.strerror or exc})",
+                                requirement=f"a directory of uid {os.getuid()} with mode 0700 for heartbeats",
+                                fix="export SLURMKIT_NODE_LOCAL_DIR=<a writable local directory>") from exc
         st = os.lstat(d)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
             raise LocalDirError(
