@@ -199,13 +199,14 @@ def check_contents(tier: Tier, step: int, m: Manifest) -> str | None:
         return None
     try:
         md = load_metadata(read_bytes(tier, f"{step_dir(step)}/{METADATA}", size))
+        chunks = {MetadataIndex(k, c.offsets): c for k, e in md.state_dict_metadata.items()
+                  if isinstance(e, TensorStorageMetadata) for c in e.chunks}
         for index, info in sorted(md.storage_data.items(),
                                   key=lambda kv: (kv[1].relative_path, kv[1].offset)):
             entry = md.state_dict_metadata[index.fqn]
             if not isinstance(entry, TensorStorageMetadata):  # (load_metadata refuses it)
                 return f"{index.fqn}: not a tensor entry"
-            chunk = next(c for c in entry.chunks
-                         if MetadataIndex(index.fqn, c.offsets) == index)
+            chunk = chunks[index]
             where = f"{info.relative_path} ({index.fqn})"
             t = torch.load(io.BytesIO(_read_range(tier, step, info)), map_location="cpu",
                            weights_only=True)

@@ -86,8 +86,9 @@ def check_shape(md: Metadata) -> None:
         entries[key] = _check_entry(key, entry)
         _check_tiling(key, entries[key])
     stored: dict[str, int] = {}
+    chunk_at = {key: {tuple(c.offsets) for c in e.chunks} for key, e in entries.items()}
     for index, info in md.storage_data.items():
-        _check_record(md, index, info)
+        _check_record(chunk_at, index, info)
         stored[index.fqn] = stored.get(index.fqn, 0) + info.length
     _check_ranges(md)
     for key, entry in entries.items():
@@ -136,6 +137,11 @@ def _check_tiling(key: str, entry: TensorStorageMetadata) -> None:
         raise UnsafeMetadataError(f"checkpoint .metadata splits {key!r} into "
                                   f"{len(entry.chunks)} chunks that form no grid")
     where = [{v: j for j, v in enumerate(b)} for b in bounds]
+    if math.prod(shape) == len(entry.chunks) and len({
+            tuple(w[o] for w, o in zip(where, c.offsets)) for c in entry.chunks
+            if all(w[o + n] == w[o] + 1 for w, o, n in zip(where, c.offsets, c.sizes))
+    }) == len(entry.chunks):
+        return  # one chunk per cell of a grid (DCP's shardings): a tiling
     grid = torch.zeros(shape, dtype=torch.int32)
     for c in entry.chunks:
         grid[tuple(slice(w[o], w[o + n]) for w, o, n in zip(where, c.offsets, c.sizes))] += 1
@@ -179,14 +185,15 @@ def _check_ranges(md: Metadata) -> None:
                     "stored)")
 
 
-def _check_record(md: Metadata, index: MetadataIndex, info: Any) -> None:
-    """One storage record: a chunk of a declared key, a plain file name, a byte range, no
-    stream transforms."""
-    entry = md.state_dict_metadata.get(index.fqn)
-    if not isinstance(entry, TensorStorageMetadata):
+def _check_record(chunk_at: Mapping[str, set[tuple[int, ...]]], index: MetadataIndex,
+                  info: Any) -> None:
+    """One storage record: a chunk of a declared key (``chunk_at``: key -> its chunks'
+    offsets), a plain file name, a byte range, no stream transforms."""
+    offsets = chunk_at.get(index.fqn)
+    if offsets is None:
         raise UnsafeMetadataError(f"checkpoint .metadata stores bytes for {index.fqn!r}, "
                                   "which no tensor entry declares")
-    if index.offset is None or all(c.offsets != index.offset for c in entry.chunks):
+    if index.offset is None or tuple(index.offset) not in offsets:
         raise UnsafeMetadataError(f"checkpoint .metadata stores bytes for {index.fqn!r} at "
                                   f"{list(index.offset or [])}, where it has no chunk")
     try:

@@ -294,6 +294,24 @@ def test_3_chunks_must_tile_and_records_must_not_overlap(md: Metadata, found: st
         check_shape(md)
 
 
+def _md2(boxes: list[tuple[int, int, int, int]]) -> Metadata:
+    """A 4x4 float tensor in chunks (row, col, rows, cols), each record 64 bytes of 'a'."""
+    entry = TensorStorageMetadata(TensorProperties(torch.float32), torch.Size([4, 4]), [
+        ChunkStorageMetadata(torch.Size([r, c]), torch.Size([nr, nc])) for r, c, nr, nc in boxes])
+    return Metadata({"w": entry}, storage_data={
+        MetadataIndex("w", torch.Size([r, c])): _StorageInfo("a", 64 * i, 64)
+        for i, (r, c, _, _) in enumerate(boxes)})
+
+
+def test_3_two_dimensional_chunks_tile_on_a_grid_or_are_refused() -> None:
+    check_shape(_md2([(0, 0, 2, 2), (0, 2, 2, 2), (2, 0, 2, 2), (2, 2, 2, 2)]))  # a grid
+    check_shape(_md2([(0, 0, 2, 4), (2, 0, 2, 1), (2, 1, 2, 3)]))  # no grid, still a tiling
+    with pytest.raises(UnsafeMetadataError, match="overlap"):
+        check_shape(_md2([(0, 0, 2, 4), (1, 0, 3, 4)]))
+    with pytest.raises(UnsafeMetadataError, match="overlap"):
+        check_shape(_md2([(0, 0, 4, 2), (0, 0, 4, 2), (0, 2, 4, 2)]))
+
+
 def test_3_json_values_have_depth_limits_and_the_templates_kind() -> None:
     assert decode("k", encode_json({"a": [1, 2]}), {}) == {"a": [1, 2]}
     assert decode("k", encode_json(3), 1.5) == 3 and decode("k", encode_json(b"x"), None) == b"x"
