@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 CANCEL_REQUEST_NAME = "cancel_request.json"
 MAX_REQUEST_BYTES = 64 * 1024  # the canceller writes under 200 bytes
-_FIELDS = {"job_id": str, "by": str, "time": (int, float)}
+_FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "job_id": (str, "string"), "by": (str, "string"), "time": ((int, float), "number")}
 
 
 class CancelRequestError(ActionableError):
@@ -53,9 +54,9 @@ def load_cancel_request(run_dir: str) -> dict[str, Any] | None:
     path = cancel_request_path(run_dir)
     try:
         data = parse_object(read_regular(path, MAX_REQUEST_BYTES), max_bytes=MAX_REQUEST_BYTES)
-        for key, kind in _FIELDS.items():
+        for key, (kind, name) in _FIELDS.items():
             if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
-                raise UntrustedDataError(f"{key}={str(data.get(key))[:40]!r}, not a {_kind_name(kind)}")
+                raise UntrustedDataError(f"{key}={repr(data.get(key))[:40]}, not a {name}")
     except FileNotFoundError:
         return None
     except (OSError, UntrustedDataError) as exc:  # ELOOP: a link; EACCES: someone else's file
@@ -73,6 +74,3 @@ def read_cancel_request(run_dir: str) -> dict[str, Any] | None:
         log.error("ignoring the cancel request: %s", exc)
         return None
 
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    return "number" if isinstance(kind, tuple) else "string"
