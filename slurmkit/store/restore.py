@@ -29,18 +29,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata
 
 from slurmkit.errors import SlurmkitError
-from slurmkit.store.catalog import check_file, read_manifest
 from slurmkit.store import nofollow
+from slurmkit.store.catalog import check_file, read_manifest
 from slurmkit.store.coord import MAX_REASON, MAX_REASONS, Coordinator
 from slurmkit.store.json_values import UnsafeValueError, decode
 from slurmkit.store.listing import StepSizes, agreed_steps
@@ -48,7 +46,6 @@ from slurmkit.store.manifest import (
     METADATA,
     FileEntry,
     Manifest,
-    ManifestError,
     UnsafeManifestError,
     step_dir,
 )
@@ -81,8 +78,6 @@ class StepLoadError(RestoreError):
     def __init__(self, reason: str, misfit: bool, unsafe: bool) -> None:
         super().__init__(reason)
         self.reason, self.misfit, self.unsafe = reason, misfit, unsafe
-
-
 
 
 @dataclass
