@@ -35,9 +35,12 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from slurmkit.store.catalog import check_step
+from slurmkit.store.catalog import check_step, read_manifest, step_sizes
 from slurmkit.store.cli import main as store_cli
 from slurmkit.store.json_values import UnsafeValueError, decode
+from slurmkit.store.listing import StepSizes
+from slurmkit.store.manifest import ManifestError
+from slurmkit.store.recovery import _size as recovery_size
 from slurmkit.store.retention import gc_tier
 from slurmkit.store.safe_reader import SafeReader, UnsafeMetadataError, check_shape, load_metadata
 from slurmkit.store.staging import encode_json
@@ -360,3 +363,39 @@ def test_4_a_step_directory_that_is_a_link_is_refused_and_retention_removes_only
     gc_tier(nvme, keep=1, protected=set())
     assert not os.path.lexists(d)
     assert os.path.exists(os.path.join(elsewhere, "manifest.json"))  # never followed
+
+
+def _link_shard(d: str, tmp: Any) -> str:
+    return shard_link(d, "model.w", str(tmp / "outside.distcp"))
+
+
+def _link_manifest(d: str, tmp: Any) -> str:
+    os.replace(os.path.join(d, "manifest.json"), tmp / "manifest.json")
+    os.symlink(tmp / "manifest.json", os.path.join(d, "manifest.json"))
+    return "manifest.json"
+
+
+READERS: dict[str, Callable[[Any, str, str], None]] = {
+    "the step listing (restore, verify)": lambda tier, d, name: (
+        None if name not in step_sizes(tier, 2) else pytest.fail(f"{name} listed")),
+    "a shared tier's per-file lookup": lambda tier, d, name: (
+        None if name not in StepSizes(make_tier("lustre", tier.uri, {}), 2)
+        else pytest.fail(f"{name} found")),
+    "peer recovery's file size": lambda tier, d, name: (
+        None if recovery_size(os.path.join(d, name)) == -1 else pytest.fail("followed")),
+}
+
+
+@pytest.mark.parametrize("link", ["shard", "manifest"])
+@pytest.mark.parametrize("reader", list(READERS))
+def test_4_no_reader_follows_a_link_inside_a_step(tmp_path: Any, reader: str,
+                                                  link: str) -> None:
+    st = saved_store(tmp_path, [])
+    st.close()
+    d = the_step(tmp_path, 2)
+    name = (_link_shard if link == "shard" else _link_manifest)(d, tmp_path)
+    tier = make_tier("nvme", os.path.dirname(d), {})
+    READERS[reader](tier, d, name)
+    if link == "manifest":
+        with pytest.raises(ManifestError):
+            read_manifest(tier, 2)
