@@ -45,6 +45,7 @@ from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.errors import SlurmCommandError, SlurmError
 from slurmkit.slurm.retry import Disposition, RetryPolicy, classify
 from slurmkit.slurm.runner import CommandRunner
+from slurmkit.untrusted import parse_json
 
 log = logging.getLogger(__name__)
 
@@ -480,8 +481,10 @@ def read_capabilities(path: str, *, now: float, max_age_s: float | None,
     finally:
         os.close(fd)
     try:
-        caps = SiteCapabilities.from_dict(json.loads(raw.decode("utf-8")))
-    except (ValueError, TypeError, UnicodeDecodeError) as exc:
+        # within limits (UntrustedDataError is a ValueError): deep nesting or a 5,000-digit number
+        # in the run directory's copy must not crash node 0's agent
+        caps = SiteCapabilities.from_dict(parse_json(raw, max_bytes=_MAX_FILE_BYTES))
+    except (ValueError, TypeError) as exc:
         log.warning("site capabilities: ignoring %s: %s", path, exc)
         return None
     age = now - caps.probed_at

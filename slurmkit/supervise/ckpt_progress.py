@@ -16,7 +16,6 @@ non-negative integer ``step`` gives no progress and one warning in the log, neve
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import stat
@@ -25,6 +24,7 @@ from collections.abc import Callable, Sequence
 
 from slurmkit.contract import RUN_DIR
 from slurmkit.errors import SlurmkitError
+from slurmkit.untrusted import UntrustedDataError, parse_object
 from slurmkit.userapi import MARKER_MAX_BYTES, marker_path
 
 log = logging.getLogger(__name__)
@@ -134,12 +134,10 @@ def _read_marker_bytes(path: str) -> bytes | None:
 def parse_marker(data: bytes) -> int:
     """The ``step`` of a marker's bytes; UntrustedMarker unless it is a JSON object whose step
     is a non-negative integer (not a bool, a float or a string)."""
-    try:
-        record = json.loads(data)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise UntrustedMarker("not JSON") from None
-    if not isinstance(record, dict):
-        raise UntrustedMarker(f"a JSON {type(record).__name__}, not an object")
+    try:  # within limits: a step of thousands of digits would reach the ledger, whose readers refuse it
+        record = parse_object(data, max_bytes=MARKER_MAX_BYTES)
+    except UntrustedDataError as exc:
+        raise UntrustedMarker(str(exc)) from None
     step = record.get("step")
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise UntrustedMarker(f"step {str(step)[:40]!r} is not a non-negative integer")

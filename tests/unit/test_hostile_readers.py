@@ -1,11 +1,12 @@
 """Hostile input, issue 34 item 7: the remaining readers of what a rank, a peer or a file in the
 shared run directory holds (layout.json, succession claims and done markers, the cancel request,
-sweep.json, a rank's output, the node-local directory) take any bytes.
+sweep.json, the site capabilities' copy, a rank's output, the node-local directory) take any bytes.
 
 One row per reader and hostile content: a number of thousands of digits, nesting deep enough to
 exhaust Python's recursion, a FIFO where a file was expected (it would block the reader for
 good), a symbolic link, a value of the wrong type. Each asserts a refusal of the reader's own
-error type whose message names the file, within a few seconds. Every row fails on the code
+error type (or a logged refusal, where the reader counts the file as absent) whose message
+names the file, within a few seconds. Every row fails on the code
 before the fix: a RecursionError or TypeError out of the reader, a reader that never returns
 from the FIFO, a link followed, an absurd value accepted, or nothing said about the refusal.
 (Rows the old code already refused, such as a FIFO as a succession claim, are not repeated here.)
@@ -29,6 +30,7 @@ from slurmkit.errors import ConfigError
 from slurmkit.launch import cancel_request
 from slurmkit.launch.ranks import MAX_LINE_BYTES, _tee
 from slurmkit.layout import LAYOUT_NAME, Layout, LayoutError, read_layout, write_layout
+from slurmkit.slurm.capabilities import CAPABILITIES_NAME, read_run_dir_copy
 from slurmkit.supervise import succession
 from slurmkit.sweep.layout import SWEEP_NAME, Sweep, Variant, load_sweep, variant_dir, write_sweep
 
@@ -136,12 +138,27 @@ def sweep_doc(**changes: Any) -> bytes:
     return json.dumps({**doc, **changes}).encode()
 
 
-READERS = {  # name: (write a valid file, return its path; call the reader, return its refusal)
-    "layout": (frozen_layout, refuse_layout),
-    "done": (done_marker, refuse_done),
-    "claim": (claim, refuse_claim),
-    "cancel": (cancel_file, refuse_cancel),
-    "sweep": (sweep_file, refuse_sweep),
+def capabilities_copy(tmp: Path) -> Path:
+    path = tmp / CAPABILITIES_NAME
+    path.write_text("{}")
+    os.chmod(path, 0o644)
+    return path
+
+
+def refuse_capabilities(tmp: Path, caplog: pytest.LogCaptureFixture) -> str:
+    with caplog.at_level(logging.WARNING):
+        assert read_run_dir_copy(str(tmp), now=0.0) is None  # refused: node 0 probes no further
+    return "\n".join(r.getMessage() for r in caplog.records)
+
+
+READERS = {  # name: (write a valid file, return its path; call the reader, return its refusal;
+    #         whether the refusal is a Detected/Requirement/Fix message)
+    "layout": (frozen_layout, refuse_layout, True),
+    "done": (done_marker, refuse_done, True),
+    "claim": (claim, refuse_claim, True),
+    "cancel": (cancel_file, refuse_cancel, True),
+    "sweep": (sweep_file, refuse_sweep, True),
+    "capabilities": (capabilities_copy, refuse_capabilities, False),
 }
 
 DIGITS = "9" * 5000
@@ -172,6 +189,8 @@ CASES = [
     ("sweep", link, "symbolic links"),
     ("sweep", content(sweep_doc(common_overrides=5)), "common_overrides is not a list of strings"),
     ("sweep", content(sweep_doc(name={"a": 1})), "name is a dict, not a string"),
+    # the run directory's copy of the site's capabilities, read by node 0's agent at start
+    ("capabilities", content(nested(100_000)), "nested deeper"),
 ]
 
 
@@ -210,12 +229,12 @@ def within_timeout(fn: Callable[[], str]) -> str:
                          ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(CASES)])
 def test_a_hostile_file_is_refused_and_named(tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                              fifos: list[Path], reader: str, plant: Plant, reason: str) -> None:
-    valid, refuse = READERS[reader]
+    valid, refuse, actionable = READERS[reader]
     path = valid(tmp_path)
     plant(path, fifos)
     message = within_timeout(lambda: refuse(tmp_path, caplog))
     assert str(path) in message and reason in message, message
-    assert "Detected:" in message and "Fix:" in message, message
+    assert not actionable or ("Detected:" in message and "Fix:" in message), message
 
 
 def test_the_config_beside_a_layout_is_not_waited_on(tmp_path: Path, fifos: list[Path]) -> None:
