@@ -65,8 +65,11 @@ class StepsEnded:
             self.path = None
             return []
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+            # O_NONBLOCK: a FIFO put there after the stat above must not hang node 0's agent
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return []
                 f.seek(self._offset)
                 data = f.read(_MAX_READ)
         except OSError:

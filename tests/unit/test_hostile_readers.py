@@ -22,7 +22,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -34,6 +34,7 @@ from slurmkit.slurm.capabilities import CAPABILITIES_NAME, read_run_dir_copy
 from slurmkit.supervise import succession
 from slurmkit.sweep.layout import SWEEP_NAME, Sweep, Variant, load_sweep, variant_dir, write_sweep
 
+T = TypeVar("T")
 READ_TIMEOUT_S = 10.0  # a reader that takes longer is blocked on a FIFO
 ATTEMPT = "123-0"
 
@@ -207,7 +208,7 @@ def fifos() -> Iterator[list[Path]]:
             pass
 
 
-def within_timeout(fn: Callable[[], str]) -> str:
+def within_timeout(fn: Callable[[], T]) -> T:
     got: dict[str, Any] = {}
 
     def run() -> None:
@@ -323,3 +324,19 @@ def test_an_agent_without_a_node_local_directory_ends_with_93(tmp_path: Path) ->
     assert "Traceback" not in done.stderr and "/proc/slurmkit-0" in done.stderr
     (end,) = ended(run_dir)
     assert end["status"] == "failed" and "/proc/slurmkit-0" in end["reason"] and "Fix:" in end["reason"]
+
+
+# ------------------------------------------------------------------ the batch script's ended steps
+
+def test_a_fifo_swapped_in_after_the_look_does_not_hang_node_0(tmp_path: Path, fifos: list[Path],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader stats the file, then opens it: a FIFO put there in between (the stat still saw
+    the regular file) is not waited on."""
+    from slurmkit.supervise import stepsended
+
+    regular, path = tmp_path / "regular", tmp_path / "steps_ended"
+    regular.write_text("1 1 9\n")
+    fifo(path, fifos)
+    seen = os.stat(regular)
+    monkeypatch.setattr(stepsended.os, "stat", lambda p, **kw: seen if p == str(path) else os.lstat(p))
+    assert within_timeout(lambda: stepsended.StepsEnded(str(path), 4).new()) == []
