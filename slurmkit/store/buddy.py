@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
+from slurmkit.store import nofollow
 from slurmkit.store.manifest import FileEntry, Hasher
 from slurmkit.store.tier import fsync_dir
-from slurmkit.store.tiertrust import open_private
 
 log = logging.getLogger(__name__)
 CHUNK = 16 << 20  # bytes per gloo message
@@ -175,10 +175,11 @@ def _send_frame(group: Link, data: bytes | None) -> None:
 
 
 def _send_file_frame(group: Link, path: str, size: int) -> None:
-    """Send a file of ``size`` bytes as one frame (-1 when it cannot be opened; zeros pad a
-    file that turned out shorter, so the receiver's checksum, not the protocol, fails)."""
+    """Send a file of ``size`` bytes as one frame (-1 when it cannot be opened, or it or its
+    step directory is a link: never sent; zeros pad a file that turned out shorter, so the
+    receiver's checksum, not the protocol, fails)."""
     try:
-        f = open(path, "rb", buffering=0)
+        f = open(nofollow.open_in_step(path), "rb", buffering=0)
     except OSError as exc:
         log.warning("buddy copy: cannot read %s: %s", path, exc)
         group.send(torch.tensor([-1], dtype=torch.int64))
@@ -223,8 +224,8 @@ def _recv_file_frame(group: Link, path: str, algo: str) -> tuple[str, int] | Non
         return None
     h = Hasher(algo)
     problem: OSError | None = None
-    try:
-        f: Any = open_private(path)
+    try:  # a new file (O_EXCL|O_NOFOLLOW): a link planted under the name is not written
+        f: Any = os.fdopen(nofollow.create_private(path), "wb")
     except OSError as exc:
         f, problem = None, exc
     try:

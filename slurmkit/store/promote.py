@@ -28,6 +28,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from slurmkit.store import nofollow
 from slurmkit.store.catalog import (
     check_file,
     check_metadata,
@@ -96,10 +97,21 @@ def holders(tiers: Sequence[Tier], dest: Tier, m: Manifest) -> list[Tier]:
 
 
 def copy_file(src: Tier, dest: Tier, src_rel: str, dest_rel: str) -> None:
-    """Copy one file between tiers (through a local temp file when neither side is local)."""
-    local = src.local_path(src_rel)
-    if local is not None:
-        dest.put_file(local, dest_rel)
+    """Copy one file between tiers (through a local temp file when neither side is local).
+
+    A local source is opened once without following a link and copied from that descriptor
+    (through its /proc/self/fd name, which every tier's put_file can open): a file swapped
+    for a link after it verified is refused, never read."""
+    root = src.local_path("")
+    if root is not None:
+        try:
+            fd = nofollow.open_fd(root, src_rel)
+        except OSError as exc:
+            raise TierError(f"{src.name} tier: {src_rel!r} cannot be read: {exc}") from exc
+        try:
+            dest.put_file(f"/proc/self/fd/{fd}", dest_rel)
+        finally:
+            os.close(fd)
         return
     with tempfile.TemporaryDirectory(prefix="slurmkit-copy-") as d:
         tmp = os.path.join(d, "f")

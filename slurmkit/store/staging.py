@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from slurmkit.errors import ConfigError, SlurmkitError
+from slurmkit.store.json_values import MAX_DEPTH
 
 JSON_PREFIX = "__json__."
 
@@ -69,8 +70,43 @@ def _all_json(d: dict[Any, Any]) -> bool:
                    for v in d.values())
 
 
-def encode_json(v: Any) -> torch.Tensor:
+def _too_deep(v: Any) -> bool:
+    """Whether ``v`` stored as JSON nests deeper than restore accepts (json_values.py: a
+    container at depth MAX_DEPTH is refused; bytes become a one-key dict). Iterative, and
+    it stops at the first container too deep, so a self-containing list ends too."""
+    todo = [(v, 0)]
+    while todo:
+        x, d = todo.pop()
+        if isinstance(x, (list, tuple, dict, bytes)):
+            if d >= MAX_DEPTH:
+                return True
+            if isinstance(x, dict):
+                todo.extend((y, d + 1) for y in x.values())
+            elif not isinstance(x, bytes):
+                todo.extend((y, d + 1) for y in x)
+    return False
+
+
+def _unrestorable(key: str, found: str, limit: str) -> ConfigError:
+    return ConfigError(
+        detected=f"checkpoint state value {key[:200]!r} {found}",
+        requirement=f"{limit}: restore refuses larger or deeper values, so this save could "
+                    "never be loaded",
+        fix="store it as a tensor, or split or flatten it before store.save()")
+
+
+def encode_json(v: Any, key: str = "") -> torch.Tensor:
+    """The JSON bytes of ``v`` as a uint8 tensor; a value restore would refuse (deeper than
+    MAX_DEPTH, over MAX_JSON_BYTES) is a ConfigError here, before anything is written."""
+    from slurmkit.store.safe_reader import MAX_JSON_BYTES  # safe_reader imports this module
+
+    if _too_deep(v):
+        raise _unrestorable(key, f"nests more than {MAX_DEPTH} levels deep",
+                            f"JSON values nested at most {MAX_DEPTH} deep")
     data = json.dumps(_jsonable(v), separators=(",", ":")).encode()
+    if len(data) > MAX_JSON_BYTES:
+        raise _unrestorable(key, f"is {len(data)} bytes as JSON",
+                            f"JSON values of at most {MAX_JSON_BYTES} bytes")
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
@@ -120,7 +156,7 @@ class StagingBuffers:
                 copies.append((key, buf, local.detach()))
                 flat[key] = _rewrap(v, buf) if _is_dtensor(v) else buf
             else:
-                flat[JSON_PREFIX + key] = encode_json(v)
+                flat[JSON_PREFIX + key] = encode_json(v, key)
         if len(flat) != sum(1 for _ in walk(state)):
             raise ConfigError(detected="two state keys flatten to the same name",
                               requirement="unique dotted key paths",

@@ -2,6 +2,10 @@
 
 Paths stay ``str`` (pathlib mangles ``s3://``). Every method takes a path relative to the
 tier root. Optional backends (s3fs) are imported lazily with an install hint.
+
+On a local tier no method follows a link below the root (nofollow.py): whoever can write a
+step directory could otherwise point a shard at another file, read or overwrite it, or have
+it removed with the step. The root itself is the user's configured path (tiertrust.py).
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from typing import IO, Any, Protocol
 import fsspec
 
 from slurmkit.errors import ConfigError, SlurmkitError
+from slurmkit.store import nofollow
 from slurmkit.store.manifest import hash_file, hash_stream
-from slurmkit.store.tiertrust import make_private_dirs, open_private, private_tier_root
+from slurmkit.store.tiertrust import make_private_dirs, private_tier_root
 from slurmkit.store.transfer import copy_hashed, fetch_hashed
 
 _ENV_RE = re.compile(r"\$(\w+)|\$\{(\w+)\}")
@@ -141,9 +146,9 @@ class FsspecTier:
 
     def put_file(self, local_path: str, rel: str) -> None:
         try:
-            self._mkparent(rel)
-            if self._local:
-                _copy_local(local_path, self._p(rel))
+            if self._local:  # the source is the caller's path; the destination links-free
+                with open(local_path, "rb") as src:
+                    nofollow.write_from(self.root, rel, src)
             else:
                 self.fs.put_file(local_path, self._p(rel))
         except self._errors() as exc:
@@ -153,7 +158,8 @@ class FsspecTier:
         try:
             make_private_dirs(os.path.dirname(local_path) or ".")
             if self._local:
-                _copy_local(self._p(rel), local_path)
+                with nofollow.opened(self.root, rel) as src:
+                    _copy_local(src, local_path)
             else:
                 self.fs.get_file(self._p(rel), local_path)
                 os.chmod(local_path, 0o600)  # the client made it with the umask
@@ -167,7 +173,8 @@ class FsspecTier:
         try:
             make_private_dirs(os.path.dirname(local_path) or ".")
             if self._local:
-                return copy_hashed(self._p(rel), local_path, algo)
+                with nofollow.opened(self.root, rel) as src:
+                    return copy_hashed(src, local_path, algo)
             path = self._p(rel)
             return fetch_hashed(lambda a, b: bytes(self.fs.cat_file(path, start=a, end=b)),
                                 size, local_path, algo)
@@ -177,8 +184,8 @@ class FsspecTier:
     def sizes(self, rel: str) -> dict[str, int]:
         """Size of every file directly in ``rel`` (one listing request); {} if missing."""
         try:
-            if self._local:
-                return _local_sizes(self._p(rel))
+            if self._local:  # links are left out; a step that is a link is refused
+                return nofollow.sizes(self.root, rel)
             entries = self.fs.ls(self._p(rel), detail=True)
         except FileNotFoundError:
             return {}
@@ -190,6 +197,8 @@ class FsspecTier:
     def ls(self, rel: str = "") -> list[str]:
         """Names of the direct children of ``rel``; [] when it does not exist."""
         try:
+            if self._local:
+                return nofollow.listdir(self.root, rel)
             entries = self.fs.ls(self._p(rel), detail=False)
         except FileNotFoundError:
             return []
@@ -201,12 +210,16 @@ class FsspecTier:
 
     def exists(self, rel: str) -> bool:
         try:
+            if self._local:
+                return nofollow.lexists(self.root, rel)
             return bool(self.fs.exists(self._p(rel)))
         except self._errors() as exc:
             raise self._io("exists", rel, exc) from exc
 
     def size(self, rel: str) -> int:
         try:
+            if self._local:
+                return nofollow.size(self.root, rel)
             return int(self.fs.size(self._p(rel)))
         except self._errors() as exc:
             raise self._io("size", rel, exc) from exc
@@ -224,9 +237,8 @@ class FsspecTier:
                 self.checksums["server"] += 1
                 return crc
         try:
-            local = self.local_path(rel)
-            if local is not None:
-                digest, _ = hash_file(local, algo)
+            if self._local:
+                digest, _ = hash_file(rel, algo, root=self.root)
             else:
                 with self.fs.open(self._p(rel), "rb") as f:
                     digest, _ = hash_stream(f, algo)
@@ -253,8 +265,11 @@ class FsspecTier:
     def rm(self, rel: str, recursive: bool = False) -> None:
         """Remove ``rel`` (a missing path is not an error)."""
         try:
+            if self._local:  # a link is removed itself, never its target
+                nofollow.remove(self.root, rel, recursive)
+                return
             self.fs.rm(self._p(rel), recursive=recursive)
-            if recursive and not self._local and self.fs.exists(self._p(rel)):
+            if recursive and self.fs.exists(self._p(rel)):
                 # SeaweedFS leaves a "dir/" marker once the last key under a prefix is gone
                 # (it listed as an empty step); the second delete removes it
                 self.fs.rm(self._p(rel), recursive=True)
@@ -269,8 +284,7 @@ class FsspecTier:
             return
         try:
             if self._local:
-                make_private_dirs(os.path.dirname(self._p(dst_rel)))
-                os.rename(self._p(src_rel), self._p(dst_rel))
+                nofollow.rename(self.root, src_rel, dst_rel)
             else:  # object stores have no directories: copy every key (server side), delete
                 src = self.fs._strip_protocol(self._p(src_rel)).rstrip("/")
                 dst = self.fs._strip_protocol(self._p(dst_rel)).rstrip("/")
@@ -283,10 +297,10 @@ class FsspecTier:
 
     def open(self, rel: str, mode: str = "rb") -> IO[bytes]:
         try:
-            if "w" in mode:
-                self._mkparent(rel)
-                if self._local:
-                    return open_private(self._p(rel), "wb")
+            if self._local:
+                if "w" in mode or "a" in mode:
+                    return nofollow.open_write(self.root, rel, append="a" in mode)
+                return nofollow.open_file(self.root, rel)
             return self.fs.open(self._p(rel), mode)  # type: ignore[no-any-return]
         except self._errors() as exc:
             raise self._io("open", rel, exc) from exc
@@ -294,9 +308,8 @@ class FsspecTier:
     def write_atomic(self, rel: str, data: bytes) -> None:
         """Write ``data`` so readers see the old content or all of the new, never a part."""
         try:
-            self._mkparent(rel)
             if self._local:
-                _write_local_atomic(self._p(rel), data)
+                nofollow.write_atomic(self.root, rel, data)
             elif "memory" in _protocols(self.fs):
                 tmp = f"{rel}.tmp-{uuid.uuid4().hex}"
                 self.fs.pipe_file(self._p(tmp), data)
@@ -306,53 +319,21 @@ class FsspecTier:
         except self._errors() as exc:
             raise self._io("write", rel, exc) from exc
 
-    def _mkparent(self, rel: str) -> None:
-        if self._local:
-            make_private_dirs(os.path.dirname(self._p(rel)))
-
-
-def _local_sizes(path: str) -> dict[str, int]:
-    """name -> size of the regular files in ``path``.
-
-    An entry that vanishes between the listing and its stat (another rank of this node
-    renaming a temporary file into place) is left out; only a missing ``path`` itself raises
-    FileNotFoundError. One vanished temporary file once made a whole step look empty.
-    """
-    sizes = {}
-    with os.scandir(path) as it:
-        for e in it:
-            try:
-                if e.is_file():
-                    sizes[e.name] = e.stat().st_size
-            except FileNotFoundError:
-                continue
-    return sizes
-
 
 def _protocols(fs: Any) -> tuple[str, ...]:
     proto = getattr(fs, "protocol", ())
     return (proto,) if isinstance(proto, str) else tuple(proto)
 
 
-def _copy_local(src: str, dst: str, chunk: int = 16 << 20) -> None:
+def _copy_local(fi: IO[bytes], dst: str, chunk: int = 16 << 20) -> None:
     """Copy with fsync, so a committed manifest never points at bytes still in page cache."""
     tmp = f"{dst}.tmp-{uuid.uuid4().hex}"
-    with open(src, "rb") as fi, open_private(tmp) as fo:
+    with os.fdopen(nofollow.create_private(tmp), "wb") as fo:
         while buf := fi.read(chunk):
             fo.write(buf)
         fo.flush()
         os.fsync(fo.fileno())
     os.replace(tmp, dst)
-
-
-def _write_local_atomic(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-    with open_private(tmp) as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path))
 
 
 def fsync_dir(path: str) -> None:

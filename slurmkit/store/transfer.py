@@ -15,9 +15,10 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import IO
 
+from slurmkit.store import nofollow
 from slurmkit.store.manifest import Hasher
-from slurmkit.store.tiertrust import open_private, private_fd
 
 PART_BYTES = 16 << 20  # bytes per ranged GET
 WORKERS = 4  # ranged GETs in flight per file
@@ -40,7 +41,7 @@ def fetch_hashed(read_range: ReadRange, size: int, local_path: str, algo: str, *
     hasher = Hasher(algo)
     tmp = f"{local_path}.part-{uuid.uuid4().hex[:8]}"
     received = 0
-    fd = private_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC)
+    fd = nofollow.create_private(tmp)  # O_EXCL|O_NOFOLLOW: a planted link is not written
     try:
         todo = deque(ranges(size, part_bytes))
         with ThreadPoolExecutor(max_workers=max(1, workers),
@@ -68,13 +69,14 @@ def fetch_hashed(read_range: ReadRange, size: int, local_path: str, algo: str, *
     return hasher.hexdigest(), received
 
 
-def copy_hashed(src_path: str, local_path: str, algo: str, chunk: int = 8 << 20
+def copy_hashed(fi: IO[bytes], local_path: str, algo: str, chunk: int = 8 << 20
                 ) -> tuple[str, int]:
-    """Local copy with the checksum taken on the way (one read of the source)."""
+    """Local copy of the open file ``fi`` (opened by the caller without following a link)
+    with the checksum taken on the way (one read of the source)."""
     hasher = Hasher(algo)
     n = 0
     tmp = f"{local_path}.part-{uuid.uuid4().hex[:8]}"
-    with open(src_path, "rb", buffering=0) as fi, open_private(tmp) as fo:
+    with os.fdopen(nofollow.create_private(tmp), "wb") as fo:
         while data := fi.read(chunk):
             hasher.update(data)
             fo.write(data)

@@ -61,10 +61,10 @@ def test_sizes_leaves_out_a_file_that_vanishes_while_listing(tmp_path: Any,
     real_scandir = os.scandir
 
     class Listing:
-        def __init__(self, path: str) -> None:
+        def __init__(self, path: str | int) -> None:  # the local tier lists through an fd
             with real_scandir(path) as it:
                 self.entries = list(it)
-            os.remove(os.path.join(path, "manifest.json.tmp-1"))  # renamed away meanwhile
+            os.remove(d / "manifest.json.tmp-1")  # renamed away meanwhile
 
         def __enter__(self) -> list[Any]:
             return self.entries
