@@ -25,6 +25,8 @@ import uuid
 from collections.abc import Iterator
 from typing import IO
 
+from slurmkit.store.tiertrust import make_private_dirs
+
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _WRITE = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -185,7 +187,7 @@ def open_parent(root: str, rel: str, create: bool = False) -> tuple[int, str]:
     if not parts:
         raise _refused(rel, "is the root itself")
     if create and not os.path.isdir(root):
-        os.makedirs(root, PRIVATE_DIR, exist_ok=True)  # the user's own configured path
+        make_private_dirs(root)  # the user's own configured path (tiertrust checks it)
     return _open_dir(root, parts[:-1], rel, create), parts[-1]
 
 
@@ -311,6 +313,49 @@ def rename(root: str, src_rel: str, dst_rel: str) -> None:
             os.close(dfd)
     finally:
         os.close(sfd)
+
+
+def move_all(root: str, src_rel: str, dst_rel: str) -> bool:
+    """Move every entry of the directory ``root/src_rel`` into ``root/dst_rel`` (made
+    0700) by name, both reached without a link, fsynced; then remove ``src_rel`` when it is
+    empty. False when ``src_rel`` does not exist."""
+    try:
+        sfd = _open_dir(root, _components(src_rel), src_rel)
+    except FileNotFoundError:
+        return False
+    try:
+        dfd, dname = open_parent(root, dst_rel, create=True)
+        try:
+            nfd = _sub_dir(dfd, dname, dst_rel, create=True)
+            try:
+                for name in os.listdir(sfd):
+                    os.replace(name, name, src_dir_fd=sfd, dst_dir_fd=nfd)
+                os.fsync(nfd)
+            finally:
+                os.close(nfd)
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)
+    pfd, sname = open_parent(root, src_rel)
+    try:
+        with contextlib.suppress(OSError):  # another rank may still be moving its files
+            os.rmdir(sname, dir_fd=pfd)
+    finally:
+        os.close(pfd)
+    return True
+
+
+def read_or_none(root: str, rel: str) -> bytes | None:
+    """The bytes of the regular file ``root/rel``; None when missing; ``b""`` when it is a
+    link or not a regular file (unreadable, so different from any body a caller expects)."""
+    try:
+        return read_bytes(root, rel)
+    except FileNotFoundError:
+        return None
+    except LinkRefused:
+        return b""
 
 
 def lexists(root: str, rel: str) -> bool:

@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import WriteItem
 
-from slurmkit.store import dcp_coord
+from slurmkit.store import dcp_coord, nofollow
 from slurmkit.store.buddy import Links, Ring, replicate
 from slurmkit.store.catalog import check_step, write_latest
 from slurmkit.store.coord import MAX_REASON, CoordinationError, Coordinator
@@ -50,7 +50,7 @@ from slurmkit.store.manifest_share import SharedManifest, digest, pack
 from slurmkit.store.sealing import SealingWriter
 from slurmkit.store.staging import FillGate
 from slurmkit.store.tier import FsspecTier, Tier, TierError, fsync_dir
-from slurmkit.store.tiertrust import make_private_dirs, open_private
+from slurmkit.store.tiertrust import make_private_dirs
 
 # DCP's CheckpointException derives from BaseException, not Exception
 log = logging.getLogger(__name__)
@@ -64,8 +64,7 @@ def tier_lock(tier: Tier | None) -> Iterator[None]:
     if root is None:
         yield
         return
-    make_private_dirs(root)
-    with open_private(os.path.join(root, ".lock"), "ab") as f:
+    with nofollow.open_write(root, ".lock", append=True) as f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
             yield
@@ -268,7 +267,7 @@ class PrimaryWriter:
         try:
             if not any(isinstance(e, dict) and e.get("name") == METADATA for e in rank0):
                 return None
-            with open(os.path.join(directory, METADATA), "rb") as f:
+            with open(nofollow.open_in_step(os.path.join(directory, METADATA)), "rb") as f:
                 return base64.b64encode(zlib.compress(f.read(), 6)).decode()
         except (OSError, TypeError) as exc:
             log.warning("cannot spread %s: %s", METADATA, exc)
@@ -324,7 +323,7 @@ class PrimaryWriter:
                 return f"rank 0 published no {METADATA}"
             z = zlib.decompressobj()
             data = z.decompress(base64.b64decode(wire, validate=True), entry.size + 1)
-            with open_private(path + ".buddy") as f:
+            with os.fdopen(nofollow.create_private(path + ".buddy"), "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
@@ -352,10 +351,10 @@ class PrimaryWriter:
         rank committed (see ``write``)."""
         final = step_dir(shared.step)
         held = held or {self.coord.rank}
-        mpath = self.tier.local_path(f"{final}/{MANIFEST}")
+        mrel = f"{final}/{MANIFEST}"
+        root = self.tier.local_path("")
         with tier_lock(self.tier):
-            src, dst = self.tier.local_path(partial), self.tier.local_path(final)
-            existing = _read_bytes(mpath)
+            existing = _read_rel(root, mrel)
             # this node's copy when another rank of it wrote this save's already, else the
             # body (fetched from rank 0 by one rank per node)
             if isinstance(shared, Manifest):
@@ -364,23 +363,21 @@ class PrimaryWriter:
                 body = existing if shared.matches(existing) and existing is not None \
                     else shared.body()
             manifest = Manifest.from_json(body)
-            if mpath is not None and existing not in (None, body):
-                # an older save of this step (an earlier generation): invisible first, so its
-                # manifest never names files this save is replacing
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(mpath)
-            if src is not None and dst is not None and os.path.isdir(src):
+            if root is not None and existing not in (None, body):
+                # an older save of this step (an earlier generation), or a planted link:
+                # invisible first, so its manifest never names files this save is replacing
+                self.tier.rm(mrel)
+            if root is not None:
                 # File by file, never a whole-directory swap: ranks that share this node's
                 # directory each move what they find, and none can delete a file another rank
                 # already moved (an older save of the same step is simply overwritten; the
-                # manifest written below names exactly this save's files).
-                make_private_dirs(dst)
-                for name in os.listdir(src):
-                    os.replace(os.path.join(src, name), os.path.join(dst, name))
-                with contextlib.suppress(OSError):  # another rank may still be moving its files
-                    os.rmdir(src)
-                fsync_dir(dst)
-                fsync_dir(os.path.dirname(dst))
+                # manifest written below names exactly this save's files). A step directory
+                # that is a link is refused, never written through (nofollow.py).
+                try:
+                    nofollow.move_all(root, partial, final)
+                except OSError as exc:
+                    raise TierError(f"step {shared.step} on {self.tier.uri}: moving the "
+                                    f"files into {final}: {exc}") from exc
             if existing != body:
                 # the other ranks of this node find it written already: rewriting it would
                 # only make a temporary file appear and vanish under their verification
@@ -394,20 +391,15 @@ class PrimaryWriter:
     def withdraw(self, manifest: Manifest) -> None:
         """Make this save invisible on this node again (another rank failed to commit it):
         its manifest is removed unless it was since replaced by a different save's."""
-        path = self.tier.local_path(f"{step_dir(manifest.step)}/{MANIFEST}")
+        rel = f"{step_dir(manifest.step)}/{MANIFEST}"
+        root = self.tier.local_path("")
         with tier_lock(self.tier):
-            if path is not None and _read_bytes(path) == manifest.to_json():
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(path)
-                    log.warning("withdrew step %d on %s: not every rank committed it",
-                                manifest.step, self.tier.uri)
+            if _read_rel(root, rel) == manifest.to_json():
+                self.tier.rm(rel)
+                log.warning("withdrew step %d on %s: not every rank committed it",
+                            manifest.step, self.tier.uri)
 
 
-def _read_bytes(path: str | None) -> bytes | None:
-    if path is None:
-        return None
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
+def _read_rel(root: str | None, rel: str) -> bytes | None:
+    """A local tier's file, read without following a link (a link reads as ``b""``)."""
+    return None if root is None else nofollow.read_or_none(root, rel)

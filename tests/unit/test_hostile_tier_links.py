@@ -9,6 +9,7 @@ file; ``step_2`` is a step directory that is a link to the outside directory.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -241,3 +242,28 @@ def test_a_json_value_over_the_size_limit_is_refused(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(safe_reader, "MAX_JSON_BYTES", 1000)  # 256 MiB in earnest
     with pytest.raises(ConfigError, match="1002 bytes as JSON"):
         StagingBuffers().prepare({"big": "x" * 1000})
+
+
+# -- the save's commit ----------------------------------------------------------------------
+def test_a_save_into_a_step_directory_that_is_a_link_writes_nothing_through_it(
+        tmp_path: Path) -> None:
+    """The commit moves the shards into ``step_N``: a link planted there is refused, and
+    neither the shards nor the manifest land in the directory it points at."""
+    from slurmkit.store import CheckpointStore, StoreConfig
+    from slurmkit.store.manifest import step_dir
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(SECRET)
+    events: list[dict[str, Any]] = []
+    st = CheckpointStore.from_config(StoreConfig(nvme_uri=str(tmp_path / "nvme")), rank=0,
+                                     world_size=1, node="n0", env={}, on_event=events.append,
+                                     sleep=lambda s: None)
+    os.symlink(outside, tmp_path / "nvme" / "n0" / step_dir(10))
+    with contextlib.suppress(Exception):  # the failed commit is reported, maybe raised
+        st.save(10, {"w": torch.ones(4)})
+        st.wait()
+    st.close()
+    assert sorted(os.listdir(outside)) == ["secret"]
+    assert (outside / "secret").read_bytes() == SECRET
+    assert "ckpt_saved" not in [e["event"] for e in events]
