@@ -35,7 +35,7 @@ from slurmkit.supervise import succession
 from slurmkit.sweep.layout import SWEEP_NAME, Sweep, Variant, load_sweep, variant_dir, write_sweep
 
 T = TypeVar("T")
-READ_TIMEOUT_S = 10.0  # a reader that takes longer is blocked on a FIFO
+READ_TIMEOUT_S = 120.0  # a reader still reading by then is blocked on a FIFO (a bound for a hang, not a speed limit)
 ATTEMPT = "123-0"
 
 
