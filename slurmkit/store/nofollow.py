@@ -191,6 +191,14 @@ def open_parent(root: str, rel: str, create: bool = False) -> tuple[int, str]:
     return _open_dir(root, parts[:-1], rel, create), parts[-1]
 
 
+def make_dirs(root: str, rel: str) -> None:
+    """``root/rel`` and its missing parents made 0700, no link below ``root`` followed (an
+    existing one refused with LinkRefused)."""
+    if not os.path.isdir(root):
+        make_private_dirs(root)
+    os.close(_open_dir(root, _components(rel), rel, create=True))
+
+
 def create_at(dfd: int, name: str, *, exclusive: bool = True, append: bool = False) -> int:
     """A write fd of ``name`` in ``dfd``, made 0600: never through a link (``O_NOFOLLOW``),
     and with ``exclusive`` never a file that already exists (temporary names), else

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -393,17 +392,15 @@ class Promoter:
 def withdraw_step(tier: Tier, m: Manifest, lock: Callable[[Tier], Any]) -> None:
     """Remove the manifest of save ``m`` (not of a different save of the step) from a
     node-local tier, so neither retention nor restore counts it there any more."""
-    path = tier.local_path(f"{step_dir(m.step)}/{MANIFEST}")
-    if path is None:
+    if tier.local_path("") is None:
         return
     with lock(tier):
         try:
             current = read_manifest(tier, m.step)
         except (ManifestError, TierError):
             return
-        if save_id(current) == save_id(m):
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
+        if save_id(current) == save_id(m):  # the tier's rm: through no link (nofollow.py)
+            tier.rm(f"{step_dir(m.step)}/{MANIFEST}")
 
 
 def default_clock() -> float:

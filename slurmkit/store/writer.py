@@ -50,7 +50,6 @@ from slurmkit.store.manifest_share import SharedManifest, digest, pack
 from slurmkit.store.sealing import SealingWriter
 from slurmkit.store.staging import FillGate
 from slurmkit.store.tier import FsspecTier, Tier, TierError, fsync_dir
-from slurmkit.store.tiertrust import make_private_dirs
 
 # DCP's CheckpointException derives from BaseException, not Exception
 log = logging.getLogger(__name__)
@@ -163,9 +162,13 @@ class PrimaryWriter:
         once its copy finished."""
         partial = f"{PARTIAL}/{step_dir(step)}.{self.token}-{seq}"
         directory = self.tier.local_path(partial)
-        if directory is None:
+        root = self.tier.local_path("")
+        if directory is None or root is None:
             raise TierError(f"primary tier {self.tier.uri} is not a local path")
-        make_private_dirs(directory)
+        try:  # DCP writes below it by path: no component of it may be a link
+            nofollow.make_dirs(root, partial)
+        except OSError as exc:
+            raise TierError(f"primary tier {self.tier.uri}: {partial}: {exc}") from exc
         writer = SealingWriter(directory, algo=self.algo, thread_count=self.write_threads,
                                direct=self.direct_io)
         dist = self.coord.distributed

@@ -245,10 +245,12 @@ def test_a_json_value_over_the_size_limit_is_refused(monkeypatch: pytest.MonkeyP
 
 
 # -- the save's commit ----------------------------------------------------------------------
+@pytest.mark.parametrize("planted", ["step_0000000010", ".partial"])
 def test_a_save_into_a_step_directory_that_is_a_link_writes_nothing_through_it(
-        tmp_path: Path) -> None:
-    """The commit moves the shards into ``step_N``: a link planted there is refused, and
-    neither the shards nor the manifest land in the directory it points at."""
+        tmp_path: Path, planted: str) -> None:
+    """DCP writes into ``.partial/step_N.<token>`` and the commit moves the shards into
+    ``step_N``: a link planted at either is refused, and neither the shards nor the
+    manifest land in the directory it points at."""
     from slurmkit.store import CheckpointStore, StoreConfig
     from slurmkit.store.manifest import step_dir
 
@@ -259,7 +261,8 @@ def test_a_save_into_a_step_directory_that_is_a_link_writes_nothing_through_it(
     st = CheckpointStore.from_config(StoreConfig(nvme_uri=str(tmp_path / "nvme")), rank=0,
                                      world_size=1, node="n0", env={}, on_event=events.append,
                                      sleep=lambda s: None)
-    os.symlink(outside, tmp_path / "nvme" / "n0" / step_dir(10))
+    assert step_dir(10) == "step_0000000010"
+    os.symlink(outside, tmp_path / "nvme" / "n0" / planted)
     with contextlib.suppress(Exception):  # the failed commit is reported, maybe raised
         st.save(10, {"w": torch.ones(4)})
         st.wait()
