@@ -26,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from slurmkit.errors import ConfigError, SlurmkitError
+from slurmkit.store import nofollow
 from slurmkit.store.catalog import VerifiedCache, check_step, list_steps, read_manifest
 from slurmkit.store.config import StoreConfig, store_env
 from slurmkit.store.buddy import Links, Ring
@@ -408,10 +409,22 @@ class CheckpointStore:
             # from its peers first, so that save is restored without the shared tier
             recover(template_state, self.primary, self.ring, self.links, self.fg, self._emit,
                     newest=self.cfg.keep_nvme)
-        base = self.primary.local_path(".restore") or tempfile.mkdtemp()
-        scratch = os.path.join(base, f"rank_{self.rank}")
+        scratch = self._restore_scratch()
         return restore_newest(template_state, self.tiers or [self.primary], self.fg,
                               scratch, self._emit)
+
+    def _restore_scratch(self) -> str:
+        """Where this rank downloads from slower tiers: ``.restore/rank_N`` on the primary
+        tier, made without following a link (a planted one would receive the checkpoint);
+        a private temporary directory when that is refused or the primary is not local."""
+        root, rel = self.primary.local_path(""), f".restore/rank_{self.rank}"
+        if root is not None:
+            try:
+                nofollow.make_dirs(root, rel)
+                return os.path.join(root, rel)
+            except OSError as exc:
+                log.warning("restore downloads go to a private temporary directory: %s", exc)
+        return os.path.join(tempfile.mkdtemp(prefix="slurmkit-restore-"), rel)
 
     def latest_verified(self) -> int | None:
         """Newest step that deep-verifies on any tier (as ``_verified_here`` decides)."""

@@ -270,3 +270,35 @@ def test_a_save_into_a_step_directory_that_is_a_link_writes_nothing_through_it(
     assert sorted(os.listdir(outside)) == ["secret"]
     assert (outside / "secret").read_bytes() == SECRET
     assert "ckpt_saved" not in [e["event"] for e in events]
+
+
+def test_restore_downloads_go_through_no_planted_restore_link(tmp_path: Path) -> None:
+    """A step restored from the object tier is downloaded to ``.restore/rank_N`` on the
+    node's tier: a link planted there would receive the checkpoint; it goes to a private
+    temporary directory instead, and the restore still succeeds."""
+    import shutil
+
+    from slurmkit.store import CheckpointStore, StoreConfig
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    cfg = StoreConfig(nvme_uri=str(tmp_path / "nvme"),
+                      object_uri=f"memory://links-{tmp_path.name}/ckpt")
+
+    def store() -> Any:
+        return CheckpointStore.from_config(cfg, rank=0, world_size=1, node="n0", env={},
+                                           sleep=lambda s: None)
+
+    st = store()
+    st.save(10, {"w": torch.arange(4.0)}, final=True)  # promoted to the object tier now
+    st.wait()
+    st.close()
+    shutil.rmtree(tmp_path / "nvme" / "n0")  # the node lost its copy: the object tier has it
+    (tmp_path / "nvme" / "n0").mkdir(mode=0o700)
+    os.symlink(outside, tmp_path / "nvme" / "n0" / ".restore")
+    st = store()
+    tmpl = {"w": torch.zeros(4)}
+    r = st.restore(tmpl)
+    st.close()
+    assert r is not None and r.step == 10 and torch.equal(tmpl["w"], torch.arange(4.0))
+    assert os.listdir(outside) == []
