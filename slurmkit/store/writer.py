@@ -72,7 +72,7 @@ def tier_lock(tier: Tier | None) -> Iterator[None]:
 
 
 def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # a link: not ours
     try:
         os.fsync(fd)
     finally:
