@@ -39,7 +39,7 @@ from slurmkit.runview import (
     read_sweep,
     resolve,
 )
-from slurmkit.slurm.client import SlurmClient
+from slurmkit.slurm.client import SlurmClient, slurm_client
 
 
 def clean(value: object) -> Text:
@@ -53,9 +53,7 @@ def make_client(env: Mapping[str, str]) -> SlurmClient | None:
     """The project's Slurm client when ``squeue`` is on PATH, else None (local runs only)."""
     if shutil.which("squeue", path=env.get("PATH")) is None:
         return None
-    from slurmkit.slurm.runner import SubprocessRunner
-
-    return SlurmClient(SubprocessRunner(env=env), timeout_s=15.0)
+    return slurm_client(env, interactive=True)
 
 
 # ------------------------------------------------------------------ formatting

@@ -45,10 +45,9 @@ def slurm_reachable(env: Mapping[str, str], timeout_s: float = 5.0) -> bool:
     """True when `sbatch` exists and a controller answers `scontrol ping`."""
     if shutil.which("sbatch", path=env.get("PATH")) is None:
         return False
-    from slurmkit.slurm.client import SlurmClient
-    from slurmkit.slurm.runner import SubprocessRunner
+    from slurmkit.slurm.client import slurm_client
 
-    return SlurmClient(SubprocessRunner(env=env), timeout_s=timeout_s).controller_reachable(timeout_s)
+    return slurm_client(env, timeout_s=timeout_s).controller_reachable(timeout_s)
 
 
 def resolve_cluster(cfg: SlurmkitConfig, env: Mapping[str, str],
@@ -206,11 +205,10 @@ def warn_singleton(spec: JobSpec, env: Mapping[str, str], console: Console) -> N
     this user with the same name is queued or running. One squeue call; silent if it fails."""
     if not spec.singleton:
         return
-    from slurmkit.slurm.client import SlurmClient
-    from slurmkit.slurm.runner import SubprocessRunner
+    from slurmkit.slurm.client import slurm_client
 
     try:
-        rows = SlurmClient(SubprocessRunner(env=env), timeout_s=10).squeue(
+        rows = slurm_client(env, interactive=True).squeue(
             user=env.get("USER") or getpass.getuser())
     except Exception as exc:  # only a hint: never let it stop a submission
         log.info("squeue for the singleton hint failed: %s", exc)
@@ -264,17 +262,16 @@ def wait_job(s: Submitted, env: Mapping[str, str], timeout_s: float, *,
         except Exception:  # submitit re-raises the job's failure; its state tells the outcome
             pass
         return 0 if s.job.state == "FINISHED" and s.job.exception() is None else 1  # type: ignore[attr-defined]
-    from slurmkit.slurm.client import SlurmClient
-    from slurmkit.slurm.runner import SubprocessRunner
+    from slurmkit.slurm.client import slurm_client
 
-    client = SlurmClient(SubprocessRunner(env=env), clock=clock, sleep=sleep)
-    terminal = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-                "PREEMPTED", "BOOT_FAIL", "DEADLINE"]
+    from slurmkit.slurm.records import TERMINAL_STATES
+
+    client = slurm_client(env, clock=clock, sleep=sleep)
     from slurmkit.supervise.successor import successor_of
 
     job_id, deadline = s.job_id, clock() + (timeout_s or 10 ** 9)
     while True:
-        state = client.wait_for_state(job_id, terminal, max(deadline - clock(), 1.0), poll_s=1.0,
+        state = client.wait_for_state(job_id, TERMINAL_STATES, max(deadline - clock(), 1.0), poll_s=1.0,
                                       max_poll_s=30.0, source="sacct")
         nxt = successor_of(s.run_dir, job_id)  # the job handed the run to one it submitted
         if nxt is None or nxt == job_id:

@@ -35,8 +35,7 @@ from slurmkit.launch.steptimes import StepTimes
 from slurmkit.layout import LayoutError, load_layout
 from slurmkit.errors import SlurmkitError
 from slurmkit.rundir import RunDirError, check_config_digest, check_run_dir
-from slurmkit.slurm.client import SlurmClient
-from slurmkit.slurm.runner import SubprocessRunner
+from slurmkit.slurm.client import slurm_client
 from slurmkit.supervise.channel import Channel, load_token
 from slurmkit.supervise.ckpt_progress import CheckpointProgress, tier_readers
 from slurmkit.supervise.classes import FailureClass
@@ -596,8 +595,8 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
                                                ctx.node_name)).start()
     # written at submit; only node 0 reads accounting (sacct), so only node 0 reads the copy
     caps = read_run_dir_copy(run_dir) if ctx.executor == "slurm" and ctx.node_rank == 0 else None
-    slurm = (SlurmClient(SubprocessRunner(env=env), json_accounting=caps is not None and caps.json_accounting,
-                         failed_node_field=caps is not None and bool(caps.failed_node_field))
+    slurm = (slurm_client(env, json_accounting=caps is not None and caps.json_accounting,
+                          failed_node_field=caps is not None and bool(caps.failed_node_field))
              if ctx.executor == "slurm" else None)
     if ctx.node_rank == 0 and slurm is not None:
         warning = kill_wait_warning(cfg.cluster.kill_wait_s, slurm)

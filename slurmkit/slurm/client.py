@@ -35,9 +35,14 @@ from slurmkit.slurm.records import (
     SqueueRow,
 )
 from slurmkit.slurm.retry import RetryingRunner, RetryPolicy
-from slurmkit.slurm.runner import CommandResult, CommandRunner
+from slurmkit.slurm.runner import CommandResult, CommandRunner, SubprocessRunner
 
 log = logging.getLogger(__name__)
+
+# Seconds one Slurm command may take: the control plane's own calls, and the calls a person at a
+# terminal waits on (status, the queue hint at submit), who is better told "no answer" sooner.
+COMMAND_TIMEOUT_S = 30.0
+INTERACTIVE_TIMEOUT_S = 15.0
 
 _SUBMITTED = re.compile(r"^(\d+)(?:;(\S+))?$")
 _INVALID_JOB = "Invalid job id specified"
@@ -60,7 +65,7 @@ class SlurmClient:
         runner: CommandRunner,
         *,
         retry: RetryPolicy | None = None,
-        timeout_s: float = 30.0,
+        timeout_s: float = COMMAND_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         json_accounting: bool = False,
@@ -324,3 +329,17 @@ class SlurmClient:
             if source == "sacct":
                 return default
             raise
+
+
+def slurm_client(env: Mapping[str, str], *, interactive: bool = False, timeout_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 json_accounting: bool = False, failed_node_field: bool = False) -> SlurmClient:
+    """The one way slurmkit reaches the real Slurm CLI: a :class:`SlurmClient` over a
+    :class:`SubprocessRunner` with ``env``, the default retry policy, and the command timeout of
+    its kind (``interactive``: :data:`INTERACTIVE_TIMEOUT_S`, else :data:`COMMAND_TIMEOUT_S`;
+    ``timeout_s`` only where a caller's own bound is the point, as in a reachability probe).
+    Tests pass a fake runner to :class:`SlurmClient` directly."""
+    if timeout_s is None:
+        timeout_s = INTERACTIVE_TIMEOUT_S if interactive else COMMAND_TIMEOUT_S
+    return SlurmClient(SubprocessRunner(env=env), timeout_s=timeout_s, clock=clock, sleep=sleep,
+                       json_accounting=json_accounting, failed_node_field=failed_node_field)

@@ -21,9 +21,8 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 
-from slurmkit.slurm.client import SlurmClient
+from slurmkit.slurm.client import SlurmClient, slurm_client
 from slurmkit.slurm.errors import SlurmError
-from slurmkit.slurm.runner import SubprocessRunner
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +187,7 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     _detach(argv[2])
-    client = SlurmClient(SubprocessRunner(env=os.environ))  # the helper's own entry point
+    client = slurm_client(os.environ)  # the helper's own entry point
     return 0 if release_when_pending(client, argv[1], argv[3:]) else 1
 
 

@@ -39,10 +39,9 @@ import shutil
 from collections.abc import Mapping
 
 from slurmkit.errors import SubmissionError
-from slurmkit.slurm.client import SlurmClient
+from slurmkit.slurm.client import SlurmClient, slurm_client
 from slurmkit.slurm.errors import SlurmError
 from slurmkit.slurm.hostlist import compress_hostlist, expand_hostlist
-from slurmkit.slurm.runner import SubprocessRunner
 from slurmkit.supervise.requeue import last_line
 
 log = logging.getLogger(__name__)
@@ -142,7 +141,7 @@ def submit_successor(client: SlurmClient, job_id: str, exclude: tuple[str, ...] 
     args = ["--hold", f"--dependency={_dependency(script, job_id)}"]
     if excluded:
         args.append(f"--exclude={compress_hostlist(excluded)}")
-    submitter = sbatch or SlurmClient(SubprocessRunner(env=successor_env(env)))
+    submitter = sbatch or slurm_client(successor_env(env))
     try:
         handed = {PREDECESSOR_ENV: job_id,
                   **({PREDECESSOR_ATTEMPT_ENV: attempt} if attempt.startswith(f"{job_id}-") else {})}

@@ -50,14 +50,13 @@ def create(plan: SweepPlan, executor: str) -> Sweep:
 
 def submit_array(plan: SweepPlan, sweep: Sweep, env: Mapping[str, str]) -> str:
     """Write the array's batch script and sbatch it; returns the array job id."""
-    from slurmkit.slurm.client import SlurmClient
-    from slurmkit.slurm.runner import SubprocessRunner
+    from slurmkit.slurm.client import slurm_client
 
     path = os.path.join(sweep.sweep_dir, SCRIPT_NAME)
     with open(path, "w") as f:
         f.write(render_standalone(plan.placed(sweep.sweep_dir), path))
     try:
-        return SlurmClient(SubprocessRunner(env=env)).submit(path)
+        return slurm_client(env).submit(path)
     except SubmissionError as exc:
         raise SubmissionError(
             f"Detected: sbatch refused the sweep's job array: {exc}. Requirement: a partition, account, "
@@ -104,11 +103,10 @@ def wait_array(job_id: str, count: int, env: Mapping[str, str], timeout_s: float
     One squeue call per poll while the array is queued or running, then sacct (which lags the
     controller by a moment) until each task has a terminal row.
     """
-    from slurmkit.slurm.client import SlurmClient
+    from slurmkit.slurm.client import slurm_client
     from slurmkit.slurm.records import TERMINAL_STATES
-    from slurmkit.slurm.runner import SubprocessRunner
 
-    client = SlurmClient(SubprocessRunner(env=env))
+    client = slurm_client(env)
     deadline = time.monotonic() + (timeout_s or 10 ** 9)
     states: dict[int, str] = {}
     while time.monotonic() < deadline:

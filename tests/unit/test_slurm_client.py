@@ -298,3 +298,19 @@ def test_wait_for_state_refuses_nonsense_intervals(fake: FakeSlurm, script: str,
     job_id = client.submit(script)
     with pytest.raises(ValueError, match="Detected: poll_s="):
         client.wait_for_state(job_id, {"RUNNING"}, 6, poll_s=poll_s, max_poll_s=max_poll_s)
+
+
+def test_one_factory_builds_every_client_of_the_real_slurm_cli() -> None:
+    """Outside slurmkit/slurm/ no module builds its own runner of the real CLI: the timeout and
+    retry policy of every Slurm call come from slurm_client (one source for the fact)."""
+    import pathlib
+
+    from slurmkit.slurm.client import COMMAND_TIMEOUT_S, INTERACTIVE_TIMEOUT_S, slurm_client
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "slurmkit"
+    builders = [str(p.relative_to(root)) for p in root.rglob("*.py")
+                if p.parent.name not in ("slurm", "fakeslurm") and "SubprocessRunner(" in p.read_text()]
+    assert builders == [], builders
+    assert slurm_client({}).timeout_s == COMMAND_TIMEOUT_S
+    assert slurm_client({}, interactive=True).timeout_s == INTERACTIVE_TIMEOUT_S < COMMAND_TIMEOUT_S
+    assert slurm_client({}, timeout_s=3.0).timeout_s == 3.0
