@@ -16,10 +16,14 @@ most (RLIMIT_DATA): a flood beyond it is refused message by message (the server 
 client's connection) and never takes memory from the agent or its ranks. It does not keep a
 stranger from filling the store up to the cap, after which the agents' own writes fail too:
 the run's coordination can still be denied, node 0 cannot be run out of memory through it.
+The server and node 0's agent live and die together: the server ends when the agent's process
+is gone, and the agent kills itself when the server ends (a server killed alone, by the OOM
+killer say, must not leave an agent that requeues beside the nodes that saw node 0 lost).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -27,6 +31,7 @@ import resource
 import select
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -43,6 +48,7 @@ _KEEPALIVE: list[int] = []  # the write ends of the store children's pipes: clos
 # What the agents' store may hold beyond its start: the agents' messages are KiBs per node.
 STORE_CAP_BYTES = 256 << 20
 _SERVER_START_S = 60.0
+STORE_COMM = "slurmkit-store"  # the server's process name (/proc/PID/comm)
 
 
 def _publish(path: str, payload: dict[str, object]) -> None:
@@ -88,12 +94,39 @@ def _vm_data() -> int:
     return 0
 
 
+def _name_self(name: str) -> None:
+    """Set this process's name (/proc/PID/comm), so that tools that look for the agent by its
+    command line can tell its store's server apart (both run submitit's entry point)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass  # only a name: the server works without it
+
+
+def _die_with(pid: int) -> None:
+    """In node 0's agent: when its store's server ends, end this agent at once, as if it had
+    been killed. The store and node 0's agent live and die together, so exactly one side acts:
+    the other nodes see node 0 lost and requeue once. An agent that outlived its store would
+    requeue too, and the run would get two successor jobs."""
+    try:
+        _, status = os.waitpid(pid, 0)
+        why = f"wait status {status}"
+    except ChildProcessError:
+        why = "already reaped"
+    log.error("the agents' store server (pid %d) ended (%s): node 0's agent ends with it", pid, why)
+    for h in logging.getLogger().handlers:
+        h.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _serve_child(sock: socket.socket, world: int | None, ready: int, alive: int,
                  cap_bytes: int) -> None:
     """In the forked child: the store's server on ``sock`` and nothing else, until the agent
     (the write end of ``alive``) is gone."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)  # the agent decides when its node stops; not Slurm
+    _name_self(STORE_COMM)
     keep = {0, 1, 2, sock.fileno(), ready, alive}
     for name in os.listdir("/proc/self/fd"):
         if int(name) not in keep:
@@ -141,6 +174,8 @@ def serve_capped(sock: socket.socket, world: int | None, cap_bytes: int = STORE_
         started = bool(readable) and os.read(ready_r, 1) == b"1"
     finally:
         os.close(ready_r)
+    if started:
+        threading.Thread(target=_die_with, args=(pid,), name="slurmkit-store-watch", daemon=True).start()
     if not started:
         raise SlurmkitError(
             f"Detected: the agents' store server (pid {pid}) did not start within "

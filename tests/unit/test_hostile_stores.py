@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -171,3 +173,56 @@ def test_a_stranger_cannot_grow_node0s_agent_through_its_store() -> None:
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["stored_mib"] <= 32 and res["agent_grew_mib"] < 16
     assert res["server_alive"] and res["agent_reads"] == "1"
+
+
+_SERVE_AND_WAIT = r"""
+import os, signal, sys
+from slurmkit.launch import rendezvous
+pid = rendezvous.serve_capped(rendezvous.listen_socket("127.0.0.1"), None, 32 << 20)
+with open(f"/proc/{pid}/comm") as f:
+    print(pid, f.read().strip(), flush=True)
+if sys.argv[1] == "wait":
+    signal.pause()  # until the store's server ends and takes this process with it
+"""
+
+
+def _serve(mode: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", _SERVE_AND_WAIT, mode], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+
+
+def test_node0s_agent_ends_with_its_store_server_and_only_then() -> None:
+    """The store's server and node 0's agent live and die together. Killed alone (the OOM killer,
+    a chaos tool that took it for the agent), the server takes the agent with it: an agent left
+    beside a dead store requeued the run while the other nodes, which saw node 0 lost, requeued
+    it too (two successor jobs, seen in the chaos campaign's seed 213). And an agent that ends
+    normally ends with its own exit code, its server after it."""
+    from slurmkit.launch.rendezvous import STORE_COMM
+
+    proc = _serve("wait")
+    assert proc.stdout is not None
+    server, comm = proc.stdout.readline().split()
+    assert comm == STORE_COMM  # the tools that look for the agent can tell its server apart
+    os.kill(int(server), signal.SIGKILL)
+    proc.wait(timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    assert "node 0's agent ends with it" in proc.stderr.read()
+
+    proc = _serve("exit")
+    assert proc.stdout is not None
+    server = proc.stdout.readline().split()[0]
+    proc.wait(timeout=120)
+    assert proc.returncode == 0, proc.stderr.read()[-2000:]
+    deadline = time.monotonic() + 120
+    while _running(server) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the server sees the agent's pipe close, then exits
+    assert not _running(server)
+
+
+def _running(pid: str) -> bool:
+    """Alive and not a zombie (whoever reaps orphans here may be slow to)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

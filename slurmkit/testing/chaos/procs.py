@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from slurmkit.launch.rendezvous import STORE_COMM
 from slurmkit.launch.standby import ADOPTED_PREFIX as STANDBY_RANK_PREFIX
 from slurmkit.launch.standby import MODULE as STANDBY_MODULE
 
@@ -94,7 +95,10 @@ def is_rank(p: Proc) -> bool:
 
 
 def is_agent(p: Proc) -> bool:
-    return any("submitit.core._submit" in a for a in p.cmdline) and "RANK" not in p.env
+    """A node agent: submitit's entry point, not a rank, and not node 0's store server (a child
+    forked from the agent, with its command line and its own process name)."""
+    return (any("submitit.core._submit" in a for a in p.cmdline) and "RANK" not in p.env
+            and p.comm != STORE_COMM)
 
 
 def is_batch_shell(p: Proc) -> bool:
