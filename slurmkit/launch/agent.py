@@ -34,6 +34,7 @@ from slurmkit.launch.rendezvous import connect
 from slurmkit.launch.steptimes import StepTimes
 from slurmkit.layout import LayoutError, load_layout
 from slurmkit.errors import SlurmkitError
+from slurmkit.procexit import leave
 from slurmkit.rundir import RunDirError, check_config_digest, check_run_dir
 from slurmkit.slurm.client import slurm_client
 from slurmkit.supervise.channel import Channel, load_token
@@ -638,3 +639,10 @@ def submitit_entry(run_dir: str) -> None:
     sys.stderr.flush()
     if code:
         os._exit(code)
+    ctx = node_context(os.environ)
+    if ctx.executor == "slurm" and ctx.node_rank != 0:
+        # On Slurm every agent is its own one-task step, so submitit calls each of them task 0
+        # and each would write the same result file (the local executor numbers its tasks):
+        # two agents ending together collide there ("A temporary saved file already exists",
+        # a traceback in a completed job's log). Node 0's record of the success is enough.
+        leave(0)
