@@ -141,10 +141,12 @@ def test_s3_outage_during_promotion_survives_restart(tmp_path: Any,
 
 @pytest.fixture
 def tiny_fs(tmp_path: Any) -> Iterator[str]:
-    """A real 1 MiB filesystem (tmpfs) that fills up."""
+    """A real 1 MiB filesystem (tmpfs) that fills up, mounted 0700 as a user's own NVMe or
+    project directory is (a tmpfs root is 1777 by default, which the store refuses as a
+    tier's own directory: anyone could replace its checkpoints)."""
     mnt = str(tmp_path / "tiny")
     os.makedirs(mnt)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", mnt],
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", mnt],
                        capture_output=True, text=True)
     if r.returncode != 0:
         pytest.fail(f"cannot mount a 1 MiB tmpfs for the full-disk test: {r.stderr.strip()} "
