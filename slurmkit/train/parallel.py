@@ -95,7 +95,7 @@ def rank_store(env: Mapping[str, str], rank: int, world: int, timeout: timedelta
     """The ranks' rendezvous store, as ``env://`` makes it except that rank 0's server listens
     on MASTER_ADDR only (like the agents' store, slurmkit.launch.rendezvous), not on every
     interface of the node: a socket bound there is handed to the TCPStore."""
-    from slurmkit.launch.rendezvous import listen_socket
+    from slurmkit.listen import listen_socket
 
     addr, port = env.get(MASTER_ADDR, ""), int(env.get(MASTER_PORT, "0") or 0)
     if not addr or not port:
