@@ -34,6 +34,7 @@ from slurmkit.jobstates import JobPoller, JobRef, JobState
 from slurmkit.launch.cancel_request import cancel_request_path, write_cancel_request
 from slurmkit.runview import RunWatcher, default_run_root, read_sweep, resolve
 from slurmkit.slurm.client import SlurmClient
+from slurmkit.slurm.errors import SlurmCommandError
 from slurmkit.status import make_client
 from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
 from slurmkit.supervise.successor import successor_chain
@@ -148,7 +149,14 @@ class Canceller:
         if t.ref.executor == "local":
             self._signal_local(t, signal.SIGTERM)
         else:
-            self._slurm().cancel(t.ref.job_id, signal="USR1")
+            try:
+                self._slurm().cancel(t.ref.job_id, signal="USR1")
+            except SlurmCommandError as exc:
+                # Slurm 23.11+ refuses to signal a job with no step yet: its agents have not
+                # started, so there is nothing to save; the caller cancels it outright.
+                if "Invalid job id specified" not in str(exc):
+                    raise
+                return False
         return True
 
     def _signal_local(self, t: Target, sig: int) -> None:

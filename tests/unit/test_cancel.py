@@ -183,3 +183,15 @@ def test_a_handover_that_raced_the_cancel_is_cancelled_too(tmp_path: Path) -> No
     assert [(e["status"], e["job_id"]) for e in ends] == [("cancelled", new)]  # one end, the newest job's
     asked = [e["job_id"] for e in _events(run) if e["event"] == "cancel_requested"]
     assert asked == [target.ref.job_id, new]
+
+
+def test_a_running_job_with_no_step_yet_is_cancelled_outright(tmp_path: Path) -> None:
+    """Slurm 23.11+ refuses ``scancel --signal`` before the job's first step: nothing to save."""
+    fake, run, target = _setup(tmp_path, start=True)
+    fake.fail_next(message=f"scancel: error: Kill job error on job id {target.ref.job_id}: "
+                           "Invalid job id specified\n", command="scancel")
+    final = cancel([target], _canceller(fake), checkpoint=True, timeout_s=60, console=_console())
+    assert final[target.ref].state == "CANCELLED"
+    assert fake.calls.index(["scancel", "--signal=USR1", target.ref.job_id]) < \
+        fake.calls.index(["scancel", target.ref.job_id])
+    assert fake.jobs[target.ref.job_id].signals == []
