@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from slurmkit.config.envtext import keep_env_text
 from slurmkit.config.schema import SlurmkitConfig
+from slurmkit.config.secrets import FIX, config_strings, secret_name
 from slurmkit.errors import ConfigError
 from slurmkit.resources import packaged
 
@@ -153,8 +154,6 @@ def check_resolvers(raw: Any) -> None:
     config.yaml (and, in job.env, written into the batch script) in clear; the value then
     looks like any random string, so the variable's name is checked here, on the unresolved
     text. job.env / cluster.env values are text for the script: no other resolver there."""
-    from slurmkit.render.secrets import FIX, config_strings, secret_name  # render imports config
-
     try:
         tree = OmegaConf.to_container(raw, resolve=False)
     except OmegaConfBaseException:

@@ -8,14 +8,14 @@ from dataclasses import dataclass
 
 from slurmkit.config.envnames import check_env_names, risky
 from slurmkit.config.schema import SlurmkitConfig
-from slurmkit.errors import ConfigError
-from slurmkit.layout import Layout, resolve_layout
-from slurmkit.render.secrets import (
+from slurmkit.config.secrets import (
     check_config_secrets,
     check_env_secrets,
     check_image_secrets,
     check_text_secrets,
 )
+from slurmkit.errors import ConfigError
+from slurmkit.layout import Layout, resolve_layout
 from slurmkit.render.values import check_printable, check_slurm_names
 from slurmkit.slurm.hostlist import compress_hostlist, expand_hostlist
 from slurmkit.slurm.timelimit import format_time_limit, parse_time_limit

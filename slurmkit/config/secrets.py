@@ -16,6 +16,10 @@ default) or in a file only its owner can read. This module recognises
 and says which, never echoing the value itself. What is not a secret stays allowed: names that
 name a file (``*_FILE``, ``*_PATH``), ``TOKENIZERS_PARALLELISM``, ``MAX_TOKENS``,
 ``PAD_TOKEN_ID``, paths, host names, NCCL settings, digests.
+
+It lives in the config package (it was slurmkit.render.secrets): compose refuses a secret
+read through a resolver before it is resolved, and render refuses one in what it writes;
+render imports config, never the reverse.
 """
 
 from __future__ import annotations
