@@ -41,6 +41,17 @@ def _slurm_first_on_path() -> None:
 _slurm_first_on_path()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that uses the local cluster (``cluster_env``, directly or through another
+    fixture) ``cluster``. CI (.ci/run) runs the ``cluster`` and ``realtime`` tests (real-time
+    detection that a starved process would trip) in the foreground, one at a time on the one
+    cluster, and everything else beside them at a lower CPU priority: the two sets are
+    complementary by construction, so no test is left out of either."""
+    for item in items:
+        if "cluster_env" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
+
+
 def load_cluster_env() -> dict[str, str] | None:
     path = os.path.join(CLUSTER_DIR, "env.json")
     if not os.path.exists(path):

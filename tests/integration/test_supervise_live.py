@@ -17,7 +17,7 @@ from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.classify import root_cause
 from slurmkit.supervise.monitor import RankMonitor
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.realtime]
 
 WORKER = r"""
 import os, time

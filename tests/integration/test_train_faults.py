@@ -13,7 +13,7 @@ import pytest
 from slurmkit.train.heartbeat import local_heartbeat_path, read_heartbeat
 from slurmkit.train.local import LocalRun, spawn_ranks, write_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.realtime]
 
 TIMEOUT_S = 90
 
