@@ -27,7 +27,7 @@ Bulk data between peers (buddy copies) goes over 2-rank gloo groups made for exa
 ranks involved (buddy.Links), never a world-sized one.
 
 Anyone who reaches the job's store can connect to it, so with a ``secret`` (``coord_secret``:
-derived from the run's token, slurmkit.supervise.channelbase, for this attempt, generation and
+derived from the run's token, slurmkit.runtoken, for this attempt, generation and
 store address) every key lives under a prefix derived from it, which a stranger cannot guess,
 and every value and gathered line carries an HMAC of its full key and payload: a value that
 is not signed so is refused (ForgedValueError, a CoordinationError), a forged gathered line is
@@ -46,6 +46,7 @@ from datetime import timedelta
 from typing import Any
 
 from slurmkit.errors import SlurmkitError
+from slurmkit.runtoken import load_token
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +77,6 @@ def coord_secret(env: Mapping[str, str]) -> bytes | None:
     run_dir = env.get("SLURMKIT_RUN_DIR")
     if not run_dir:
         return None
-    from slurmkit.supervise.channelbase import load_token
-
     token = load_token(run_dir, create=True)  # made by node 0's agent; by a rank without one
     scope = "/".join(env.get(k, "") for k in ("SLURMKIT_ATTEMPT", "SLURMKIT_GENERATION",
                                               "MASTER_ADDR", "MASTER_PORT"))

@@ -32,8 +32,8 @@ from datetime import timedelta
 from typing import Any
 
 from slurmkit.supervise.classes import FailureClass
-from slurmkit.supervise.channelbase import (_ABSENT, TOKEN_NAME, ChannelCore, ChannelError, load_token,
-                                          token_path)
+from slurmkit.runtoken import TOKEN_NAME, ChannelError, load_token, token_path
+from slurmkit.supervise.channelbase import _ABSENT, ChannelCore
 from slurmkit.supervise.classify import Evidence
 from slurmkit.supervise.policy import Action, Decision
 from slurmkit.supervise.stragglers import NodeWindow, window_from_json, window_to_json
