@@ -7,7 +7,7 @@ Without ``--checkpoint``: ``scancel`` (through the project's Slurm client and it
 local-executor job gets SIGINT, as submitit's own cancel sends it.
 
 With ``--checkpoint`` the job saves a final checkpoint first, through the stop path the agents
-and ranks already have: the cancel request file is written (:mod:`slurmkit.launch.cancel_request`),
+and ranks already have: the cancel request file is written (:mod:`slurmkit.supervise.cancel_request`),
 then SIGUSR1 goes to every agent (``scancel --signal=USR1``; locally SIGTERM to submitit's
 controller, which forwards it). Ranks checkpoint at the next step boundary and leave; node 0
 sees the request, writes ``end`` status ``cancelled`` and cancels its own job, so Slurm ends it
@@ -31,11 +31,11 @@ from rich.text import Text
 
 from slurmkit.errors import ConfigError
 from slurmkit.jobstates import JobPoller, JobRef, JobState
-from slurmkit.launch.cancel_request import cancel_request_path, write_cancel_request
 from slurmkit.runview import RunWatcher, default_run_root, read_sweep, resolve
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.errors import SlurmCommandError
 from slurmkit.status import make_client
+from slurmkit.supervise.cancel_request import cancel_request_path, write_cancel_request
 from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
 from slurmkit.supervise.successor import successor_chain
 

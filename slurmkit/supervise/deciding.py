@@ -8,9 +8,9 @@ import os
 import time
 from dataclasses import replace
 
-from slurmkit.launch.cancel_request import read_cancel_request
 from slurmkit.slurm.errors import SlurmError
 from slurmkit.slurm.hostlist import expand_hostlist
+from slurmkit.supervise.cancel_request import read_cancel_request
 from slurmkit.supervise.channel import ChannelError
 from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.classify import Evidence, Failure, bad_nodes, root_cause

@@ -9,9 +9,9 @@ import sys
 import time
 
 from slurmkit import EXIT_NO_REQUEUE
-from slurmkit.launch.cancel_request import read_cancel_request
 from slurmkit.slurm.errors import SlurmError
 from slurmkit.store.config import run_identity
+from slurmkit.supervise.cancel_request import read_cancel_request
 from slurmkit.supervise.channel import Rejoin
 from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.classify import Evidence

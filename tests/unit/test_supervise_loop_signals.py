@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from slurmkit import EXIT_NO_REQUEUE
-from slurmkit.launch.cancel_request import write_cancel_request
 from slurmkit.slurm.client import SlurmClient
+from slurmkit.supervise.cancel_request import write_cancel_request
 from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.policy import Action
 from slurmkit.testing.fakeslurm import FakeSlurm
