@@ -48,6 +48,10 @@ NODE = "SLURMKIT_NODE"
 ATTEMPT = "SLURMKIT_ATTEMPT"  # <job id>-<requeue count>
 HEARTBEAT_FILE = "SLURMKIT_HEARTBEAT_FILE"
 DEVICE = "SLURMKIT_DEVICE"  # "cpu" or "cuda:<index>", index among the rank's visible devices
+#: Set on an agents' srun step of several nodes (sbatch_templates/launch_agents.sh.j2, and node 0
+#: when it relaunches several agents in one step): the directory where each of its agents writes
+#: its own log (slurmkit.launch.context.group_log).
+GROUP_LOG_ENV = "SLURMKIT_GROUP_LOG_DIR"
 
 # Slurm's task view (RankIdentity.slurm_env): one rank = one task of the training world.
 SLURM_PROCID = "SLURM_PROCID"  # global rank

@@ -9,12 +9,9 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from slurmkit.contract import GROUP_LOG_ENV  # defined there: node 0's relauncher sets it too
 from slurmkit.errors import SlurmkitError
 from slurmkit.slurm.hostlist import expand_hostlist
-
-#: Set on an agents' srun step of several nodes (sbatch_templates/launch_agents.sh.j2): the
-#: directory where each of its agents writes its own log (``group_log``).
-GROUP_LOG_ENV = "SLURMKIT_GROUP_LOG_DIR"
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from slurmkit.contract import GROUP_LOG_ENV
 from slurmkit.errors import SlurmkitError
-from slurmkit.launch.context import GROUP_LOG_ENV
 from slurmkit.supervise.channel import Channel, ChannelError, Rejoin
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ _STEP_VARS = frozenset({
     "SLURM_STEPID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_TASKS_PER_NODE", "SLURM_NODEID", "SLURM_PROCID",
     "SLURM_LOCALID", "SLURM_GTIDS", "SLURM_TASK_PID", "SLURM_DISTRIBUTION", "SLURM_LAUNCH_NODE_IPADDR",
     "SLURM_UMASK", "SLURM_TOPOLOGY_ADDR", "SLURM_TOPOLOGY_ADDR_PATTERN", "SLURM_CPUS_ON_NODE", "SLURMD_NODENAME",
-    "SLURMKIT_GROUP_LOG_DIR",  # a step of several nodes (slurmkit.launch.context.GROUP_LOG_ENV)
+    "SLURMKIT_GROUP_LOG_DIR",  # a step of several nodes (slurmkit.contract.GROUP_LOG_ENV)
     "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES",
 })
 
