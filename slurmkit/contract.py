@@ -8,6 +8,7 @@ returns the codes. Nothing here imports torch: the agent, the CLI and the ranks 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -28,6 +29,19 @@ EXIT_CHECKPOINTED_ON_SIGNAL = 95
 # configuration, before it exits EXIT_CONFIG_ERROR: the supervisor's classifier knows it, so a
 # configuration that cannot work stops the run at once instead of being restarted.
 CONFIG_ERROR_MARKER = "slurmkit: config-error: "
+
+# ---------------------------------------------------------------------------- checkpoint marker
+# The marker's place in the run directory and its size bound: the one definition the writer
+# (slurmkit.userapi.report_checkpoint, which re-exports them) and node 0's reader
+# (slurmkit.supervise.ckpt_progress) share.
+MARKER_DIR = "progress"
+MARKER_NAME = "user_checkpoint.json"
+MARKER_MAX_BYTES = 8192
+
+
+def marker_path(run_dir: str) -> str:
+    """``RUN_DIR/progress/user_checkpoint.json``: rank 0's newest reported checkpoint."""
+    return os.path.join(run_dir, MARKER_DIR, MARKER_NAME)
 
 # ---------------------------------------------------------------------------- rank environment
 # torchrun's names, so a trainer written for torchrun runs under the agent unchanged.

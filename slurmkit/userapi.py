@@ -37,29 +37,27 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from slurmkit import contract
-from slurmkit.contract import CONFIG_ERROR_MARKER, EXIT_CHECKPOINTED_ON_SIGNAL, EXIT_CONFIG_ERROR
+from slurmkit.contract import (
+    CONFIG_ERROR_MARKER,
+    EXIT_CHECKPOINTED_ON_SIGNAL,
+    EXIT_CONFIG_ERROR,
+    MARKER_DIR,
+    MARKER_MAX_BYTES,
+    MARKER_NAME,
+    marker_path,
+)
 from slurmkit.errors import ActionableError
 from slurmkit.train.heartbeat import Heartbeat
 
 __all__ = ["CONFIG_ERROR_MARKER", "EXIT_CHECKPOINTED_ON_SIGNAL", "EXIT_CONFIG_ERROR", "MARKER_MAX_BYTES",
            "ReportError", "Reporter", "marker_path", "report_checkpoint", "report_step"]
 
-# The marker's place in the run directory and its size bound: the one definition the writer
-# (here) and node 0's reader (slurmkit.supervise.ckpt_progress) share.
-MARKER_DIR = "progress"
-MARKER_NAME = "user_checkpoint.json"
-MARKER_MAX_BYTES = 8192
 MAX_PATH_CHARS = 4096  # PATH_MAX: the path is for people reading the ledger, never opened by slurmkit
 USER_TIER = "user"  # the tier name of a program's own checkpoints in the ledger
 
 
 class ReportError(ActionableError):
     """A report the program made that cannot be right (a bug in the caller, not in the run)."""
-
-
-def marker_path(run_dir: str) -> str:
-    """``RUN_DIR/progress/user_checkpoint.json``: rank 0's newest reported checkpoint."""
-    return os.path.join(run_dir, MARKER_DIR, MARKER_NAME)
 
 
 def check_step(step: object, call: str) -> int:

@@ -22,10 +22,9 @@ import stat
 import threading
 from collections.abc import Callable, Sequence
 
-from slurmkit.contract import RUN_DIR
+from slurmkit.contract import MARKER_MAX_BYTES, RUN_DIR, marker_path
 from slurmkit.errors import SlurmkitError
 from slurmkit.untrusted import UntrustedDataError, parse_object
-from slurmkit.userapi import MARKER_MAX_BYTES, marker_path
 
 log = logging.getLogger(__name__)
 
