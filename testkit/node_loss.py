@@ -32,7 +32,7 @@ import signal
 import stat
 from collections.abc import Callable, Iterable, Mapping
 
-from slurmkit.testing.cluster_state import StateError
+from testkit.cluster_state import StateError
 
 ENVIRON_MAX_BYTES = 256 * 1024
 CONFIG_MAX_BYTES = 1 << 20

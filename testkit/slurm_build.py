@@ -218,6 +218,6 @@ def build(cache: str, version: str, log: Callable[[str], None], jobs: int | None
     return prefix
 
 
-if __name__ == "__main__":  # python -m slurmkit.testing.slurm_build 24.11 [CACHE]
+if __name__ == "__main__":  # python -m testkit.slurm_build 24.11 [CACHE] (from the repository root)
     print(build(sys.argv[2] if len(sys.argv) > 2 else "/var/cache/slurmkit", sys.argv[1],
                 lambda m: print(m, file=sys.stderr, flush=True)))

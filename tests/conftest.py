@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from slurmkit.testing.s3server import S3Server, start_s3_server, stop_pid
-from slurmkit.testing.slurm_build import path_with
+from testkit.s3server import S3Server, start_s3_server, stop_pid
+from testkit.slurm_build import path_with
 
 CLUSTER_DIR = os.environ.get("SLURMKIT_CLUSTER_DIR", "/tmp/slurmkit-cluster")
 

@@ -21,7 +21,7 @@ or the agent starts the rank cold instead. The standby ends by itself when its s
 A standby never runs anything but this trainer: a user program (``job.command``) is started
 cold as before. ``/proc/PID/environ`` keeps the environment a process was started with, so an
 adopted standby names itself in ``/proc/PID/comm`` instead: ``skrank<RANK>`` (``skstandby``
-while it waits); process finders read it (slurmkit.testing.chaos.procs).
+while it waits); process finders read it (testkit.chaos.procs).
 """
 
 from __future__ import annotations

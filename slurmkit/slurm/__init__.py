@@ -1,7 +1,7 @@
 """Talking to Slurm: one command runner, pure parsers of its output, and a client.
 
 Every Slurm command goes through a :class:`CommandRunner` (:class:`SubprocessRunner` for real;
-tests use :class:`slurmkit.testing.fakeslurm.FakeSlurm`); :class:`SlurmClient` adds retries of
+tests use :class:`testkit.fakeslurm.FakeSlurm`); :class:`SlurmClient` adds retries of
 transient controller errors and typed results.
 """
 

@@ -53,7 +53,7 @@ class SlurmClient:
 
     Args:
         runner: runs the commands (:class:`SubprocessRunner`; in tests
-            ``slurmkit.testing.fakeslurm.FakeSlurm``).
+            ``testkit.fakeslurm.FakeSlurm``).
         retry: backoff for transient errors; None uses :class:`RetryPolicy` defaults.
         timeout_s: per-command timeout in seconds.
         clock: monotonic seconds, for :meth:`wait_for_state` deadlines.

@@ -2,7 +2,7 @@
 
 Every call goes through a :class:`CommandRunner`: list arguments, no shell, a timeout, and the
 command's output in the raised error. :class:`SubprocessRunner` runs the real binaries;
-:class:`slurmkit.testing.fakeslurm.FakeSlurm` stands in for them in unit tests and
+:class:`testkit.fakeslurm.FakeSlurm` stands in for them in unit tests and
 :class:`slurmkit.slurm.retry.RetryingRunner` adds retries on top of either.
 
 Contract shared by every runner: a command that exits 0 returns a :class:`CommandResult`; any

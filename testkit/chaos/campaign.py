@@ -27,11 +27,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from slurmkit.testing.chaos.invariants import Check, Verdict, lost_per_fault, verdict
-from slurmkit.testing.chaos.menu import MENU
-from slurmkit.testing.chaos.plan import RunPlan, draw_plan, replay_command
+from testkit.chaos.invariants import Check, Verdict, lost_per_fault, verdict
+from testkit.chaos.menu import MENU
+from testkit.chaos.plan import RunPlan, draw_plan, replay_command
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+# testkit/chaos/campaign.py -> the repository root (testkit/ is a top-level package of it)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def describe_plan(plan: RunPlan) -> str:
 def run_one(plan: RunPlan, *, cluster, run_root: str, reference: str, step_delay_s: float,
             heartbeat_timeout_s: float, timeout_s: float, replay: str,
             say: Callable[[str], None], exclusive: bool = False) -> RunSummary:
-    from slurmkit.testing.chaos.driver import Driver, diagnose
+    from testkit.chaos.driver import Driver, diagnose
 
     run = Driver(cluster, plan, run_root, reference, step_delay_s=step_delay_s,
                  heartbeat_timeout_s=heartbeat_timeout_s, timeout_s=timeout_s, exclusive=exclusive).run()
@@ -185,7 +186,7 @@ def main(argv: Sequence[str] | None = None, say: Callable[[str], None] | None = 
         say(result_line(done))
         return 0 if all(r.verdict.ok for r in done) else 1
     if a.recheck:
-        from slurmkit.testing.chaos.driver import Cluster, facts_from_run_dir
+        from testkit.chaos.driver import Cluster, facts_from_run_dir
 
         if not a.reference:
             raise SystemExit("chaos: --recheck needs --reference SHA (the uninterrupted run's param_sha256)")
@@ -206,7 +207,7 @@ def main(argv: Sequence[str] | None = None, say: Callable[[str], None] | None = 
         say(describe_plan(plan))
     if a.plan_only:
         return 0
-    from slurmkit.testing.chaos.driver import Cluster, reference_digest
+    from testkit.chaos.driver import Cluster, reference_digest
 
     cluster = Cluster(cluster_env(), REPO, say=say)
     # a run's own S3 server (s3_down_during_promotion) is a `weed` this process starts: found

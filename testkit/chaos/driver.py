@@ -26,11 +26,11 @@ from typing import Any
 
 from slurmkit.supervise.ledger import Ledger, read_ledger
 from slurmkit.supervise.successor import successor_chain, successor_of
-from slurmkit.testing.chaos import nvme, procs
-from slurmkit.testing.chaos.invariants import Injected, RunFacts
-from slurmkit.testing.chaos.menu import AFTER_SAVE, item
-from slurmkit.testing.chaos.s3 import CampaignS3
-from slurmkit.testing.chaos.plan import PlannedFault, RunPlan, armed_spec, marker_name
+from testkit.chaos import nvme, procs
+from testkit.chaos.invariants import Injected, RunFacts
+from testkit.chaos.menu import AFTER_SAVE, item
+from testkit.chaos.s3 import CampaignS3
+from testkit.chaos.plan import PlannedFault, RunPlan, armed_spec, marker_name
 
 log = logging.getLogger(__name__)
 TERMINAL = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",

@@ -42,7 +42,7 @@ from typing import Any
 
 from slurmkit.supervise.classes import CLASS_INFO, FailureClass
 from slurmkit.supervise.previous import BY_SLURM
-from slurmkit.testing.chaos.menu import BY_NAME
+from testkit.chaos.menu import BY_NAME
 
 Event = Mapping[str, Any]
 # what the run's ledger shows when it noticed a fault (default: a failure)

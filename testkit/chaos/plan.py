@@ -27,7 +27,7 @@ import random
 import shlex
 from dataclasses import asdict, dataclass, field
 
-from slurmkit.testing.chaos.menu import AFTER_SAVE, DURING_RESTART, item, pairs
+from testkit.chaos.menu import AFTER_SAVE, DURING_RESTART, item, pairs
 
 CLUSTER_NODES = 4  # tools/local-cluster's default: the cap on exclusions follows from it
 NODE_BUDGET_KINDS = ("node_loss", "agent_sigkill", "nvme_full")  # may cost the job a node

@@ -1,7 +1,7 @@
 """The campaign's own S3 server: one a run can stop and start without touching anyone else's.
 
 The local cluster's S3 server is shared by every job and test on the machine. A run whose plan
-stops S3 gets a SeaweedFS server of its own (``slurmkit.testing.s3server``: a real ``weed
+stops S3 gets a SeaweedFS server of its own (``testkit.s3server``: a real ``weed
 server`` on loopback) with fresh keys, in a directory under the run root. The job reaches it
 through the submitting environment (sbatch exports it; secrets have no place in job.env), and
 its object tier (``store.object_uri``) points into that server's bucket. ``stop`` is what an
@@ -16,7 +16,7 @@ import shutil
 import signal
 from collections.abc import Callable
 
-from slurmkit.testing.s3server import S3Server, free_port, start_s3_server, stop_pid
+from testkit.s3server import S3Server, free_port, start_s3_server, stop_pid
 
 Start = Callable[..., S3Server]
 Stop = Callable[[int], None]

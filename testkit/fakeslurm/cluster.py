@@ -18,8 +18,8 @@ from slurmkit.slurm.errors import SlurmCommandError, SlurmCommandTimeout
 from slurmkit.slurm.hostlist import expand_hostlist
 from slurmkit.slurm.runner import CommandResult
 from slurmkit.slurm.timelimit import parse_time_limit
-from slurmkit.testing.fakeslurm.controller import FakeController
-from slurmkit.testing.fakeslurm.jobs import (
+from testkit.fakeslurm.controller import FakeController
+from testkit.fakeslurm.jobs import (
     FakeCommandFailure,
     FakeJob,
     parse_sbatch_args,

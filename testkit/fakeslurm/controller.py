@@ -1,5 +1,5 @@
 """The state and command handlers of the fake Slurm controller (see
-:mod:`slurmkit.testing.fakeslurm.cluster`).
+:mod:`testkit.fakeslurm.cluster`).
 
 Handlers take the arguments after the program name and return stdout, or raise
 :class:`FakeCommandFailure` with the real Slurm error text.
@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from slurmkit.errors import ConfigError
 from slurmkit.slurm.hostlist import compress_hostlist, expand_hostlist
 from slurmkit.slurm.timelimit import format_time_limit, parse_time_limit
-from slurmkit.testing.fakeslurm.jobs import (
+from testkit.fakeslurm.jobs import (
     REQUEUE_DELAY_S,
     FakeCommandFailure,
     FakeJob,

@@ -1,4 +1,4 @@
-"""The in-memory job and node tables behind :class:`slurmkit.testing.fakeslurm.FakeSlurm`.
+"""The in-memory job and node tables behind :class:`testkit.fakeslurm.FakeSlurm`.
 
 Renders them in the exact text formats of Slurm 22.05 so the real parsers read them; the
 formats were copied from captures in tests/data/slurm.

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from slurmkit.testing.s3server import S3Server
+from testkit.s3server import S3Server
 
 pytestmark = pytest.mark.integration
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -25,8 +25,8 @@ import sys
 import pytest
 
 from slurmkit.supervise.ledger import read_ledger
-from slurmkit.testing.chaos.menu import BY_NAME
-from slurmkit.testing.chaos.plan import draw_plan
+from testkit.chaos.menu import BY_NAME
+from testkit.chaos.plan import draw_plan
 
 pytestmark = pytest.mark.integration
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -19,7 +19,7 @@ from tests.integration.faults import (
     COMMON, INTERVAL, diagnose, events, final, finish, kill_node, mark_fault, rank_pid, restore_node, submit,
     wait_for_step,
 )
-from slurmkit.testing.chaos import procs
+from testkit.chaos import procs
 from slurmkit.train.faults import DATA_STALL_LINE
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.runner import SubprocessRunner

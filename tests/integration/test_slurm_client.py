@@ -24,7 +24,7 @@ from slurmkit.slurm import (
     classify,
     parse_duration_s,
 )
-from slurmkit.testing.fakeslurm import FakeSlurm
+from testkit.fakeslurm import FakeSlurm
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch.multiprocessing as mp
 
-from slurmkit.testing.s3server import free_port
+from testkit.s3server import free_port
 from tests.integration.buddy_workers import restore_main, save_main, stop_save_main
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ import torch
 import torch.multiprocessing as mp
 
 from slurmkit.store import CheckpointStore, StoreConfig
-from slurmkit.testing.s3server import S3Server, free_port
+from testkit.s3server import S3Server, free_port
 from tests.integration.store_workers import (
     object_restore_main,
     rank_main,

@@ -20,7 +20,7 @@ import torch
 from slurmkit.store import CheckpointStore, StoreConfig
 from slurmkit.store.catalog import check_step, read_latest
 from slurmkit.store.tier import make_tier
-from slurmkit.testing.s3server import free_port, start_s3_server, stop_pid
+from testkit.s3server import free_port, start_s3_server, stop_pid
 from tests.integration.store_workers import model_state
 
 pytestmark = pytest.mark.integration

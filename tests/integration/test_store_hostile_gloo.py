@@ -17,7 +17,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from slurmkit.supervise.ledger import read_ledger
-from slurmkit.testing.s3server import free_port
+from testkit.s3server import free_port
 from tests.integration.store_hostile_workers import hostile_main
 
 pytestmark = pytest.mark.integration

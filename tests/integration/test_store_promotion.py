@@ -17,7 +17,7 @@ from slurmkit.store import CheckpointStore, StoreConfig
 from slurmkit.store.catalog import check_step, list_steps, read_latest
 from slurmkit.store.manifest import step_dir
 from slurmkit.store.tier import make_tier
-from slurmkit.testing.s3server import S3Server, free_port
+from testkit.s3server import S3Server, free_port
 from tests.integration.promotion_workers import incarnation_main
 from tests.integration.store_workers import model_state
 

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from slurmkit.store.tier import FsspecTier, make_tier
-from slurmkit.testing.s3server import S3Server
+from testkit.s3server import S3Server
 from tests.unit.store_tier_suite import TierSuite
 
 pytestmark = pytest.mark.integration

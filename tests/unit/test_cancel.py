@@ -21,7 +21,7 @@ from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.retry import RetryPolicy
 from slurmkit.supervise.cancel_request import cancel_request_path, read_cancel_request
 from slurmkit.supervise.ledger import LEDGER_NAME, read_ledger
-from slurmkit.testing.fakeslurm import FakeSlurm
+from testkit.fakeslurm import FakeSlurm
 from tests.unit.watch_runs import FakeRun
 
 

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from slurmkit.testing.chaos.campaign import RunSummary, main, parse_seeds, result_line
-from slurmkit.testing.chaos.driver import down_since
-from slurmkit.testing.chaos.invariants import Check, Verdict
+from testkit.chaos.campaign import RunSummary, main, parse_seeds, result_line
+from testkit.chaos.driver import down_since
+from testkit.chaos.invariants import Check, Verdict
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -75,7 +75,7 @@ def test_the_tool_runs_from_a_checkout() -> None:
 
 
 def test_a_failed_attempt_ends_the_job_only_once_it_stays_failed() -> None:
-    from slurmkit.testing.chaos.driver import SETTLE_S, settled
+    from testkit.chaos.driver import SETTLE_S, settled
 
     assert settled("COMPLETED", None, 0.0) and settled("CANCELLED by 0", None, 0.0)
     assert not settled("RUNNING", None, 0.0) and not settled("PENDING", 5.0, 100.0)
@@ -95,7 +95,7 @@ def test_summarize_gives_the_result_line_of_saved_runs(tmp_path) -> None:
 def test_only_a_down_near_the_node_loss_makes_it_external() -> None:
     """Seen in seed 2: node 1's agent called node 0 lost 7 s after the job's own end; node 0
     went DOWN (someone else's kill) two minutes later. That later DOWN excuses nothing."""
-    from slurmkit.testing.chaos.driver import external_losses
+    from testkit.chaos.driver import external_losses
 
     failure = [{"t": 1000.0, "event": "failure", "cls": "node_loss", "node": "node2"}]
     assert external_losses(failure, [("node2", 1040.0)], set()) == {"node2"}

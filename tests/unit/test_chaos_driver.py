@@ -8,8 +8,8 @@ import os
 import pytest
 
 from slurmkit.supervise.ledger import Ledger
-from slurmkit.testing.chaos.driver import Cluster, Driver, RunOver
-from slurmkit.testing.chaos.plan import PlannedFault, draw_plan
+from testkit.chaos.driver import Cluster, Driver, RunOver
+from testkit.chaos.plan import PlannedFault, draw_plan
 
 
 class StandIn(Cluster):
@@ -65,8 +65,8 @@ def test_a_trigger_that_never_comes_ends_when_the_job_ends(tmp_path) -> None:
 
 
 def test_a_finished_run_is_judged_again_from_its_directory(tmp_path) -> None:
-    from slurmkit.testing.chaos.driver import facts_from_run_dir
-    from slurmkit.testing.chaos.invariants import verdict
+    from testkit.chaos.driver import facts_from_run_dir
+    from testkit.chaos.invariants import verdict
 
     (tmp_path / "config.yaml").write_text("train:\n  steps: 12\n  ckpt_interval_steps: 4\n")
     (tmp_path / "final.json").write_text('{"step": 12, "param_sha256": "' + "c" * 64 + '"}')
@@ -102,8 +102,8 @@ def test_the_overrides_of_a_campaign_run_render_through_the_real_submit(tmp_path
     import subprocess
     import sys
 
-    from slurmkit.testing.chaos.driver import overrides
-    from slurmkit.testing.chaos.plan import armed_spec
+    from testkit.chaos.driver import overrides
+    from testkit.chaos.plan import armed_spec
 
     plan = next(p for p in map(draw_plan, range(50)) if any(f.kind == "nccl_abort" for f in p.faults))
     args = overrides(plan, step_delay_s=0.25, name="chaos-render", exclusive=True,
@@ -133,7 +133,7 @@ class Ranks(Driver):
 
 
 def in_save_driver(tmp_path, child) -> Ranks:
-    from slurmkit.testing.chaos.procs import Proc
+    from testkit.chaos.procs import Proc
 
     (tmp_path / "config.yaml").write_text("store:\n  nvme_uri: $SLURMKIT_RUN_DIR/ckpt/nvme\n")
     d = Ranks(StandIn(), draw_plan(1, steps=32, interval=4), str(tmp_path), "0" * 64)
@@ -197,7 +197,7 @@ def test_the_save_that_meets_a_full_disk_is_over_once_saved_anywhere_or_failed_e
 def test_a_tier_fault_placed_after_the_last_save_is_not_injected(tmp_path, monkeypatch) -> None:
     """Seen in the 50-seed campaign (seed 47): the tmpfs took seconds to set up, the run saved
     its last step meanwhile, and the fill was recorded as injected, then 'never noticed'."""
-    from slurmkit.testing.chaos import nvme
+    from testkit.chaos import nvme
 
     steps = draw_plan(1).steps
     d = driver(tmp_path, [*RUN, (8.0, "ckpt_saved", {"step": steps, "tier": "nvme"})])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from slurmkit.testing.chaos.invariants import Injected, RunFacts, lost_per_fault, verdict
+from testkit.chaos.invariants import Injected, RunFacts, lost_per_fault, verdict
 
 REF = "a" * 64
 T0 = 1_000_000.0

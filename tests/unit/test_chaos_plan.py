@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from slurmkit.testing.chaos.campaign import parser
-from slurmkit.testing.chaos.menu import AFTER_SAVE, DURING_RESTART, IMPLEMENTED, MENU, item, pairs
-from slurmkit.testing.chaos.plan import (
+from testkit.chaos.campaign import parser
+from testkit.chaos.menu import AFTER_SAVE, DURING_RESTART, IMPLEMENTED, MENU, item, pairs
+from testkit.chaos.plan import (
     NODE_BUDGET_KINDS,
     SUSPECT_KINDS,
     TAKES_A_SAVE,

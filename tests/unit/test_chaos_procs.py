@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 
-from slurmkit.testing.chaos import procs
+from testkit.chaos import procs
 
 
 def fake_proc(root, pid: int, env: dict[str, str], argv: list[str], state: str = "S", start: int = 100,

@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
-from slurmkit.testing.chaos import nvme
-from slurmkit.testing.chaos.s3 import CampaignS3
-from slurmkit.testing.s3server import S3Server
+from testkit.chaos import nvme
+from testkit.chaos.s3 import CampaignS3
+from testkit.s3server import S3Server
 
 MIB = 1 << 20
 

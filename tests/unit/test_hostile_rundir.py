@@ -4,7 +4,7 @@ Real processes and real files, no cluster. Item 9: ``tools/local-cluster kill-no
 root; a process of an unprivileged user (setpriv to nobody) that carries forged variables
 (``SLURMD_NODENAME``, ``SLURMKIT_NODE``, ``SLURMKIT_CONFIG``) and calls itself slurmstepd is
 not taken for a process of the node, and no directory outside what the node's own ranks
-could remove themselves goes (slurmkit/testing/node_loss.py). Item 14: with umask 002
+could remove themselves goes (testkit/node_loss.py). Item 14: with umask 002
 submitit's pickle was 0664 in a 0775 folder and the run directory check accepted it; now
 submit makes them 0600 and 0700 and every agent refuses an exposed pickle
 (slurmkit/rundir.py). The tests run as root in CI; those that change uid skip otherwise.
@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from slurmkit.rundir import PICKLE_MODE, SUBMITIT_DIR_MODE, RunDirError, check_run_dir
-from slurmkit.testing import node_loss
+from testkit import node_loss
 
 NOBODY = 65534
 NODE = "hostile9"
@@ -273,7 +273,7 @@ def test_a_process_in_another_nodes_spool_or_a_look_alike_name_is_not_the_nodes(
 
 
 def test_a_spool_directory_others_can_write_is_refused(tmp_path: Path) -> None:
-    from slurmkit.testing.cluster_state import StateError
+    from testkit.cluster_state import StateError
 
     spool = tmp_path / "spool"
     spool.mkdir()

@@ -11,7 +11,7 @@ from pathlib import Path
 from slurmkit.jobstates import GONE, JobPoller, JobRef
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.retry import RetryPolicy
-from slurmkit.testing.fakeslurm import FakeSlurm
+from testkit.fakeslurm import FakeSlurm
 
 
 def _submit(fake: FakeSlurm, tmp: Path, name: str) -> str:

@@ -335,7 +335,7 @@ def _fake_proc(root: Path, pid: int, state: str, cmdline: bytes) -> None:
 def test_record_waits_out_the_empty_cmdline_of_a_process_that_just_execd(tmp_path: Path) -> None:
     """Right after exec the kernel shows an empty cmdline for a moment (seen with slurmd: `up`
     said it had exited while it ran on, holding its port); the record is read again."""
-    from slurmkit.testing import cluster_state as cs
+    from testkit import cluster_state as cs
 
     _fake_proc(tmp_path, 4242, "S", b"")
     slept: list[float] = []

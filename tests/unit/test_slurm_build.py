@@ -1,4 +1,4 @@
-"""The built Slurm of the local cluster (slurmkit/testing/slurm_build.py): what it refuses to
+"""The built Slurm of the local cluster (testkit/slurm_build.py): what it refuses to
 trust. The build itself runs in CI (tools/local-cluster up --slurm 24.11); these are its checks."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmkit.testing import slurm_build as sb
+from testkit import slurm_build as sb
 
 
 def test_a_cache_others_can_write_is_refused(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from slurmkit.slurm import (
     SlurmJobStateError,
     SlurmWaitTimeout,
 )
-from slurmkit.testing.fakeslurm import FakeSlurm
+from testkit.fakeslurm import FakeSlurm
 
 SCRIPT = """#!/bin/bash
 #SBATCH --job-name=unit

@@ -19,7 +19,7 @@ from slurmkit.slurm import (
     parse_scontrol_partitions,
     parse_squeue,
 )
-from slurmkit.testing.fakeslurm import FakeSlurm
+from testkit.fakeslurm import FakeSlurm
 
 
 def sbatch(fake: FakeSlurm, script: str, *args: str, tmp: Path) -> str:

@@ -20,7 +20,7 @@ from slurmkit.slurm import (
     classify,
 )
 from slurmkit.slurm.retry import should_retry
-from slurmkit.testing.fakeslurm import FakeSlurm
+from testkit.fakeslurm import FakeSlurm
 
 PY = sys.executable
 

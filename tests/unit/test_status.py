@@ -14,7 +14,7 @@ from slurmkit.jobstates import JobPoller
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.retry import RetryPolicy
 from slurmkit.supervise.__main__ import load
-from slurmkit.testing.fakeslurm import FakeSlurm
+from testkit.fakeslurm import FakeSlurm
 from tests.unit.watch_runs import FakeRun, run_with_one_crash
 
 

@@ -24,7 +24,7 @@ from slurmkit.supervise.events import validate
 from slurmkit.supervise.endwatch import EndWatch
 from slurmkit.supervise.loop import Supervisor, Where
 from slurmkit.supervise.policy import Action
-from slurmkit.testing.fakeslurm import FakeSlurm
+from testkit.fakeslurm import FakeSlurm
 
 F = FailureClass
 TOKEN = bytes(range(32))

@@ -15,7 +15,7 @@ from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.retry import RetryPolicy
 from slurmkit.supervise.classify import Evidence
 from slurmkit.supervise.policy import Action
-from slurmkit.testing.fakeslurm import FakeSlurm
+from testkit.fakeslurm import FakeSlurm
 from tests.unit.test_supervise_loop import Cluster, Script, ScriptedNode, open_gate_on_event
 
 

@@ -16,7 +16,7 @@ from slurmkit.supervise.channel import Channel
 from slurmkit.supervise.ckpt_progress import CheckpointProgress
 from slurmkit.supervise.liveness import Beater, Liveness, client_node_states, slurm_says_dead
 from slurmkit.supervise.timeouts import KEEPALIVE_MISSES, MAX_BEATS_PER_S, beat_interval_s, liveness_deadline_s
-from slurmkit.testing.fakeslurm import FakeSlurm
+from testkit.fakeslurm import FakeSlurm
 
 
 class Clock:

@@ -13,7 +13,7 @@ from slurmkit.slurm.client import SlurmClient
 from slurmkit.supervise.cancel_request import write_cancel_request
 from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.policy import Action
-from slurmkit.testing.fakeslurm import FakeSlurm
+from testkit.fakeslurm import FakeSlurm
 from tests.unit.test_supervise_loop import Cluster, Script
 
 F = FailureClass

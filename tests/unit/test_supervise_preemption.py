@@ -14,7 +14,7 @@ from slurmkit.slurm.retry import RetryPolicy
 from slurmkit.supervise.monitor import EXIT_CHECKPOINTED_ON_SIGNAL
 from slurmkit.supervise.policy import Action
 from slurmkit.supervise.preemption import requeue_after_preemption
-from slurmkit.testing.fakeslurm import FakeSlurm
+from testkit.fakeslurm import FakeSlurm
 from tests.unit.test_supervise_loop import Cluster, Script
 
 

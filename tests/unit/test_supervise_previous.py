@@ -11,7 +11,7 @@ from slurmkit.slurm.retry import RetryPolicy
 from slurmkit.supervise.events import validate
 from slurmkit.supervise.previous import previous_attempt, record_previous
 from slurmkit.supervise.succession import Done, write_done
-from slurmkit.testing.fakeslurm import FakeSlurm
+from testkit.fakeslurm import FakeSlurm
 
 T0 = 1_700_000_000.0
 

@@ -23,7 +23,7 @@ from slurmkit.supervise.relaunch import (
     REJOIN_ENV, Relauncher, read_rejoin, shared_srun_command, shared_step_env, step_env,
 )
 from slurmkit.supervise.stepsended import StepsEnded
-from slurmkit.testing.fakeslurm import FakeSlurm
+from testkit.fakeslurm import FakeSlurm
 from tests.unit.test_supervise_loop import TOKEN, Cluster, Script, ScriptedNode
 from tests.unit.test_supervise_loop_agent import client, requeued, slurmd  # noqa: F401 - requeued: a fixture
 

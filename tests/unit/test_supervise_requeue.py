@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.unit.test_supervise_slurm_client import Time, _client, _running_job
 from slurmkit.supervise.requeue import release_when_pending, requeue_now
-from slurmkit.testing.fakeslurm import FakeSlurm
+from testkit.fakeslurm import FakeSlurm
 
 
 def _helper(argv: list[str], env: object) -> bool:

@@ -19,10 +19,10 @@ from slurmkit.slurm.retry import RetryPolicy
 from slurmkit.supervise.classes import FailureClass
 from slurmkit.supervise.requeue import POLL_MAX_S, release_when_pending, requeue_now
 from slurmkit.supervise.slurmview import DECISION_RETRY, kill_wait_warning, node_evidence
-from slurmkit.testing.fakeslurm import FakeSlurm
+from testkit.fakeslurm import FakeSlurm
 
 REPO = Path(__file__).resolve().parents[2]
-IMPORTS_TESTING = re.compile(r"^\s*(from|import)\s+slurmkit\.testing\b", re.M)
+IMPORTS_TESTING = re.compile(r"^\s*(from|import)\s+(slurmkit\.testing|testkit)\b", re.M)
 SCRIPT = "#!/bin/bash\n#SBATCH --job-name=sup\n#SBATCH --nodes=2\n#SBATCH --requeue\nsrun true\n"
 
 
@@ -177,9 +177,10 @@ def test_release_polls_a_never_pending_job_at_most_every_few_seconds(tmp_path: P
 # ------------------------------------------------------------------ where the fake lives
 def test_the_fake_is_not_part_of_the_slurm_package_and_no_product_module_imports_it() -> None:
     assert not hasattr(slurmkit.slurm, "FakeSlurm")
+    # The test tooling is the repository's testkit/, outside the package (and the wheel).
+    assert list((REPO / "slurmkit" / "testing").glob("**/*.py")) == []
     offenders = [str(p.relative_to(REPO)) for p in (REPO / "slurmkit").rglob("*.py")
-                 if "testing" not in p.relative_to(REPO / "slurmkit").parts[:1]
-                 and IMPORTS_TESTING.search(p.read_text())]
+                 if IMPORTS_TESTING.search(p.read_text())]
     assert offenders == []
     # Importing the public package does not drag the fake in either.
     code = ("import sys, slurmkit.slurm, slurmkit.supervise.requeue; "

@@ -12,7 +12,7 @@ import pytest
 
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.supervise.succession import claim_path, elect, read_claim
-from slurmkit.testing.fakeslurm import FakeSlurm
+from testkit.fakeslurm import FakeSlurm
 from tests.unit.test_supervise_loop import Cluster, DyingStore, Script
 
 

@@ -24,8 +24,8 @@ from slurmkit.slurm.retry import RetryPolicy
 from slurmkit.supervise import endings, loop
 from slurmkit.supervise.succession import (Claim, Done, Watched, claim_path, done_path, read_claim, read_done,
                                            succeed, write_done)
-from slurmkit.testing.fakeslurm import FakeSlurm
-from slurmkit.testing.fakeslurm.jobs import FakeJob
+from testkit.fakeslurm import FakeSlurm
+from testkit.fakeslurm.jobs import FakeJob
 from tests.unit.test_supervise_loop import Cluster, DyingStore, Script
 from tests.unit.test_supervise_succession import Clock
 

@@ -13,7 +13,7 @@ import pytest
 from slurmkit.supervise.successor import (
     PREDECESSOR_ATTEMPT_ENV, PREDECESSOR_ENV, SuccessorUnavailable, submit_successor, successor_env, successor_of,
 )
-from slurmkit.testing.fakeslurm import FakeSlurm
+from testkit.fakeslurm import FakeSlurm
 from tests.unit.test_supervise_slurm_client import Time, _client
 
 SCRIPT = ("#!/bin/bash\n#SBATCH --dependency=singleton\n#SBATCH --job-name=sup\n#SBATCH --nodes=2\n"

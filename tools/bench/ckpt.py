@@ -114,7 +114,7 @@ def dd_direct(path: str, total: int) -> float:
 def s3_env(work: str) -> tuple[dict[str, str], int | None]:
     if os.environ.get("SLURMKIT_S3_ENDPOINT"):
         return dict(os.environ), None
-    from slurmkit.testing.s3server import start_s3_server
+    from testkit.s3server import start_s3_server
 
     real = shutil.which("weed")
     if real is None:
@@ -265,7 +265,7 @@ def node_loss_compare(work: str, total: int, rounds: int = 2) -> dict[str, float
 
     import torch.multiprocessing as mp
 
-    from slurmkit.testing.s3server import free_port
+    from testkit.s3server import free_port
 
     work = os.path.join(work, "nodeloss")
     def spawn(nodes: list[str], mode: str) -> None:
@@ -442,7 +442,7 @@ def main() -> int:
             ob = object_compare(state, work, env, a.checksum)
         finally:
             if pid is not None:
-                from slurmkit.testing.s3server import stop_pid
+                from testkit.s3server import stop_pid
 
                 stop_pid(pid)
         print(f"object upload: store {ob['obj_up_gibs']:.2f} GiB/s vs s3fs put "

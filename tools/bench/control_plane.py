@@ -96,7 +96,7 @@ from slurmkit.launch.fdlimit import raise_fd_limit, store_fds_needed  # noqa: E4
 from slurmkit.supervise.endwatch import EndWatch  # noqa: E402
 from slurmkit.supervise.liveness import Beater  # noqa: E402
 from slurmkit.supervise.loop import Supervisor, Where  # noqa: E402
-from slurmkit.testing.fakeslurm import FakeSlurm  # noqa: E402
+from testkit.fakeslurm import FakeSlurm  # noqa: E402
 from slurmkit.train.heartbeat import Heartbeat  # noqa: E402
 
 try:  # the interval the agent derives from N, where the supervisor has one

@@ -50,7 +50,7 @@ sys.path.insert(0, ROOT)
 
 from slurmkit.render.jobspec import nodes_per_step  # noqa: E402
 from slurmkit.render.sbatch import launch_agents  # noqa: E402
-from slurmkit.testing.slurm_build import cluster_environ  # noqa: E402
+from testkit.slurm_build import cluster_environ  # noqa: E402
 
 DEFAULT_CLUSTER_DIR = os.environ.get("SLURMKIT_CLUSTER_DIR", "/tmp/slurmkit-cluster")
 STEP_CREATE_RE = re.compile(r"REQUEST_JOB_STEP_CREATE\s+\(\s*\d+\)\s+count:(\d+)")

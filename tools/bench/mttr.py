@@ -103,7 +103,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)  # run as a script from anywhere: import the checkout's slurmkit
 
 from slurmkit.slurm.hostlist import expand_hostlist  # noqa: E402
-from slurmkit.testing.slurm_build import cluster_environ  # noqa: E402
+from testkit.slurm_build import cluster_environ  # noqa: E402
 from slurmkit.supervise.ledger import Ledger, read_ledger  # noqa: E402
 from slurmkit.supervise.report import summarize  # noqa: E402
 from slurmkit.train.heartbeat import local_heartbeat_path  # noqa: E402

@@ -30,7 +30,10 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 
-from slurmkit.testing.slurm_build import cluster_environ
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)  # run as a script from anywhere: testkit/ is the repository's, not installed
+
+from testkit.slurm_build import cluster_environ  # noqa: E402
 
 TARGET_OVERHEAD_S = 1.5  # on the 2-core development machine
 SUBMIT_JOB_RE = re.compile(r"job (\d+) \(slurm\)")
