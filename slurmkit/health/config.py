@@ -5,13 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from slurmkit.errors import ConfigError
+from slurmkit.gpufaults import DEFAULT_BAD_XIDS
 
-# Xid codes that mean the GPU or its links need a person (NVIDIA's Xid catalogue): double-bit
-# ECC (48), internal micro-controller faults (61, 62), row-remapping events and failures (63, 64),
-# NVLink errors (74), fallen off the bus (79), high single-bit ECC rate (92), contained and
-# uncontained ECC errors (94, 95), GSP errors (119, 120), unrecovered ECC (140). Xids from an
-# application's own bugs (13, 31, 43, ...) are counted in the figures but fail nothing.
-DEFAULT_BAD_XIDS = [48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140]
 # health.straggler_action (see HealthConfig.straggler_action).
 STRAGGLER_ACTIONS = ("report", "replace", "off")
 

@@ -18,14 +18,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from slurmkit.gpufaults import HW_RE, XID_RE
 from slurmkit.health.result import CheckResult, bad, ok, printable, skipped
 
 NAME = "kernel_log"
 _FIRST_READ_BYTES = 1 << 20  # a text log's first check reads at most its last MiB
-XID_RE = re.compile(r"NVRM: Xid \((?P<pci>[^)]*)\): (?P<xid>\d+)")
-# Uncorrected host memory errors only: corrected machine checks are logged on healthy machines
-# (a VM's boot log often has some) and would fail every node.
-HW_RE = re.compile(r"EDAC \S+: \d+ UE |Uncorrected hardware memory error|\[Hardware Error\]:.*\bUncorrected\b")
 _STAMP_RE = re.compile(r"\[\s*(\d+\.\d+)\]")
 
 

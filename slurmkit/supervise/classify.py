@@ -14,8 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from slurmkit.contract import CONFIG_ERROR_MARKER
-from slurmkit.health.config import DEFAULT_BAD_XIDS
-from slurmkit.health.kernel_log import HW_RE, XID_RE
+from slurmkit.gpufaults import DEFAULT_BAD_XIDS, HW_RE, XID_RE
 from slurmkit.supervise.classes import CLASS_INFO, FailureClass
 from slurmkit.supervise.stacks import StackPlace, Verdict, evidence_root
 
