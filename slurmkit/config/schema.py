@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from omegaconf import MISSING
 
 from slurmkit.config.envnames import check_env_names
+from slurmkit.config.health import HealthConfig
 from slurmkit.errors import ConfigError
-from slurmkit.health.config import HealthConfig
 from slurmkit.store.config import StoreConfig
 from slurmkit.topology.config import TopologyConfig
 from slurmkit.train.config import ModelConfig, ParallelConfig, TrainConfig

@@ -25,8 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from slurmkit.config.health import HealthConfig
 from slurmkit.errors import ConfigError
-from slurmkit.health.config import HealthConfig
 from slurmkit.health.clock import ClockCheck, injected_offset_s
 from slurmkit.health.extra import check_name, run_site_command
 from slurmkit.health.gpus import check_gpus

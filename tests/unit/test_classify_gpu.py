@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from slurmkit.contract import CONFIG_ERROR_MARKER, EXIT_CONFIG_ERROR
-from slurmkit.health.config import DEFAULT_BAD_XIDS
+from slurmkit.gpufaults import DEFAULT_BAD_XIDS
 from slurmkit.health.kernel_log import Message, scan
 from slurmkit.launch.ranks import spawn_rank
 from slurmkit.supervise.classes import CLASS_INFO, FailureClass

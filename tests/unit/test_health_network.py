@@ -15,10 +15,10 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
+from slurmkit.config.health import HealthConfig
 from slurmkit.errors import ConfigError
 from slurmkit.health.clock import (TEST_OFFSET_ENV, ClockCheck, ClockTicker, Sample, best_sample,
                                    injected_offset_s, judge_offset)
-from slurmkit.health.config import HealthConfig
 from slurmkit.health.links import LinkCheck, NodeLinks, Round, exchange_mib_s, judge, phases, ring_edges
 from slurmkit.health.result import CheckResult, Verdict
 from slurmkit.supervise.channel import Channel

@@ -11,9 +11,9 @@ import threading
 import pytest
 
 from slurmkit.config import compose
+from slurmkit.config.health import HealthConfig
 from slurmkit.errors import ConfigError
 from slurmkit.health.cli import main as health_cli
-from slurmkit.health.config import HealthConfig
 from slurmkit.health.preflight import Preflight, build_checks
 from slurmkit.health.result import Verdict, bad, ok, wait
 from slurmkit.health.runner import Check, Timeout, run_checks

@@ -114,20 +114,20 @@ def test_bad_settings_are_refused(threshold, k) -> None:
 ])
 def test_health_straggler_settings_are_checked(fields, fragment) -> None:
     from slurmkit.errors import ConfigError
-    from slurmkit.health.config import HealthConfig
+    from slurmkit.config.health import HealthConfig
 
     with pytest.raises(ConfigError, match=fragment):
         HealthConfig(**fields)
 
 
 def test_health_straggler_replace_is_accepted() -> None:
-    from slurmkit.health.config import HealthConfig
+    from slurmkit.config.health import HealthConfig
 
     assert HealthConfig(straggler_action="replace").straggler_action == "replace"
 
 
 def test_health_straggler_defaults() -> None:
-    from slurmkit.health.config import HealthConfig
+    from slurmkit.config.health import HealthConfig
 
     h = HealthConfig()
     assert (h.straggler_action, h.straggler_threshold, h.straggler_windows, h.straggler_window_samples) == (

@@ -1,4 +1,9 @@
-"""Schema of the pre-flight checks (conf/health/). Owned by the health package."""
+"""Schema of the pre-flight checks (conf/health/), which slurmkit.health runs.
+
+In the config package (it was slurmkit.health.config) because the schema embeds it while the
+health package reads the composed config (``python -m slurmkit.health``) and hands the
+supervisor its evidence: config sits below health, and imports nothing from it.
+"""
 
 from __future__ import annotations
 
