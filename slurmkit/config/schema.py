@@ -1,17 +1,22 @@
 """Structured-config dataclasses: the schema. Values live in conf/*.yaml.
 
 Each component validates its own fields in ``__post_init__`` (which OmegaConf.to_object runs),
-so the rest of the code only ever sees checked, typed objects, never a DictConfig.
+so the rest of the code only ever sees checked, typed objects, never a DictConfig. A field that
+holds one of a fixed set of words is listed in its class's ``CHOICES`` and checked by
+slurmkit.choices.check_choices.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from omegaconf import MISSING
 
+from slurmkit.choices import check_choices
 from slurmkit.config.envnames import check_env_names
 from slurmkit.config.health import HealthConfig
 from slurmkit.errors import ConfigError
@@ -21,7 +26,8 @@ from slurmkit.train.config import ModelConfig, ParallelConfig, TrainConfig
 
 log = logging.getLogger(__name__)
 
-CLUSTER_KINDS = ("auto", "slurm", "local")
+CLUSTER_KINDS = ("auto", "slurm", "local")  # cluster.kind
+SUBMIT_EMITS = ("", "sbatch")  # submit.emit
 REQUIRE_HEARTBEAT = ("auto", "true", "false")  # supervisor.require_heartbeat
 REQUEUE_AS = ("auto", "successor", "in_place")  # supervisor.requeue_as
 EXIT0_AFTER_SIGNAL = ("auto", "completed", "left")  # supervisor.exit0_after_signal
@@ -32,8 +38,12 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 class ClusterConfig:
     """A site profile: what the machines are and how jobs reach them."""
 
-    name: str = MISSING
-    kind: str = "auto"  # auto: Slurm when sbatch reaches a controller, else local processes
+    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = {"kind": CLUSTER_KINDS}
+
+    name: str = MISSING  # the profile's name (conf/cluster/<name>.yaml)
+    # How jobs run: "slurm" (sbatch), "local" (the node agents as local processes, submitit's
+    # local executor), "auto" (Slurm when sbatch reaches a controller, else local processes).
+    kind: str = "auto"
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
@@ -59,9 +69,7 @@ class ClusterConfig:
     segment: int | None = None  # --segment=N (Slurm 24.11+, topology/block): nodes per segment
 
     def __post_init__(self) -> None:
-        if self.kind not in CLUSTER_KINDS:
-            raise ConfigError(f"cluster.kind={self.kind!r}", f"one of {', '.join(CLUSTER_KINDS)}",
-                              "set cluster.kind=slurm or cluster.kind=local")
+        check_choices("cluster", self, self.CHOICES)
         if self.segment is not None and self.segment < 1:
             raise ConfigError(f"cluster.segment={self.segment}", "at least 1 node per segment",
                               "set cluster.segment to the block size the site uses, or remove it")
@@ -117,17 +125,19 @@ class JobConfig:
 
 @dataclass
 class SubmitConfig:
+    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = {"emit": SUBMIT_EMITS}
+
     dry_run: bool = False  # print the exact sbatch script, submit nothing
-    emit: str = ""  # "sbatch": write a standalone sbatch script into the run directory
+    # "sbatch": write a standalone sbatch script into the run directory; "": submit through
+    # submitit (its pickles in the run directory).
+    emit: str = ""
     run_root: str = "runs"  # run directories are created below this (a shared file system)
     wait: bool = False  # block until the job ends (and exit with its status)
     timeout_s: float = 0  # with wait: give up after this long (0: no limit)
     array_parallelism: int = 0  # a sweep (-m): at most this many variants at once (0: no limit)
 
     def __post_init__(self) -> None:
-        if self.emit not in ("", "sbatch"):
-            raise ConfigError(f"submit.emit={self.emit!r}", "'' or 'sbatch'",
-                              "set submit.emit=sbatch to write a standalone script")
+        check_choices("submit", self, self.CHOICES)
         if self.array_parallelism < 0:
             raise ConfigError(f"submit.array_parallelism={self.array_parallelism}", "a value >= 0",
                               "set submit.array_parallelism=0 (no limit) or the most variants at once")
@@ -161,6 +171,11 @@ class SupervisorConfig:
     which a requeued job reloads) is accepted with a deprecation message; ``false`` asked for a
     job without a supervisor, which slurmkit cannot run, and is refused.
     """
+
+    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = {
+        "requeue_as": REQUEUE_AS, "require_heartbeat": REQUIRE_HEARTBEAT,
+        "exit0_after_signal": EXIT0_AFTER_SIGNAL,
+    }
 
     enabled: bool | None = None  # retired: see above
     max_restarts: int = 5  # restarts inside one allocation before requeueing
@@ -224,24 +239,9 @@ class SupervisorConfig:
         if self.heartbeat_timeout_s <= 0:
             raise ConfigError(f"supervisor.heartbeat_timeout_s={self.heartbeat_timeout_s}",
                               "a positive number of seconds", "set supervisor.heartbeat_timeout_s=60")
-        if self.requeue_as not in REQUEUE_AS:
-            raise ConfigError(f"supervisor.requeue_as={self.requeue_as!r}", f"one of {', '.join(REQUEUE_AS)}",
-                              "set supervisor.requeue_as=auto")
-        # A bool typed on the command line arrives as Python's str of it ("True").
-        choice = str(self.require_heartbeat).lower()
-        if choice not in REQUIRE_HEARTBEAT:
-            raise ConfigError(f"supervisor.require_heartbeat={self.require_heartbeat!r}",
-                              f"one of {', '.join(REQUIRE_HEARTBEAT)}",
-                              "set supervisor.require_heartbeat=auto (true: every program must beat "
-                              "within supervisor.startup_timeout_s)")
-        self.require_heartbeat = choice
-        exit0 = str(self.exit0_after_signal).lower()
-        if exit0 not in EXIT0_AFTER_SIGNAL:
-            raise ConfigError(f"supervisor.exit0_after_signal={self.exit0_after_signal!r}",
-                              f"one of {', '.join(EXIT0_AFTER_SIGNAL)}",
-                              "set supervisor.exit0_after_signal=auto (completed: a program that exits "
-                              "0 only when its training is done)")
-        self.exit0_after_signal = exit0
+        # A bool typed on the command line arrives as Python's str of it ("True"): these two
+        # are taken in any case, as they always were.
+        check_choices("supervisor", self, self.CHOICES, fold_case=("require_heartbeat", "exit0_after_signal"))
 
 
 @dataclass

@@ -12,17 +12,24 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
+from slurmkit.choices import check_choices
 from slurmkit.errors import ConfigError
 
-BUSY_POLICIES = ("wait", "skip")
-CHECKSUMS = ("sha256", "crc32")
+BUSY_POLICIES = ("wait", "skip")  # store.busy_policy
+CHECKSUMS = ("sha256", "crc32")  # store.checksum
 RUN_ID_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 RUN_ID_VAR = "SLURMKIT_RUN_ID"
 
 
 @dataclass
 class StoreConfig:
+    """The checkpoint tiers, their promotion and retention; the defaults live here, the tier
+    URIs in conf/store/ (a StoreConfig without a tier is refused)."""
+
+    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = {"busy_policy": BUSY_POLICIES, "checksum": CHECKSUMS}
+
     # fsspec URIs; "" disables a tier. Environment variables ($SLURMKIT_RUN_ID, $USER) expand.
     # nvme_uri gets one sub-directory per node (the node name) appended. Key checkpoints by
     # $SLURMKIT_RUN_ID (the run), not $SLURM_JOB_ID: a resubmitted run gets a new job id.
@@ -95,16 +102,7 @@ class StoreConfig:
                 fix="set store.nvme_uri, store.lustre_uri or store.object_uri "
                     "(or use store=default)",
             )
-        if self.busy_policy not in BUSY_POLICIES:
-            raise ConfigError(
-                detected=f"store.busy_policy={self.busy_policy!r}",
-                requirement=f"one of {BUSY_POLICIES}", fix="set store.busy_policy=wait",
-            )
-        if self.checksum not in CHECKSUMS:
-            raise ConfigError(
-                detected=f"store.checksum={self.checksum!r}",
-                requirement=f"one of {CHECKSUMS}", fix="set store.checksum=crc32 (the default) or sha256",
-            )
+        check_choices("store", self, self.CHOICES)
         for name in ("keep_nvme", "keep_lustre", "keep_object", "max_concurrent_copies",
                      "write_threads", "retry_attempts", "stagger_slots"):
             if getattr(self, name) < 1:

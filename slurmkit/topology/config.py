@@ -2,26 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
+from slurmkit.choices import check_choices
 from slurmkit.errors import ConfigError
-
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "gpu_order": ("pci", "cpu_first"),
-    "cpu_mode": ("exclusive", "numa", "socket", "none"),
-    "mem_mode": ("preferred", "bind", "interleave", "none"),
-    "nic_mode": ("closest", "all", "none"),
-    "gpu_visibility": ("rank", "all"),
-    "binder": ("slurmkit", "slurm"),
-    "verify": ("warn", "fail", "off"),
-    "apply_method": ("auto", "numactl", "syscall"),
-}
-_NIC_KINDS = ("rdma", "eth")
 
 
 @dataclass
 class TopologyConfig:
     """How each local rank is pinned to GPUs, cores, NUMA memory and NICs."""
+
+    # field -> its allowed values (the field comments below say what each means)
+    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = {
+        "gpu_order": ("pci", "cpu_first"),
+        "cpu_mode": ("exclusive", "numa", "socket", "none"),
+        "mem_mode": ("preferred", "bind", "interleave", "none"),
+        "nic_mode": ("closest", "all", "none"),
+        "nic_kinds": ("rdma", "eth"),  # each entry of the list
+        "gpu_visibility": ("rank", "all"),
+        "binder": ("slurmkit", "slurm"),
+        "verify": ("warn", "fail", "off"),
+        "apply_method": ("auto", "numactl", "syscall"),
+    }
 
     # False: no pinning, no topology variables; ranks inherit the task's affinity.
     enabled: bool = True
@@ -39,7 +43,8 @@ class TopologyConfig:
     # NUMA memory policy: "preferred" (fall back to other nodes when full), "bind" (never),
     # "interleave" (across all allowed memory nodes), "none".
     mem_mode: str = "preferred"
-    # "closest": the NIC(s) nearest the rank's GPU by PCI path; "all": every selected NIC.
+    # "closest": the NIC(s) nearest the rank's GPU by PCI path; "all": every selected NIC;
+    # "none": no NIC for the rank (no NIC variables; NCCL chooses).
     nic_mode: str = "closest"
     # Kinds of adapter NCCL may use: "rdma" (InfiniBand/RoCE verbs devices), "eth" (sockets).
     nic_kinds: list[str] = field(default_factory=lambda: ["rdma"])
@@ -52,33 +57,27 @@ class TopologyConfig:
     # Who binds: "slurmkit" (srun --cpu-bind=none, the node agent pins each rank) or "slurm"
     # (Slurm binds; slurmkit respects the mask it finds and only picks GPUs/NICs inside it).
     binder: str = "slurmkit"
-    # What the rank does when its real affinity differs from the plan.
+    # What the pin wrapper does when the rank's real affinity differs from the plan: "warn" (a
+    # warning in the rank's log), "fail" (exit 2 instead of starting the rank), "off" (nothing).
     verify: str = "warn"
-    # How the pin wrapper sets the memory policy: numactl when present ("auto") or syscalls.
+    # How the pin wrapper sets the memory policy: "numactl" (exec numactl in front of the
+    # command), "syscall" (set_mempolicy itself), "auto" (numactl when on PATH, else syscall).
     apply_method: str = "auto"
     # NCCL topology XML for VMs whose PCI tree is flat; "" = take NCCL_TOPO_FILE from the env.
     nccl_topo_file: str = ""
 
     def __post_init__(self) -> None:
-        for name, choices in _CHOICES.items():
-            value = getattr(self, name)
-            if value not in choices:
-                raise ConfigError(
-                    detected=f"topology.{name}={value!r}",
-                    requirement=f"one of {', '.join(choices)}",
-                    fix=f"set topology.{name} to one of them",
-                )
+        check_choices("topology", self, self.CHOICES)
         if self.gpus_per_rank < 0:
             raise ConfigError(
                 detected=f"topology.gpus_per_rank={self.gpus_per_rank}",
                 requirement="0 (automatic) or a positive number",
                 fix="set topology.gpus_per_rank=0",
             )
-        bad = [k for k in self.nic_kinds if k not in _NIC_KINDS]
-        if bad or not self.nic_kinds:
+        if not self.nic_kinds:
             raise ConfigError(
-                detected=f"topology.nic_kinds={list(self.nic_kinds)}",
-                requirement=f"a non-empty list of {', '.join(_NIC_KINDS)}",
+                detected="topology.nic_kinds=[]",
+                requirement=f"a non-empty list of {', '.join(self.CHOICES['nic_kinds'])}",
                 fix="set topology.nic_kinds=[rdma]",
             )
 

@@ -7,14 +7,17 @@ fails where it is read, with a Detected/Requirement/Fix message.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
+from slurmkit.choices import check_choices
 from slurmkit.errors import ConfigError
 
-STRATEGIES = ("auto", "ddp", "fsdp")
-DTYPES = ("bf16", "fp32")
-DATA_KINDS = ("synthetic", "memmap")
-TOKEN_DTYPES = ("uint16", "uint32")
+STRATEGIES = ("auto", "ddp", "fsdp")  # parallel.strategy
+DTYPES = ("bf16", "fp32")  # train.dtype
+DATA_KINDS = ("synthetic", "memmap")  # train.data
+TOKEN_DTYPES = ("uint16", "uint32")  # train.data_dtype
 
 
 def _positive(section: str, **values: float) -> None:
@@ -25,15 +28,6 @@ def _positive(section: str, **values: float) -> None:
                 requirement=f"{section}.{name} is greater than 0",
                 fix=f"set {section}.{name} to a positive value",
             )
-
-
-def _one_of(section: str, name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(
-            detected=f"{section}.{name}={value!r}",
-            requirement=f"{section}.{name} is one of {', '.join(allowed)}",
-            fix=f"set {section}.{name} to one of {', '.join(allowed)}",
-        )
 
 
 @dataclass
@@ -85,6 +79,8 @@ class ModelConfig:
 class ParallelConfig:
     """How the ranks split the work: world size = data x tensor x pipeline."""
 
+    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = {"strategy": STRATEGIES}
+
     # "ddp": replicate the model; "fsdp": shard parameters, gradients and optimizer state
     # (FSDP2 fully_shard); "auto": ddp when the replicated model fits, else fsdp.
     strategy: str = "auto"
@@ -99,7 +95,7 @@ class ParallelConfig:
     pg_timeout_s: float = 600.0  # collective timeout of the process group (seconds)
 
     def __post_init__(self) -> None:
-        _one_of("parallel", "strategy", self.strategy, STRATEGIES)
+        check_choices("parallel", self, self.CHOICES)
         _positive("parallel", tensor=self.tensor, pipeline=self.pipeline,
                   pg_timeout_s=self.pg_timeout_s)
 
@@ -107,6 +103,10 @@ class ParallelConfig:
 @dataclass
 class TrainConfig:
     """The training loop: batch, optimizer, schedule, data, checkpoint cadence."""
+
+    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = {
+        "dtype": DTYPES, "data": DATA_KINDS, "data_dtype": TOKEN_DTYPES,
+    }
 
     steps: int = 20  # optimizer steps of the whole run
     seed: int = 1234  # seeds the model init, the synthetic data and every RNG
@@ -119,10 +119,10 @@ class TrainConfig:
     lr: float = 3e-4  # peak learning rate
     min_lr_ratio: float = 0.1  # final lr of the cosine decay as a fraction of lr
     warmup_steps: int = 100  # linear warm-up length (optimizer steps)
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
+    weight_decay: float = 0.1  # AdamW decoupled weight decay
+    beta1: float = 0.9  # AdamW first-moment decay
+    beta2: float = 0.95  # AdamW second-moment decay
+    eps: float = 1e-8  # AdamW denominator epsilon
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
     data: str = "synthetic"  # "synthetic" (seeded, regenerable) or "memmap" (token .bin file)
     data_path: str = ""  # memmap: path of the flat token file
@@ -142,9 +142,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _positive("train", steps=self.steps, micro_batch=self.micro_batch, seq_len=self.seq_len,
                   lr=self.lr, cpu_peak_tflops=self.cpu_peak_tflops)
-        _one_of("train", "dtype", self.dtype, DTYPES)
-        _one_of("train", "data", self.data, DATA_KINDS)
-        _one_of("train", "data_dtype", self.data_dtype, TOKEN_DTYPES)
+        check_choices("train", self, self.CHOICES)
         for name in ("global_batch", "warmup_steps", "ckpt_interval_steps", "stop_at_step",
                      "grad_clip", "weight_decay"):
             if getattr(self, name) < 0:
