@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from slurmkit.config.envtext import keep_env_text
-from slurmkit.config.schema import SlurmkitConfig
+from slurmkit.config.schema import SlurmkitConfig, drop_removed_keys
 from slurmkit.config.secrets import FIX, config_strings, secret_name
 from slurmkit.errors import ConfigError
 from slurmkit.resources import packaged
@@ -201,6 +201,7 @@ def load_frozen(path: str) -> SlurmkitConfig:
             # read the key), so its requeue must not fail on it now.
             log.warning("%s sets the retired supervisor.enabled=false; ignored, as it always was", path)
             frozen.supervisor.enabled = None
+        drop_removed_keys(frozen)  # e.g. topology.nccl_topo_file: never read, now gone
         raw = OmegaConf.merge(OmegaConf.structured(SlurmkitConfig), frozen)
     except (OSError, OmegaConfBaseException) as exc:
         raise ConfigError(f"cannot load the frozen config {path}: {exc}",

@@ -1,9 +1,11 @@
-"""Structured-config dataclasses: the schema. Values live in conf/*.yaml.
+"""Structured-config dataclasses: the schema, and the one place every default lives.
 
-Each component validates its own fields in ``__post_init__`` (which OmegaConf.to_object runs),
-so the rest of the code only ever sees checked, typed objects, never a DictConfig. A field that
-holds one of a fixed set of words is listed in its class's ``CHOICES`` and checked by
-slurmkit.choices.check_choices.
+conf/<group>/*.yaml hold presets (a cluster, an experiment, a store layout) that differ from
+these defaults; a group's default.yaml restates none of them (tests/unit/test_config_defaults.py,
+docs/config.md). Each component validates its own fields in ``__post_init__`` (which
+OmegaConf.to_object runs), so the rest of the code only ever sees checked, typed objects, never
+a DictConfig. A field that holds one of a fixed set of words is listed in its class's
+``CHOICES`` and checked by slurmkit.choices.check_choices.
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from slurmkit.choices import check_choices
 from slurmkit.config.envnames import check_env_names
@@ -32,6 +34,18 @@ REQUIRE_HEARTBEAT = ("auto", "true", "false")  # supervisor.require_heartbeat
 REQUEUE_AS = ("auto", "successor", "in_place")  # supervisor.requeue_as
 EXIT0_AFTER_SIGNAL = ("auto", "completed", "left")  # supervisor.exit0_after_signal
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# Keys removed from the schema that nothing ever read: a config.yaml frozen into a run directory
+# before their removal still carries them, and its requeue (or report) must still load it.
+REMOVED_KEYS = ("topology.nccl_topo_file",)
+
+
+def drop_removed_keys(frozen: Any) -> None:
+    """Delete REMOVED_KEYS from a loaded frozen config (a DictConfig), where present."""
+    for key in REMOVED_KEYS:
+        section, _, name = key.rpartition(".")
+        node = OmegaConf.select(frozen, section) if isinstance(frozen, DictConfig) else None
+        if isinstance(node, DictConfig) and name in node:
+            del node[name]
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Schema of the per-rank pinning policy (conf/topology/). Owned by the topology package."""
+"""Schema of the per-rank pinning policy and its defaults (conf/topology/ restates none of
+them). Owned by the topology package."""
 
 from __future__ import annotations
 
@@ -63,8 +64,6 @@ class TopologyConfig:
     # How the pin wrapper sets the memory policy: "numactl" (exec numactl in front of the
     # command), "syscall" (set_mempolicy itself), "auto" (numactl when on PATH, else syscall).
     apply_method: str = "auto"
-    # NCCL topology XML for VMs whose PCI tree is flat; "" = take NCCL_TOPO_FILE from the env.
-    nccl_topo_file: str = ""
 
     def __post_init__(self) -> None:
         check_choices("topology", self, self.CHOICES)

@@ -1,8 +1,9 @@
 """Schemas of the model, parallel layout and training loop. Owned by the train package.
 
-Values live in conf/model/*.yaml, conf/parallel/default.yaml and conf/train/default.yaml; the
-dataclasses here are the schema and validate themselves in ``__post_init__`` so a bad value
-fails where it is read, with a Detected/Requirement/Fix message.
+The defaults live here (conf/parallel/default.yaml and conf/train/default.yaml restate none of
+them); conf/model/*.yaml and conf/exp/*.yaml are presets. The dataclasses validate themselves
+in ``__post_init__`` so a bad value fails where it is read, with a Detected/Requirement/Fix
+message.
 """
 
 from __future__ import annotations
@@ -102,23 +103,27 @@ class ParallelConfig:
 
 @dataclass
 class TrainConfig:
-    """The training loop: batch, optimizer, schedule, data, checkpoint cadence."""
+    """The training loop: batch, optimizer, schedule, data, checkpoint cadence.
+
+    The defaults are sized for the tiny model on CPU (conf/model/tiny.yaml); the Llama
+    experiments (conf/exp/) set seq_len 8192 and their own steps, batch and warm-up.
+    """
 
     CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = {
         "dtype": DTYPES, "data": DATA_KINDS, "data_dtype": TOKEN_DTYPES,
     }
 
-    steps: int = 20  # optimizer steps of the whole run
+    steps: int = 200  # optimizer steps of the whole run
     seed: int = 1234  # seeds the model init, the synthetic data and every RNG
-    micro_batch: int = 1  # sequences per rank per forward/backward
+    micro_batch: int = 4  # sequences per rank per forward/backward
     # Sequences per optimizer step over all ranks; 0 means micro_batch x data-parallel size.
     # Must be a multiple of micro_batch x data-parallel size (the rest is gradient accumulation).
     global_batch: int = 0
-    seq_len: int = 8192  # tokens per sequence
+    seq_len: int = 128  # tokens per sequence
     dtype: str = "bf16"  # compute dtype on GPU; CPU runs always compute in fp32
     lr: float = 3e-4  # peak learning rate
     min_lr_ratio: float = 0.1  # final lr of the cosine decay as a fraction of lr
-    warmup_steps: int = 100  # linear warm-up length (optimizer steps)
+    warmup_steps: int = 20  # linear warm-up length (optimizer steps)
     weight_decay: float = 0.1  # AdamW decoupled weight decay
     beta1: float = 0.9  # AdamW first-moment decay
     beta2: float = 0.95  # AdamW second-moment decay
