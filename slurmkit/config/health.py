@@ -7,13 +7,17 @@ supervisor its evidence: config sits below health, and imports nothing from it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
+from slurmkit.choices import check_choices
 from slurmkit.errors import ConfigError
 from slurmkit.gpufaults import DEFAULT_BAD_XIDS
 
 # health.straggler_action (see HealthConfig.straggler_action).
 STRAGGLER_ACTIONS = ("report", "replace", "off")
+LINK_BACKENDS = ("auto", "gloo", "nccl")  # health.link_backend
 
 
 @dataclass
@@ -23,6 +27,10 @@ class HealthConfig:
     All checks run at the same time, so a pre-flight takes about the longest check: a few
     seconds. A check that passes its deadline gets its own timeout verdict (a hung GPU query is
     a bad node, a hung shared file system is ``wait``)."""
+
+    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = {
+        "link_backend": LINK_BACKENDS, "straggler_action": STRAGGLER_ACTIONS,
+    }
 
     enabled: bool = True
     timeout_s: float = 5.0  # deadline of each node check (GPUs, kernel log, NVMe, site commands)
@@ -73,6 +81,7 @@ class HealthConfig:
     straggler_window_samples: int = 10  # step-time samples per rank in one window (median)
 
     def __post_init__(self) -> None:
+        check_choices("health", self, self.CHOICES)
         self._check_stragglers()
         self._check_network()
         for name in ("timeout_s", "shared_timeout_s", "wait_retry_s"):
@@ -97,9 +106,6 @@ class HealthConfig:
                                   "plain arguments", "remove the control characters from the command")
 
     def _check_stragglers(self) -> None:
-        if self.straggler_action not in STRAGGLER_ACTIONS:
-            raise ConfigError(f"health.straggler_action={self.straggler_action!r}",
-                              f"one of {', '.join(STRAGGLER_ACTIONS)}", "set health.straggler_action=report")
         if not 0 < self.straggler_threshold < 1:
             raise ConfigError(f"health.straggler_threshold={self.straggler_threshold}",
                               "a relative score between 0 and 1 (job median / own step time)",
@@ -123,6 +129,3 @@ class HealthConfig:
             raise ConfigError(f"health.min_link_ratio={self.min_link_ratio}",
                               "a ratio between 0 and 1 (a node's best link / the median of all)",
                               "set health.min_link_ratio=0.5")
-        if self.link_backend not in ("auto", "gloo", "nccl"):
-            raise ConfigError(f"health.link_backend={self.link_backend!r}", "one of auto, gloo, nccl",
-                              "set health.link_backend=auto")

@@ -28,7 +28,7 @@ def test_the_choice_fields_are_the_known_ones() -> None:
     assert keys >= {"cluster.kind", "submit.emit", "parallel.strategy", "train.dtype", "train.data",
                     "train.data_dtype", "store.busy_policy", "store.checksum", "topology.cpu_mode",
                     "topology.nic_kinds", "supervisor.requeue_as", "supervisor.require_heartbeat",
-                    "supervisor.exit0_after_signal"}
+                    "supervisor.exit0_after_signal", "health.link_backend", "health.straggler_action"}
     assert [k for k, _, _ in choice_table(SlurmkitConfig)] == [f"{s}.{n}" for s, n in FIELDS]
 
 
