@@ -130,7 +130,7 @@ def task_run_dir(path: str, env: Mapping[str, str]) -> str:
     directory sweep.json names (checked: it must be ``<sweep_dir>/<i>``). Any other path is a
     run directory already.
     """
-    from slurmkit.sweep.layout import is_sweep_dir, load_sweep
+    from slurmkit.sweepdir import is_sweep_dir, load_sweep
 
     if not is_sweep_dir(path):
         return path

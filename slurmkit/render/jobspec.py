@@ -56,7 +56,7 @@ class JobSpec:
     srun_args: tuple[str, ...]
     no_kill: bool = False  # spare nodes: a node failure must not end the job (--no-kill)
     # A sweep: Slurm's --array value ("0-3" or "0-3%2"); run_dir is then the sweep directory and
-    # array task i runs in <run_dir>/<i> (slurmkit/sweep/layout.py).
+    # array task i runs in <run_dir>/<i> (slurmkit/sweepdir.py).
     array: str | None = None
     # Admin options, none by default: --reservation, --wckey, --switches=<count>[@<max-time>],
     # --segment=N.

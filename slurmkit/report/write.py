@@ -57,7 +57,7 @@ def write_run(run_dir: str, out: str | None = None, mtbf_h: float | None = None)
 
 def write_sweep(sweep_dir: str, out: str | None = None, mtbf_h: float | None = None) -> list[str]:
     """Report every variant of a sweep side by side (variants without a ledger yet are noted)."""
-    from slurmkit.sweep.layout import load_sweep  # checks every run_dir is <sweep_dir>/<index>
+    from slurmkit.sweepdir import load_sweep  # checks every run_dir is <sweep_dir>/<index>
 
     sweep = load_sweep(sweep_dir)
     out = out or sweep.sweep_dir

@@ -1,7 +1,7 @@
 """Sweeps: Hydra's multirun syntax -> one Slurm job array, one run directory per variant."""
 
 from slurmkit.sweep.expand import MULTIRUN_FLAGS, expand, split_multirun, sweeping
-from slurmkit.sweep.layout import (
+from slurmkit.sweepdir import (
     SWEEP_NAME,
     Sweep,
     Variant,

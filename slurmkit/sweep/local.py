@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from slurmkit.config import config_hash, load_frozen
 from slurmkit.render.jobspec import build_jobspec
 from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
-from slurmkit.sweep.layout import Variant, load_sweep
+from slurmkit.sweepdir import Variant, load_sweep
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from slurmkit.errors import SubmissionError
 from slurmkit.render import render_standalone
 from slurmkit.submit_checks import check_run_root, missing_dirs, remove_created
 from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
-from slurmkit.sweep.layout import Sweep, Variant, new_sweep_dir, variant_dir, write_sweep
 from slurmkit.sweep.plan import PLACEHOLDER_DIR, SweepPlan, plan_sweep
+from slurmkit.sweepdir import Sweep, Variant, new_sweep_dir, variant_dir, write_sweep
 
 SCRIPT_NAME = "job.sbatch"
 

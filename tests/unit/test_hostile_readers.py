@@ -31,7 +31,7 @@ from slurmkit.launch.ranks import MAX_LINE_BYTES, _tee
 from slurmkit.layout import LAYOUT_NAME, Layout, LayoutError, read_layout, write_layout
 from slurmkit.slurm.capabilities import CAPABILITIES_NAME, read_run_dir_copy
 from slurmkit.supervise import cancel_request, succession
-from slurmkit.sweep.layout import SWEEP_NAME, Sweep, Variant, load_sweep, variant_dir, write_sweep
+from slurmkit.sweepdir import SWEEP_NAME, Sweep, Variant, load_sweep, variant_dir, write_sweep
 
 T = TypeVar("T")
 READ_TIMEOUT_S = 120.0  # a reader still reading by then is blocked on a FIFO (a bound for a hang, not a speed limit)

@@ -250,7 +250,7 @@ def test_control_characters_never_reach_a_script(field, change) -> None:
 
 
 def test_local_runner_reports_a_variant_it_cannot_start_and_goes_on(tmp_path, caplog) -> None:
-    from slurmkit.sweep.layout import Sweep, Variant, variant_dir, write_sweep
+    from slurmkit.sweepdir import Sweep, Variant, variant_dir, write_sweep
     from slurmkit.sweep.local import run_local_sweep
 
     sweep_dir = str(tmp_path / "x-sweep")

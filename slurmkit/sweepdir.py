@@ -10,6 +10,10 @@ sweep.json: {"kind": "sweep", "name": str, "job_id": str|null, "array": "0-3",
 "executor": "slurm"|"local", "common_overrides": [...], "runner_pid": int (local only),
 "variants": [{"index": 0, "overrides": ["train.lr=1e-3", ...], "run_dir": "<abs path>"}, ...]}
 (``overrides`` holds what tells the variant apart; ``common_overrides`` what all share.)
+
+A leaf module (it was slurmkit.sweep.layout): a node agent finds its variant's run directory
+here (slurmkit.launch.context.task_run_dir) while the sweep package starts local variants
+through slurmkit.launch, and the report reads sweep.json without the sweep package.
 """
 
 from __future__ import annotations
