@@ -28,6 +28,7 @@ from rich.markup import escape
 
 from slurmkit.config import SlurmkitConfig, compose, config_hash, to_yaml
 from slurmkit.errors import ConfigError, SlurmkitError, SubmissionError, print_error
+from slurmkit.launch.local import Submitted, local_gpu_parameters, submit_local  # and re-exported
 from slurmkit.layout import FROZEN_FILE_MODE, Layout, config_digest, resolve_layout, write_layout
 from slurmkit.rundir import RUN_DIR_MODE, make_submitit_dir, seal_pickles
 from slurmkit.render import JobSpec, build_jobspec, make_executor, render_standalone, render_submitit_script
@@ -144,14 +145,6 @@ def frozen_text(cfg: SlurmkitConfig) -> bytes:
     return to_yaml(cfg).encode("utf-8")
 
 
-@dataclasses.dataclass
-class Submitted:
-    job_id: str
-    run_dir: str
-    executor: str
-    job: object  # the submitit job
-
-
 def submit_slurm(spec: JobSpec) -> Submitted:
     from slurmkit.launch.entry import submitit_entry
 
@@ -168,36 +161,6 @@ def submit_slurm(spec: JobSpec) -> Submitted:
             "cluster.account / cluster.qos or lower the resources.") from exc
     seal_pickles(spec.run_dir)
     return Submitted(str(job.job_id), spec.run_dir, "slurm", job)
-
-
-def local_gpu_parameters(gpus_per_node: int, env: Mapping[str, str]) -> dict[str, object]:
-    """submitit's local executor sets CUDA_VISIBLE_DEVICES for the agents it starts: empty
-    unless it is told the GPUs, which hid every GPU from a local GPU job (its ranks then
-    computed on the CPU). Each emulated node gets this machine's first ``gpus_per_node`` GPUs,
-    counted among the ones the caller's own CUDA_VISIBLE_DEVICES names, when that is a list
-    of indices."""
-    if gpus_per_node <= 0:
-        return {}
-    named = [item.strip() for item in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if item.strip()]
-    if named and all(item.isdigit() for item in named):
-        return {"gpus_per_node": min(gpus_per_node, len(named)), "visible_gpus": [int(i) for i in named]}
-    return {"gpus_per_node": gpus_per_node}
-
-
-def submit_local(spec: JobSpec) -> Submitted:
-    import submitit
-
-    from slurmkit.launch.entry import submitit_entry
-
-    ex = submitit.LocalExecutor(folder=make_submitit_dir(spec.run_dir))  # 0700 first (rundir.py)
-    minutes = (spec.time_limit_s or 7 * 24 * 3600) / 60
-    ex.update_parameters(tasks_per_node=spec.nodes, timeout_min=minutes,
-                         signal_delay_s=spec.signal_lead_s, stderr_to_stdout=True,
-                         **local_gpu_parameters(spec.gpus_per_node, os.environ))
-    job = ex.submit(submitit_entry, spec.run_dir)
-    job._cancel_at_deletion = False  # the job outlives this command, as a Slurm job would
-    seal_pickles(spec.run_dir)
-    return Submitted(str(job.job_id), spec.run_dir, "local", job)
 
 
 def warn_singleton(spec: JobSpec, env: Mapping[str, str], console: Console) -> None:
@@ -288,9 +251,10 @@ def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console)
 
     multirun, argv = split_multirun(argv)
     if multirun:
-        from slurmkit.sweep.submit import run_sweep
+        from slurmkit.sweep.submit import SingleRun, run_sweep
 
-        return run_sweep(argv, env, console, err)
+        return run_sweep(argv, env, console, err, SingleRun(resolve_cluster, validate, topology_srun_args,
+                                                            warn_singleton, freeze))
     refuse_sweep_without_multirun(argv)
     cfg = resolve_cluster(compose(argv), env)
     layout = resolve_layout(cfg)  # once: the job, the planner, layout.json and the agent use it

@@ -49,7 +49,7 @@ def run_variant(v: Variant, submit_local: Callable[..., object]) -> bool:
 
 def run_local_sweep(sweep_dir: str, parallelism: int) -> int:
     """Run every variant; 0 when all completed."""
-    from slurmkit.submit import submit_local
+    from slurmkit.launch.local import submit_local
 
     variants = load_sweep(sweep_dir).variants
     workers = max(1, min(parallelism or 1, len(variants)))

@@ -11,14 +11,15 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from rich.console import Console
 from rich.markup import escape
 
-from slurmkit.config import config_hash
+from slurmkit.config import SlurmkitConfig, config_hash
 from slurmkit.errors import SubmissionError
-from slurmkit.render import render_standalone
+from slurmkit.render import JobSpec, render_standalone
 from slurmkit.submit_checks import check_run_root, missing_dirs, remove_created
 from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
 from slurmkit.sweep.plan import PLACEHOLDER_DIR, SweepPlan, plan_sweep
@@ -27,10 +28,20 @@ from slurmkit.sweepdir import Sweep, Variant, new_sweep_dir, variant_dir, write_
 SCRIPT_NAME = "job.sbatch"
 
 
-def create(plan: SweepPlan, executor: str) -> Sweep:
-    """The sweep directory with one frozen run directory per variant and sweep.json (job_id null)."""
-    from slurmkit.submit import freeze
+@dataclass(frozen=True)
+class SingleRun:
+    """The steps of one run's submission that a sweep takes for each variant: slurmkit.submit's
+    own, which it passes in (submit imports the sweep package, never the reverse)."""
 
+    resolve_cluster: Callable[[SlurmkitConfig, Mapping[str, str]], SlurmkitConfig]
+    validate: Callable[[SlurmkitConfig], None]
+    topology_srun_args: Callable[[SlurmkitConfig], list[str]]
+    warn_singleton: Callable[[JobSpec, Mapping[str, str], Console], None]
+    freeze: Callable[[SlurmkitConfig, str], None]  # a variant's config.yaml and layout.json
+
+
+def create(plan: SweepPlan, executor: str, freeze: Callable[[SlurmkitConfig, str], None]) -> Sweep:
+    """The sweep directory with one frozen run directory per variant and sweep.json (job_id null)."""
     cfg = plan.cfg
     sweep_dir = new_sweep_dir(cfg.submit.run_root, cfg.job.name)
     try:
@@ -121,9 +132,7 @@ def wait_array(job_id: str, count: int, env: Mapping[str, str], timeout_s: float
     return states
 
 
-def run_sweep(argv: list[str], env: Mapping[str, str], console: Console, err: Console) -> int:
-    from slurmkit import submit as single
-
+def run_sweep(argv: list[str], env: Mapping[str, str], console: Console, err: Console, single: SingleRun) -> int:
     plan = plan_sweep(argv, env, single.resolve_cluster, single.validate, single.topology_srun_args)
     cfg, executor = plan.cfg, plan.cfg.cluster.kind
     if cfg.submit.dry_run:
@@ -142,7 +151,7 @@ def run_sweep(argv: list[str], env: Mapping[str, str], console: Console, err: Co
     # when the sweep is refused, like a single run's (slurmkit/submit_checks.py).
     parents = missing_dirs(os.path.join(cfg.submit.run_root, cfg.job.name))
     try:
-        sweep = create(plan, executor)
+        sweep = create(plan, executor, single.freeze)
     except BaseException:
         remove_created(parents, None)
         raise

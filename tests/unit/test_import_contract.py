@@ -45,11 +45,6 @@ ALLOWED_EDGES: dict[tuple[str, str], tuple[frozenset[str], str]] = {
         "reads the config. The sections stay in train so that a rank never imports "
         "slurmkit.config, whose __init__ imports Hydra (about 0.5 s per rank). Cut it by moving "
         "them to a leaf module, or by making slurmkit.config's __init__ lazy."),
-    ("sweep", "submit"): (
-        frozenset({"slurmkit.submit"}),
-        "sweep/submit.py (the -m half of python -m slurmkit.submit) takes submit's single-run "
-        "steps (freeze, resolve_cluster, validate, topology_srun_args, warn_singleton) and "
-        "sweep/local.py its submit_local, while submit.py hands -m to the sweep package."),
 }
 
 # Low packages: they import nothing of slurmkit but their own modules, slurmkit.errors,
