@@ -44,7 +44,9 @@ ALLOWED_EDGES: dict[tuple[str, str], tuple[frozenset[str], str]] = {
         "(train/__main__.py) hands its events to supervise's ledger and spool, and supervise "
         "reads the config. The sections stay in train so that a rank never imports "
         "slurmkit.config, whose __init__ imports Hydra (about 0.5 s per rank). Cut it by moving "
-        "them to a leaf module, or by making slurmkit.config's __init__ lazy."),
+        "them to a leaf module, by making slurmkit.config's __init__ lazy, or by moving the "
+        "run's event log (supervise/events.py, ledger.py, spool.py: they import only "
+        "slurmkit.untrusted) out of supervise, below config."),
 }
 
 # Low packages: they import nothing of slurmkit but their own modules, slurmkit.errors,
