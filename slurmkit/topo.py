@@ -31,10 +31,9 @@ def _parser() -> argparse.ArgumentParser:
     plan = sub.choices["plan"]
     plan.add_argument("--local-size", type=int, default=None, help="ranks on this node (default: GPUs, or 1)")
     plan.add_argument("--json", action="store_true", help="one JSON object per rank, in a list")
-    plan.add_argument("--gpu-order", choices=("pci", "cpu_first"), default="pci")
-    plan.add_argument("--cpu-mode", choices=("exclusive", "numa", "socket", "none"), default="exclusive")
-    plan.add_argument("--mem-mode", choices=("preferred", "bind", "interleave", "none"), default="preferred")
-    plan.add_argument("--nic-mode", choices=("closest", "all", "none"), default="closest")
+    for name in ("gpu_order", "cpu_mode", "mem_mode", "nic_mode"):  # the schema's choices and defaults
+        plan.add_argument(f"--{name.replace('_', '-')}", choices=TopologyConfig.CHOICES[name],
+                          default=getattr(TopologyConfig, name))
     plan.add_argument("--nic-exclude", action="append", default=[], help="fnmatch pattern, repeatable")
     return parser
 

@@ -17,6 +17,7 @@ import sys
 from slurmkit.errors import SlurmkitError
 
 from .apply import PinningError, apply_plan, verify_current
+from .config import TopologyConfig
 from .cpulist import format_cpulist
 from .rankplan import RankPlan
 
@@ -37,8 +38,10 @@ def numactl_prefix(plan: RankPlan, numactl: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m slurmkit.topology.pin")
     parser.add_argument("--plan-json", required=True, help="RankPlan.to_json() of this rank")
-    parser.add_argument("--verify", choices=("warn", "fail", "off"), default="warn")
-    parser.add_argument("--method", choices=("auto", "numactl", "syscall"), default="auto")
+    # topology.verify and topology.apply_method: the schema's choices and defaults
+    parser.add_argument("--verify", choices=TopologyConfig.CHOICES["verify"], default=TopologyConfig.verify)
+    parser.add_argument("--method", choices=TopologyConfig.CHOICES["apply_method"],
+                        default=TopologyConfig.apply_method)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
