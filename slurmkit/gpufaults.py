@@ -3,7 +3,7 @@ memory error line, and which Xids mean the node needs a person.
 
 The pre-flight's kernel-log check reads the kernel log with these (slurmkit.health.kernel_log,
 and health.bad_xids defaults to DEFAULT_BAD_XIDS), and the failure classifier reads rank output
-with the same ones (slurmkit.supervise.classify). A leaf module, so that neither of those two
+with the same ones (slurmkit.failures.classify). A leaf module, so that neither of those two
 packages imports the other for them.
 """
 

@@ -5,7 +5,7 @@ The node agent (slurmkit.launch.agent) runs it before each generation's ranks st
 attempt is one ``preflight`` ledger event with each check's verdict, figures and message. A
 ``bad_node`` verdict becomes one agent Evidence of class ``preflight`` (rank -1): the agent
 starts no ranks, the generation fails through the usual path, and node 0's policy marks the
-node bad at once (slurmkit.supervise.classes: ``bad_node``), so a spare takes its place or the
+node bad at once (slurmkit.failures.classes: ``bad_node``), so a spare takes its place or the
 job is requeued without it before any training step. Only what a check found does that (no
 space, a failed write, an Xid line, a GPU missing, a site command's non-zero exit, a clock
 beyond the bound, a best link far below the train nodes' median). A ``wait`` verdict (a shared
@@ -169,8 +169,8 @@ class Preflight:
     def run(self, gen: int, slot: int | None = None) -> Any:
         """Run the checks (re-checking ``wait`` ones) for generation ``gen`` on train slot
         ``slot``; the Evidence of a bad node, or None when the ranks may start."""
-        from slurmkit.supervise.classes import FailureClass
-        from slurmkit.supervise.classify import Evidence
+        from slurmkit.failures.classes import FailureClass
+        from slurmkit.failures.classify import Evidence
 
         self.round.generation, self.round.slot = gen, slot
         t0 = self.clock()

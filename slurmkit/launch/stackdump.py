@@ -30,7 +30,7 @@ How a rank's stack is taken:
   peers (the GPU case, where it blocks in a device wait).
 
 The full stacks (at most ``STACK_LINES`` lines per rank) go into this node's ``hang_stacks``
-ledger event and its log; node 0 gets only a verdict per node (slurmkit.supervise.stacks).
+ledger event and its log; node 0 gets only a verdict per node (slurmkit.failures.stacks).
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from slurmkit.supervise.classes import FailureClass
-from slurmkit.supervise.classify import Evidence
-from slurmkit.supervise.stacks import StackPlace, StackReading, bounded_lines, node_verdicts, read_stack
+from slurmkit.failures.classes import FailureClass
+from slurmkit.failures.classify import Evidence
+from slurmkit.failures.stacks import StackPlace, StackReading, bounded_lines, node_verdicts, read_stack
 from slurmkit.train.signals import STACK_SIGNAL
 from slurmkit.untrusted import open_regular, parse_json, read_regular
 
@@ -320,7 +320,7 @@ def report(stacks: Sequence[RankStack], *, node: str, generation: int,
            append: Callable[..., object], traces: Mapping[int, TraceSummary | str] | None = None) -> list[Evidence]:
     """This node's ``hang_stacks`` ledger event and log lines (the full, bounded stacks, and
     each rank's flight-recorder summary where it gave one), and the verdicts it posts to node 0
-    (slurmkit.supervise.stacks.node_verdicts)."""
+    (slurmkit.failures.stacks.node_verdicts)."""
     traces = traces or {}
     readings = [(s.rank, with_trace(read_stack(s.text, stopped=s.stopped, pid=s.pid), traces.get(s.rank)))
                 for s in stacks]

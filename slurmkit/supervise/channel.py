@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from slurmkit.supervise.classes import FailureClass
+from slurmkit.failures.classes import FailureClass
 from slurmkit.runtoken import TOKEN_NAME, ChannelError, load_token, token_path
 from slurmkit.supervise.channelbase import _ABSENT, ChannelCore
-from slurmkit.supervise.classify import Evidence
+from slurmkit.failures.classify import Evidence
 from slurmkit.supervise.policy import Action, Decision
 from slurmkit.supervise.stragglers import NodeWindow, window_from_json, window_to_json
 

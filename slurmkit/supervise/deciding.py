@@ -12,8 +12,8 @@ from slurmkit.slurm.errors import SlurmError
 from slurmkit.slurm.hostlist import expand_hostlist
 from slurmkit.supervise.cancel_request import read_cancel_request
 from slurmkit.supervise.channel import ChannelError
-from slurmkit.supervise.classes import FailureClass
-from slurmkit.supervise.classify import Evidence, Failure, bad_nodes, root_cause
+from slurmkit.failures.classes import FailureClass
+from slurmkit.failures.classify import Evidence, Failure, bad_nodes, root_cause
 from slurmkit.supervise.policy import Action, Decision, after_warning, decide, requeue_refusal
 from slurmkit.supervise.requeue import job_ref
 from slurmkit.supervise.slurmview import DECISION_RETRY, DECISION_TIMEOUT_S, node_health

@@ -13,8 +13,8 @@ from slurmkit.slurm.errors import SlurmError
 from slurmkit.store.config import run_identity
 from slurmkit.supervise.cancel_request import read_cancel_request
 from slurmkit.supervise.channel import Rejoin
-from slurmkit.supervise.classes import FailureClass
-from slurmkit.supervise.classify import Evidence
+from slurmkit.failures.classes import FailureClass
+from slurmkit.failures.classify import Evidence
 from slurmkit.supervise.policy import Action, Decision, State
 from slurmkit.supervise.preemption import requeue_after_preemption
 from slurmkit.slurm.capabilities import read_run_dir_copy

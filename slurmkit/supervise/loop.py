@@ -23,9 +23,9 @@ import logging
 import time
 
 from slurmkit.supervise.channel import COMPLETED, SIGNALLED, ChannelError
-from slurmkit.supervise.classes import FailureClass
-from slurmkit.supervise.classify import Evidence
-from slurmkit.supervise.monitor import EXIT_CHECKPOINTED_ON_SIGNAL
+from slurmkit.failures.classes import FailureClass
+from slurmkit.failures.classify import Evidence
+from slurmkit.contract import EXIT_CHECKPOINTED_ON_SIGNAL
 from slurmkit.supervise.policy import Decision, State
 from slurmkit.supervise.previous import previous_attempt, record_previous
 from slurmkit.supervise.succession import clear_done

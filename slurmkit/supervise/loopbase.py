@@ -20,10 +20,10 @@ from slurmkit.config import SlurmkitConfig
 from slurmkit.errors import SlurmkitError
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.supervise.channel import Channel, FailureNotice
-from slurmkit.supervise.classes import FailureClass
-from slurmkit.supervise.classify import Evidence
+from slurmkit.failures.classes import FailureClass
+from slurmkit.failures.classify import Evidence
 from slurmkit.supervise.endwatch import EndWatch
-from slurmkit.supervise.monitor import exit0_is_completion
+from slurmkit.failures.programs import exit0_is_completion
 from slurmkit.supervise.policy import Decision, History, Limits, State, StateMachine
 from slurmkit.supervise.slurmview import SlurmdProbe, slurmd_answers
 from slurmkit.supervise.liveness import Beater, Liveness, Lost, client_node_states

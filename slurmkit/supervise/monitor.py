@@ -12,12 +12,12 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from slurmkit.contract import EXIT_CHECKPOINTED_ON_SIGNAL  # saved on SIGUSR1/SIGTERM, left on purpose
-from slurmkit.supervise.classes import FailureClass
-from slurmkit.supervise.classify import Evidence, classify_exit, classify_line
+from slurmkit.failures.classes import FailureClass
+from slurmkit.failures.classify import Evidence, classify_exit, classify_line
 from slurmkit.untrusted import UntrustedDataError, parse_object, read_regular
 
 log = logging.getLogger(__name__)
@@ -50,37 +50,6 @@ class _RankWatch:
     refused: str = ""  # why its file was last refused (logged once per reason, not per poll)
 
 
-# Programs known to beat every step (slurmkit.train.heartbeat.Heartbeat), named as `-m` takes them.
-BEATING_MODULES = frozenset({"slurmkit.train"})
-
-
-def expects_heartbeats(require_heartbeat: str, command: Sequence[str]) -> bool:
-    """Whether a rank that has never beaten is a hang after the startup timeout.
-
-    ``auto``: only for a program known to beat (``python -m slurmkit.train``). Any other program
-    (a plain DDP script, a Lightning Trainer) may never write a heartbeat: killing it as a hang
-    once the startup timeout passed would end every healthy run of it. Its ranks are judged
-    from their first beat on, if one ever comes, and a stopped rank is still found (state T).
-    """
-    if require_heartbeat != "auto":
-        return require_heartbeat == "true"
-    args = list(command)
-    return any(a == "-m" and b in BEATING_MODULES for a, b in zip(args, args[1:], strict=False))
-
-
-def exit0_is_completion(choice: str, command: Sequence[str]) -> bool:
-    """Whether ranks that all exit 0 after a time-limit warning or a SIGTERM finished the run
-    (supervisor.exit0_after_signal). ``auto``: only for a program known to follow the exit
-    contract (``python -m slurmkit.train`` exits 95 when it leaves on a signal, 0 only when its
-    training is done). Any other program may answer the signal by saving and exiting 0: taken
-    for completion, the run would end for good at its first time limit; taken for leaving, a
-    program that had in fact finished costs one short allocation, where it exits 0 at once."""
-    if choice != "auto":
-        return choice == "completed"
-    args = list(command)
-    return any(a == "-m" and b in BEATING_MODULES for a, b in zip(args, args[1:], strict=False))
-
-
 def _proc_state(pid: int) -> str:
     """One-letter process state from /proc ('T' = stopped); '' when it is gone."""
     try:
@@ -100,7 +69,7 @@ class RankMonitor:
         self.generation = generation
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.startup_timeout_s = startup_timeout_s
-        # False: a rank without a first beat is no hang by the clock (expects_heartbeats).
+        # False: a rank without a first beat is no hang by the clock (failures.programs.expects_heartbeats).
         self.require_heartbeat = require_heartbeat
         self._wall, self._mono, self._proc_state = wall, mono, proc_state
         self._lock = threading.Lock()

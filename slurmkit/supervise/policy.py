@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from slurmkit.errors import SlurmkitError
-from slurmkit.supervise.classes import CLASS_INFO, FailureClass
-from slurmkit.supervise.classify import Failure
+from slurmkit.failures.classes import CLASS_INFO, FailureClass
+from slurmkit.failures.classify import Failure
 
 log = logging.getLogger(__name__)
 

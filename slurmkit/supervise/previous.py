@@ -33,7 +33,7 @@ from typing import Protocol
 
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.errors import SlurmError
-from slurmkit.supervise.classes import FailureClass
+from slurmkit.failures.classes import FailureClass
 from slurmkit.supervise.liveness import slurm_says_dead
 from slurmkit.supervise.slurmview import DECISION_RETRY, DECISION_TIMEOUT_S
 from slurmkit.supervise.succession import read_done

@@ -18,8 +18,8 @@ from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.errors import SlurmError
 from slurmkit.slurm.parsers import parse_duration_s
 from slurmkit.slurm.retry import RetryPolicy
-from slurmkit.supervise.classes import FailureClass
-from slurmkit.supervise.classify import Evidence
+from slurmkit.failures.classes import FailureClass
+from slurmkit.failures.classify import Evidence
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from slurmkit.supervise.classes import FailureClass
-from slurmkit.supervise.classify import Evidence, Failure
+from slurmkit.failures.classes import FailureClass
+from slurmkit.failures.classify import Evidence, Failure
 from slurmkit.supervise.stragglers import Named
 
 log = logging.getLogger(__name__)

@@ -47,7 +47,7 @@ def wait_for_device(total: torch.Tensor) -> float:
     """The step's loss on the host, once everything queued on the device has run. On a GPU
     that includes the gradient all-reduces (NCCL runs them on the device, DDP and FSDP launch
     them without waiting), so a rank whose peer stopped blocks here, not in a collective call.
-    Its own function so that a hung rank's stack names it: slurmkit.supervise.stacks reads this
+    Its own function so that a hung rank's stack names it: slurmkit.failures.stacks reads this
     frame as a wait for the peers (seen on an H200: the peer of a rank stalled in data loading
     showed only this line of ``train_step``)."""
     return float(total)

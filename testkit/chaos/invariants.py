@@ -30,7 +30,7 @@ check is unit-tested on hand-made ledgers, including ones that must fail.
 - ``external``: reported, never failed: node losses another job caused on the shared machine
   (Slurm saw the node DOWN, the campaign did not kill it); they are not counted as unexplained
   failures or healthy exclusions;
-- ``goodput``: reported, never failed (productive time / wall time, slurmkit.supervise.report).
+- ``goodput``: reported, never failed (productive time / wall time, slurmkit.ledger.summary).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurmkit.supervise.classes import CLASS_INFO, FailureClass
+from slurmkit.failures.classes import CLASS_INFO, FailureClass
 from slurmkit.supervise.previous import BY_SLURM
 from testkit.chaos.menu import BY_NAME
 
@@ -420,7 +420,7 @@ def external(f: RunFacts) -> Check:
 
 
 def goodput(f: RunFacts) -> Check:
-    from slurmkit.supervise.report import summarize
+    from slurmkit.ledger.summary import summarize
 
     g = summarize(list(f.events)).goodput
     return Check("goodput", True, f"{g:.3f}", g)

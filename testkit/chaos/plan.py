@@ -31,7 +31,7 @@ from testkit.chaos.menu import AFTER_SAVE, DURING_RESTART, item, pairs
 
 CLUSTER_NODES = 4  # tools/local-cluster's default: the cap on exclusions follows from it
 NODE_BUDGET_KINDS = ("node_loss", "agent_sigkill", "nvme_full")  # may cost the job a node
-# Faults whose failure class makes the node suspect (slurmkit.supervise.classes: nccl_error,
+# Faults whose failure class makes the node suspect (slurmkit.failures.classes: nccl_error,
 # hang): a second one on the same node excludes it (the policy's repeat rule), which costs the
 # node budget too (seen in the 50-seed campaign, seed 50: two NCCL aborts on node 0's ranks,
 # then two node losses, left one node for a 2-node job: a stop with 93 no item asked for).

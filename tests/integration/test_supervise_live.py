@@ -13,8 +13,8 @@ from collections.abc import Callable
 import pytest
 
 from slurmkit.launch.ranks import RankProcess, spawn_rank, stop_ranks
-from slurmkit.supervise.classes import FailureClass
-from slurmkit.supervise.classify import root_cause
+from slurmkit.failures.classes import FailureClass
+from slurmkit.failures.classify import root_cause
 from slurmkit.supervise.monitor import RankMonitor
 
 pytestmark = [pytest.mark.integration, pytest.mark.realtime]

@@ -15,8 +15,8 @@ import torch.distributed as dist
 
 from slurmkit.launch.rendezvous import listen_socket
 from slurmkit.supervise.channel import Channel, ChannelError, load_token, token_path
-from slurmkit.supervise.classes import FailureClass
-from slurmkit.supervise.classify import Evidence
+from slurmkit.failures.classes import FailureClass
+from slurmkit.failures.classify import Evidence
 from slurmkit.supervise.policy import Action, Decision
 
 NODES = ("node1", "node2", "node3")

@@ -12,8 +12,8 @@ import pytest
 
 from slurmkit.store.config import StoreConfig
 from slurmkit.supervise.ckpt_progress import CheckpointProgress, UserCheckpointReader, tier_readers
-from slurmkit.supervise.classes import FailureClass
-from slurmkit.supervise.classify import Failure
+from slurmkit.failures.classes import FailureClass
+from slurmkit.failures.classify import Failure
 from slurmkit.supervise.policy import Action, History, Limits, decide
 from slurmkit.userapi import MARKER_MAX_BYTES, Reporter, marker_path
 

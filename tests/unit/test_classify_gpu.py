@@ -18,8 +18,8 @@ from slurmkit.contract import CONFIG_ERROR_MARKER, EXIT_CONFIG_ERROR
 from slurmkit.gpufaults import DEFAULT_BAD_XIDS
 from slurmkit.health.kernel_log import Message, scan
 from slurmkit.launch.ranks import spawn_rank
-from slurmkit.supervise.classes import CLASS_INFO, FailureClass
-from slurmkit.supervise.classify import (CONFIRM_WINDOW_S, Evidence, classify_exit, classify_line,
+from slurmkit.failures.classes import CLASS_INFO, FailureClass
+from slurmkit.failures.classify import (CONFIRM_WINDOW_S, Evidence, classify_exit, classify_line,
                                          printable_detail, root_cause)
 from slurmkit.supervise.monitor import RankMonitor
 from slurmkit.supervise.policy import Action, Decision, History, Limits, decide

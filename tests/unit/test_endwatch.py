@@ -15,7 +15,7 @@ import pytest
 import torch.distributed as dist
 
 from slurmkit.supervise.channel import Channel
-from slurmkit.supervise.classes import FailureClass as F
+from slurmkit.failures.classes import FailureClass as F
 from slurmkit.supervise.endwatch import EndWatch
 from slurmkit.supervise.policy import Action
 from tests.unit.test_supervise_loop import Cluster, Script

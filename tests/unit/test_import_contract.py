@@ -37,23 +37,16 @@ class Import:
 # it counts. Each must still exist and still close a cycle (test_allowed_edges_are_still_needed):
 # the list only shrinks.
 ALLOWED_EDGES: dict[tuple[str, str], tuple[frozenset[str], str]] = {
-    ("config", "train"): (
-        frozenset({"slurmkit.train.config"}),
-        "config/schema.py embeds the train package's sections (ModelConfig, ParallelConfig, "
-        "TrainConfig; train/config.py imports only slurmkit.errors), while the trainer "
-        "(train/__main__.py) hands its events to supervise's ledger and spool, and supervise "
-        "reads the config. The sections stay in train so that a rank never imports "
-        "slurmkit.config, whose __init__ imports Hydra (about 0.5 s per rank). Cut it by moving "
-        "them to a leaf module, by making slurmkit.config's __init__ lazy, or by moving the "
-        "run's event log (supervise/events.py, ledger.py, spool.py: they import only "
-        "slurmkit.untrusted) out of supervise, below config."),
+    # none left: the last, config -> train (config/schema.py embeds train/config.py's sections),
+    # closed a cycle only while the trainer wrote its events through supervise; the run's event
+    # log is its own package now (slurmkit/ledger/, below config, train and supervise).
 }
 
 # Low packages: they import nothing of slurmkit but their own modules, slurmkit.errors,
 # slurmkit.untrusted and other leaf modules (top-level modules that import only leaf modules:
 # _leaves). When this test was written: store -> errors, runtoken; slurm -> errors, untrusted;
-# topology -> errors.
-LOW_PACKAGES = ("store", "slurm", "topology")
+# topology -> errors; ledger (the run's event log) -> untrusted.
+LOW_PACKAGES = ("store", "slurm", "topology", "ledger")
 BASE_OF_LOW_PACKAGES = frozenset({"errors", "untrusted"})
 
 
@@ -199,7 +192,7 @@ def describe(component: list[str], edges: dict[tuple[str, str], list[Import]]) -
 def test_the_walk_sees_the_imports_it_must() -> None:
     """The scan itself: function-level, ``from slurmkit import m`` and relative imports."""
     preflight = {i.target for i in _imports(ROOT / "health" / "preflight.py")}
-    assert "slurmkit.supervise.classify" in preflight  # inside Preflight.run
+    assert "slurmkit.failures.classify" in preflight  # inside Preflight.run
     agent = {i.target for i in _imports(ROOT / "launch" / "agent.py")}
     assert "slurmkit.contract" in agent and "slurmkit" not in agent  # from slurmkit import contract
     topology = {i.target for i in _imports(ROOT / "topology" / "__init__.py")}
@@ -249,8 +242,25 @@ def test_low_packages_import_only_leaves() -> None:
     bad = [f"{a} -> {b}: {imp.where} imports {imp.target}"
            for (a, b), imports in sorted(edges.items()) if a in LOW_PACKAGES and b not in leaves
            for imp in imports[:1]]
-    assert not bad, ("store, slurm and topology import only slurmkit.errors, slurmkit.untrusted, "
+    assert not bad, ("store, slurm, topology and ledger import only slurmkit.errors, slurmkit.untrusted, "
                      "their own modules and leaf modules:\n" + "\n".join(bad))
+
+
+# The failure vocabulary (slurmkit/failures/: classes, classify, stacks, programs) is imported by
+# launch, health, supervise, train and the chaos tests, and imports none of them: only these leaf
+# modules (when this test was written: failures -> contract, gpufaults).
+FAILURES_MAY_IMPORT = frozenset({"errors", "untrusted", "gpufaults", "contract"})
+
+
+def test_failures_is_pure_vocabulary() -> None:
+    edges = package_edges()
+    assert FAILURES_MAY_IMPORT <= _leaves(edges)
+    assert any(a == "failures" for a, _ in edges), "slurmkit/failures/ imports nothing: is it still there?"
+    bad = [f"failures -> {b}: {imp.where} imports {imp.target}"
+           for (a, b), imports in sorted(edges.items()) if a == "failures" and b not in FAILURES_MAY_IMPORT
+           for imp in imports[:1]]
+    assert not bad, ("slurmkit/failures imports only slurmkit.errors, untrusted, gpufaults and contract "
+                     "(never launch, supervise, health, train):\n" + "\n".join(bad))
 
 
 def test_the_checks_catch_a_cycle() -> None:

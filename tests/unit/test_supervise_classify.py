@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from slurmkit.supervise.classes import CLASS_INFO, FailureClass
-from slurmkit.supervise.classify import Evidence, classify_exit, classify_line, root_cause
+from slurmkit.failures.classes import CLASS_INFO, FailureClass
+from slurmkit.failures.classify import Evidence, classify_exit, classify_line, root_cause
 
 F = FailureClass
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "failures")

@@ -15,12 +15,12 @@ import torch.distributed as dist
 
 from slurmkit import EXIT_NO_REQUEUE
 from slurmkit.config import compose
+from slurmkit.ledger.events import validate
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.retry import RetryPolicy
 from slurmkit.supervise.channel import Channel
-from slurmkit.supervise.classes import FailureClass
-from slurmkit.supervise.classify import Evidence
-from slurmkit.supervise.events import validate
+from slurmkit.failures.classes import FailureClass
+from slurmkit.failures.classify import Evidence
 from slurmkit.supervise.endwatch import EndWatch
 from slurmkit.supervise.loop import Supervisor, Where
 from slurmkit.supervise.policy import Action
@@ -36,7 +36,7 @@ class Ledger:
         self.lock = threading.Lock()
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
-        validate(event, fields)  # the real ledger's schema (slurmkit/supervise/events.py)
+        validate(event, fields)  # the real ledger's schema (slurmkit/ledger/events.py)
         with self.lock:
             self.events.append({"event": event, **fields})
         return self.events[-1]

@@ -13,7 +13,7 @@ import pytest
 from slurmkit import EXIT_NO_REQUEUE
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.retry import RetryPolicy
-from slurmkit.supervise.classify import Evidence
+from slurmkit.failures.classify import Evidence
 from slurmkit.supervise.policy import Action
 from testkit.fakeslurm import FakeSlurm
 from tests.unit.test_supervise_loop import Cluster, Script, ScriptedNode, open_gate_on_event

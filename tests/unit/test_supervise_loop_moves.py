@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from slurmkit.supervise.ckpt_progress import CheckpointProgress
-from slurmkit.supervise.classes import FailureClass
+from slurmkit.failures.classes import FailureClass
 from slurmkit.supervise.policy import Action
 from slurmkit.supervise.stragglers import NodeWindow
 from tests.unit.test_supervise_loop import Cluster, Script, ScriptedNode, open_gate_on_event

@@ -11,7 +11,7 @@ import pytest
 from slurmkit import EXIT_NO_REQUEUE
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.supervise.cancel_request import write_cancel_request
-from slurmkit.supervise.classes import FailureClass
+from slurmkit.failures.classes import FailureClass
 from slurmkit.supervise.policy import Action
 from testkit.fakeslurm import FakeSlurm
 from tests.unit.test_supervise_loop import Cluster, Script

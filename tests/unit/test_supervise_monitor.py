@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import pytest
 
-from slurmkit.supervise.classes import FailureClass
-from slurmkit.supervise.classify import root_cause
+from slurmkit.failures.classes import FailureClass
+from slurmkit.failures.classify import root_cause
 from slurmkit.supervise.monitor import EXIT_CHECKPOINTED_ON_SIGNAL, RankMonitor, _proc_state
 from slurmkit.train.heartbeat import Heartbeat
 

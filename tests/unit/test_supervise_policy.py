@@ -7,8 +7,8 @@ from collections import deque
 import pytest
 
 from slurmkit.errors import SlurmkitError
-from slurmkit.supervise.classes import CLASS_INFO, FailureClass
-from slurmkit.supervise.classify import Failure
+from slurmkit.failures.classes import CLASS_INFO, FailureClass
+from slurmkit.failures.classify import Failure
 from slurmkit.supervise.policy import (TRANSITIONS, Action, Decision, History, Limits, State,
                                        StateMachine, after_warning, decide, requeue_refusal)
 

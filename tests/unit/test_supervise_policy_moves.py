@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from slurmkit.supervise.classes import CLASS_INFO, FailureClass
-from slurmkit.supervise.classify import Evidence, bad_nodes, root_cause
+from slurmkit.failures.classes import CLASS_INFO, FailureClass
+from slurmkit.failures.classify import Evidence, bad_nodes, root_cause
 from slurmkit.supervise.policy import Action, History, Limits, after_warning, decide
 from tests.unit.test_supervise_policy import LIMITS, Track, failure, run
 

@@ -16,7 +16,7 @@ import pytest
 import slurmkit.slurm
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.retry import RetryPolicy
-from slurmkit.supervise.classes import FailureClass
+from slurmkit.failures.classes import FailureClass
 from slurmkit.supervise.requeue import POLL_MAX_S, release_when_pending, requeue_now
 from slurmkit.supervise.slurmview import DECISION_RETRY, kill_wait_warning, node_evidence
 from testkit.fakeslurm import FakeSlurm

@@ -1,4 +1,4 @@
-"""The stack classifier (slurmkit.supervise.stacks) over real dumps of real gloo ranks.
+"""The stack classifier (slurmkit.failures.stacks) over real dumps of real gloo ranks.
 
 Every file under tests/data/stacks/ was captured on the development machine by
 tests/data/stacks/capture_stacks.py: rank 0 inside a collective, rank 1 asleep in ``load_batch``
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from slurmkit.supervise.classes import FailureClass
-from slurmkit.supervise.classify import Evidence, root_cause
-from slurmkit.supervise.stacks import (
+from slurmkit.failures.classes import FailureClass
+from slurmkit.failures.classify import Evidence, root_cause
+from slurmkit.failures.stacks import (
     STACK_LINES, StackPlace, StackReading, Verdict, bounded_lines, evidence_root, main_thread, node_verdicts,
     parse_stack, read_stack,
 )

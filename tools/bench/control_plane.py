@@ -6,7 +6,7 @@ beat code, N simulated node agents, one real TCPStore, on this machine.
 At each N, N + 1 node agents (N train nodes and one spare) run what a real agent runs:
 slurmkit.supervise.loop.Supervisor over slurmkit.supervise.channel.Channel on its own TCPStore
 connection, its beats (channel.beat at the interval the agent uses) on a second connection, and
-a ledger writer (slurmkit.supervise.ledger.Ledger) on the run directory. Their nodes have no
+a ledger writer (slurmkit.ledger.ledger.Ledger) on the run directory. Their nodes have no
 torch ranks: a simulated node reports no failure and keeps its ranks "running" until the end.
 Node 0 runs in this process, which hosts the TCPStore (libuv) as the batch host does and
 answers for Slurm (the fake controller, through the SlurmClient the loop is given). The other
@@ -91,7 +91,7 @@ from slurmkit.slurm.client import SlurmClient  # noqa: E402
 from slurmkit.slurm.retry import RetryPolicy  # noqa: E402
 from slurmkit.supervise.channel import Channel, load_token  # noqa: E402
 from slurmkit.launch.agent import LEDGER_FLUSH_INTERVAL_S, settle_heap  # noqa: E402
-from slurmkit.supervise.ledger import LEDGER_NAME, Ledger  # noqa: E402
+from slurmkit.ledger.ledger import LEDGER_NAME, Ledger  # noqa: E402
 from slurmkit.launch.fdlimit import raise_fd_limit, store_fds_needed  # noqa: E402
 from slurmkit.supervise.endwatch import EndWatch  # noqa: E402
 from slurmkit.supervise.liveness import Beater  # noqa: E402
@@ -879,8 +879,8 @@ def _time_scans(spec: Spec, n: int, repeats: int = 3) -> tuple[float, float]:
 def _time_evidence_reads(spec: Spec, n: int, repeats: int = 3) -> tuple[float, float]:
     """Node 0 reading n agents' evidence of a generation (sealed values, HMAC checked): the
     loop's one check + one multi_get, and the check + get per agent it made before."""
-    from slurmkit.supervise.classes import FailureClass
-    from slurmkit.supervise.classify import Evidence
+    from slurmkit.failures.classes import FailureClass
+    from slurmkit.failures.classify import Evidence
 
     store = _client(spec.port)
     chan = Channel(store, ATTEMPT, spec.token, spec.names)

@@ -4,7 +4,7 @@ Pure and table-driven. Each rank's evidence is reduced to one class; the root ca
 failure is the earliest primary evidence in time (peers that fail because a rank died come
 later, and their "peer closed the connection" lines are marked secondary). A hang is the
 exception: every rank's last beat is the same step, so its root is the rank that the stacks
-name (slurmkit.supervise.stacks), and the earliest beat only when they name none.
+name (slurmkit.failures.stacks), and the earliest beat only when they name none.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 
 from slurmkit.contract import CONFIG_ERROR_MARKER
 from slurmkit.gpufaults import DEFAULT_BAD_XIDS, HW_RE, XID_RE
-from slurmkit.supervise.classes import CLASS_INFO, FailureClass
-from slurmkit.supervise.stacks import StackPlace, Verdict, evidence_root
+from slurmkit.failures.classes import CLASS_INFO, FailureClass
+from slurmkit.failures.stacks import StackPlace, Verdict, evidence_root
 
 F = FailureClass
 
@@ -146,7 +146,7 @@ class Evidence:
     cls: FailureClass
     detail: str  # the log line, "returncode -9", "no step for 12.3 s", ...
     returncode: int | None = None  # kind "exit": the rank's Popen return code
-    place: StackPlace | None = None  # kind "stack": where the rank's stack is (slurmkit.supervise.stacks)
+    place: StackPlace | None = None  # kind "stack": where the rank's stack is (slurmkit.failures.stacks)
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {"time": self.time, "node": self.node, "rank": self.rank, "kind": self.kind,
@@ -224,7 +224,7 @@ def root_cause(evidence: Iterable[Evidence]) -> Failure | None:
 
     A line of CONFIRM_BY_EXIT whose rank did not fail after it is dropped: it was handled."""
     by_rank: dict[tuple[str, int], list[Evidence]] = {}
-    stacks: list[Evidence] = []  # where hung ranks are (slurmkit.supervise.stacks): not a rank's failure
+    stacks: list[Evidence] = []  # where hung ranks are (slurmkit.failures.stacks): not a rank's failure
     for e in evidence:
         if e.kind == "stack":
             stacks.append(e)
