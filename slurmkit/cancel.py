@@ -31,12 +31,12 @@ from rich.text import Text
 
 from slurmkit.errors import ConfigError
 from slurmkit.jobstates import JobPoller, JobRef, JobState
+from slurmkit.ledger.ledger import LEDGER_NAME, Ledger
 from slurmkit.runview import RunWatcher, default_run_root, read_sweep, resolve
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.errors import SlurmCommandError
 from slurmkit.status import make_client
 from slurmkit.supervise.cancel_request import cancel_request_path, write_cancel_request
-from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
 from slurmkit.supervise.successor import successor_chain
 
 

@@ -23,9 +23,9 @@ from rich.text import Text
 
 from slurmkit.errors import ConfigError
 from slurmkit.jobstates import JobPoller, JobRef, JobState
+from slurmkit.ledger.ledger import LEDGER_NAME
 from slurmkit.runview import RunView, build_view, default_run_root, find_dirs, ledger_edges, read_sweep
 from slurmkit.status import clean, make_client, state_text, step_text
-from slurmkit.supervise.ledger import LEDGER_NAME
 
 
 def _mtime(path: str) -> float:

@@ -31,8 +31,8 @@ from typing import Any
 import yaml
 
 from slurmkit.errors import ConfigError
-from slurmkit.supervise.ledger import LEDGER_NAME, LINE_BYTES, parse_record
-from slurmkit.supervise.report import RunReport, summarize
+from slurmkit.ledger.ledger import LEDGER_NAME, LINE_BYTES, parse_record
+from slurmkit.ledger.summary import RunReport, summarize
 from slurmkit.train.heartbeat import LocalDirError, local_heartbeat_path, read_heartbeat
 from slurmkit.untrusted import UntrustedDataError, parse_json, parse_object, read_regular
 
@@ -52,7 +52,7 @@ REFUSALS_NAMED = 20  # refused ledger lines named in the log per watched run
 def _parse_lines(chunk: bytes, *, ledger: bool = True, where: str = "",
                  refused: list[str] | None = None) -> list[dict[str, Any]]:
     """The records on whole lines: ledger records as the ledger's own reader takes them
-    (slurmkit.supervise.ledger.parse_record: within slurmkit.untrusted's limits, known fields
+    (slurmkit.ledger.ledger.parse_record: within slurmkit.untrusted's limits, known fields
     type-checked), other lines (metrics) as JSON objects within the same limits. A torn or
     foreign line is skipped; why is appended to ``refused`` (named by ``where``) when given."""
     out = []
@@ -311,7 +311,7 @@ def stragglers_of(events: Iterable[Mapping[str, Any]]) -> dict[str, tuple[float,
 def build_view(run_dir: str, events: Sequence[Mapping[str, Any]], *, full: bool,
                config: Mapping[str, Any] | None = None) -> RunView:
     """The view of ``run_dir`` from its ``events`` (all of them when ``full``: then failures and
-    goodput come from :func:`slurmkit.supervise.report.summarize`, the numbers the run's report
+    goodput come from :func:`slurmkit.ledger.summary.summarize`, the numbers the run's report
     shows; a listing passes only the ledger's edges and gets failures seen there, no goodput)."""
     cfg = read_config(run_dir) if config is None else config
     job_id, executor = _job(events)

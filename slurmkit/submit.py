@@ -33,7 +33,7 @@ from slurmkit.layout import FROZEN_FILE_MODE, Layout, config_digest, resolve_lay
 from slurmkit.rundir import RUN_DIR_MODE, make_submitit_dir, seal_pickles
 from slurmkit.render import JobSpec, build_jobspec, make_executor, render_standalone, render_submitit_script
 from slurmkit.submit_checks import check_run_root, check_store_backends, make_run_dir, remove_created
-from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
+from slurmkit.ledger.ledger import LEDGER_NAME, Ledger
 
 if TYPE_CHECKING:
     from slurmkit.slurm.capabilities import SiteCapabilities

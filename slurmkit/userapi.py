@@ -191,7 +191,7 @@ class Reporter:
         spool = self.env.get("SLURMKIT_EVENTS_FILE")
         if not spool:
             return
-        from slurmkit.supervise.spool import SpoolWriter  # only rank 0 of a run under an agent needs it
+        from slurmkit.ledger.spool import SpoolWriter  # only rank 0 of a run under an agent needs it
 
         try:
             SpoolWriter(spool, source=f"rank{self.rank}", clock=self._clock).append(

@@ -1,7 +1,7 @@
 """Where a run's wall time went: productive, detection, restart, restore, lost, queue, ...
 
 Built on the same segments and failure figures as ``python -m slurmkit.supervise``
-(slurmkit/supervise/report.py), so the productive part here is that report's productive time.
+(slurmkit/ledger/summary.py), so the productive part here is that report's productive time.
 Every instant between the first and the last ledger event gets exactly one label; where
 intervals overlap the earlier label in ``LABELS`` wins, so the parts add up to the wall time:
 
@@ -21,7 +21,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from slurmkit.supervise.report import (
+from slurmkit.ledger.summary import (
     Event, FailureReport, Segment, failure_reports, kept_steps, segments,
 )
 

@@ -15,11 +15,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 
+from slurmkit.ledger.summary import FailureReport, RunReport
 from slurmkit.report.breakdown import LABELS
 from slurmkit.report.figures import COLORS
 from slurmkit.report.model import __doc__ as MODEL_DOC
 from slurmkit.report.run import RunData
-from slurmkit.supervise.report import FailureReport, RunReport
 
 CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1280px; color: #212121; }

@@ -4,7 +4,7 @@ Sources, all written by the run itself: ``ledger.jsonl`` (events: allocations, g
 failures, decisions, requeues, checkpoints per tier), ``metrics.jsonl`` (rank 0, one line per
 step: loss, tokens/s, step time, checkpoint blocking time) and the frozen ``config.yaml``
 (interval, GPUs per node, ``cluster.gpu_hour_cost``). The goodput figures are
-``slurmkit.supervise.report.summarize`` over the ledger, the very code behind
+``slurmkit.ledger.summary.summarize`` over the ledger, the very code behind
 ``python -m slurmkit.supervise RUN_DIR``. A file that is missing is a note in the report,
 never a made-up figure.
 """
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurmkit.errors import ConfigError
+from slurmkit.ledger.ledger import LEDGER_NAME, read_ledger
+from slurmkit.ledger.summary import RunReport, summarize
 from slurmkit.report.breakdown import breakdown
 from slurmkit.report.model import Advice, Figures, advise
-from slurmkit.supervise.ledger import LEDGER_NAME, read_ledger
-from slurmkit.supervise.report import RunReport, summarize
 from slurmkit.untrusted import UntrustedDataError, bounded_lines, parse_object
 
 METRICS_NAME = "metrics.jsonl"

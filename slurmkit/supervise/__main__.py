@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from slurmkit.errors import ConfigError, print_error
-from slurmkit.supervise.ledger import LEDGER_NAME, read_ledger
-from slurmkit.supervise.report import FailureReport, RunReport, summarize
+from slurmkit.ledger.ledger import LEDGER_NAME, read_ledger
+from slurmkit.ledger.summary import FailureReport, RunReport, summarize
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

@@ -179,7 +179,7 @@ def successor_chain(run_dir: str, job_id: str) -> list[str]:
     ``successor`` events (one read of the ledger). Read once a job has ended (``submit.wait``,
     test helpers, benches), never per poll; a ledger line that does not parse is skipped by the
     reader, a job id that is not one is never followed, and a loop ends the chain."""
-    from slurmkit.supervise.ledger import LEDGER_NAME, read_ledger
+    from slurmkit.ledger.ledger import LEDGER_NAME, read_ledger
 
     after: dict[str, str] = {}
     for e in read_ledger(os.path.join(run_dir, LEDGER_NAME)):

@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from slurmkit.config import config_hash, load_frozen
+from slurmkit.ledger.ledger import LEDGER_NAME, Ledger
 from slurmkit.render.jobspec import build_jobspec
-from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
 from slurmkit.sweepdir import Variant, load_sweep
 
 log = logging.getLogger(__name__)

@@ -19,9 +19,9 @@ from rich.markup import escape
 
 from slurmkit.config import SlurmkitConfig, config_hash
 from slurmkit.errors import SubmissionError
+from slurmkit.ledger.ledger import LEDGER_NAME, Ledger
 from slurmkit.render import JobSpec, render_standalone
 from slurmkit.submit_checks import check_run_root, missing_dirs, remove_created
-from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
 from slurmkit.sweep.plan import PLACEHOLDER_DIR, SweepPlan, plan_sweep
 from slurmkit.sweepdir import Sweep, Variant, new_sweep_dir, variant_dir, write_sweep
 

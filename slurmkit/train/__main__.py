@@ -87,8 +87,8 @@ def _open_store(raw: DictConfig, env: Mapping[str, str], rank: int, world: int,
     if not raw.get("store"):
         log.warning("no store section in the config: training without checkpoints")
         return None
+    from slurmkit.ledger.events import from_store
     from slurmkit.store import CheckpointStore  # the store imports fsspec/s3fs: only if used
-    from slurmkit.supervise.events import from_store
 
     def forward(event: dict[str, Any]) -> None:
         if ledger is not None:
@@ -109,10 +109,10 @@ def _ledger(env: Mapping[str, str], rank: int) -> Any:
     if rank != 0:
         return None
     if env.get("SLURMKIT_EVENTS_FILE"):
-        from slurmkit.supervise.spool import SpoolWriter
+        from slurmkit.ledger.spool import SpoolWriter
         return SpoolWriter(env["SLURMKIT_EVENTS_FILE"], source="rank0")
     if env.get("SLURMKIT_LEDGER"):
-        from slurmkit.supervise.ledger import Ledger
+        from slurmkit.ledger.ledger import Ledger
         return Ledger(env["SLURMKIT_LEDGER"], source="rank0")
     return None
 

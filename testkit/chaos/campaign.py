@@ -123,7 +123,7 @@ def run_one(plan: RunPlan, *, cluster, run_root: str, reference: str, step_delay
 
 
 def _job_of(run_dir: str) -> str:
-    from slurmkit.supervise.ledger import read_ledger
+    from slurmkit.ledger.ledger import read_ledger
 
     for e in read_ledger(os.path.join(run_dir, "ledger.jsonl")):
         if e.get("event") == "submitted" and e.get("job_id"):

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from slurmkit.supervise.ledger import Ledger, read_ledger
+from slurmkit.ledger.ledger import Ledger, read_ledger
 from slurmkit.supervise.successor import successor_chain, successor_of
 from testkit.chaos import nvme, procs
 from testkit.chaos.invariants import Injected, RunFacts

@@ -68,7 +68,7 @@ def submit(args: list[str], env: Mapping[str, str], cwd: str) -> tuple[str, str]
 
 
 def mark_fault(run_dir: str, kind: str, **fields: object) -> None:
-    from slurmkit.supervise.ledger import Ledger
+    from slurmkit.ledger.ledger import Ledger
 
     Ledger(os.path.join(run_dir, "ledger.jsonl"), source="test").append("fault_injected", kind=kind, **fields)
 

@@ -139,7 +139,7 @@ def read_json(path: str) -> dict:
 
 
 def read_ledger(run_dir: str) -> list[dict]:
-    from slurmkit.supervise.ledger import read_ledger as _read
+    from slurmkit.ledger.ledger import read_ledger as _read
 
     return list(_read(os.path.join(run_dir, "ledger.jsonl")))
 

@@ -64,7 +64,7 @@ def hostile_main(rank: int, world: int, root: str, port: int, out: str) -> None:
     from torch.distributed.tensor import Shard, distribute_tensor
 
     from slurmkit.store import CheckpointStore, StoreConfig
-    from slurmkit.supervise.ledger import Ledger
+    from slurmkit.ledger.ledger import Ledger
 
     join_gloo(rank, world, port)
     mesh = init_device_mesh("cpu", (world,))

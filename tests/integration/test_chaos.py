@@ -24,7 +24,7 @@ import sys
 
 import pytest
 
-from slurmkit.supervise.ledger import read_ledger
+from slurmkit.ledger.ledger import read_ledger
 from testkit.chaos.menu import BY_NAME
 from testkit.chaos.plan import draw_plan
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch.multiprocessing as mp
 
-from slurmkit.supervise.ledger import read_ledger
+from slurmkit.ledger.ledger import read_ledger
 from testkit.s3server import free_port
 from tests.integration.store_hostile_workers import hostile_main
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from slurmkit.supervise.ledger import read_ledger
+from slurmkit.ledger.ledger import read_ledger
 from slurmkit.train.local import LocalRun, spawn_ranks, write_config
 
 pytestmark = pytest.mark.integration

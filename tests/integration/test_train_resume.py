@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from slurmkit.supervise.ledger import read_ledger
+from slurmkit.ledger.ledger import read_ledger
 from slurmkit.train.heartbeat import local_heartbeat_path, read_heartbeat
 from slurmkit.train.local import spawn_ranks, write_config
 from slurmkit.train.signals import EXIT_CHECKPOINTED_ON_SIGNAL

@@ -17,10 +17,10 @@ from rich.console import Console
 
 from slurmkit.cancel import Canceller, Target, cancel, stop_local_runner
 from slurmkit.jobstates import JobPoller, JobRef
+from slurmkit.ledger.ledger import LEDGER_NAME, read_ledger
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.retry import RetryPolicy
 from slurmkit.supervise.cancel_request import cancel_request_path, read_cancel_request
-from slurmkit.supervise.ledger import LEDGER_NAME, read_ledger
 from testkit.fakeslurm import FakeSlurm
 from tests.unit.watch_runs import FakeRun
 

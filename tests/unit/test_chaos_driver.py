@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from slurmkit.supervise.ledger import Ledger
+from slurmkit.ledger.ledger import Ledger
 from testkit.chaos.driver import Cluster, Driver, RunOver
 from testkit.chaos.plan import PlannedFault, draw_plan
 
@@ -148,7 +148,7 @@ def test_a_kill_inside_a_save_waits_for_that_step_being_written_on_the_rank_s_no
     import subprocess
     import sys
 
-    from slurmkit.supervise.ledger import read_ledger
+    from slurmkit.ledger.ledger import read_ledger
 
     partial = tmp_path / "ckpt" / "nvme" / "node1" / ".partial"
     (partial / "step_0000000004.ab12-1").mkdir(parents=True)  # an older save: not the one aimed at

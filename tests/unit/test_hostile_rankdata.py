@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 from slurmkit.launch.stackdump import RankTarget, read_traces
+from slurmkit.ledger.ledger import Ledger, read_ledger
+from slurmkit.ledger.spool import SpoolReader
+from slurmkit.ledger.summary import summarize
 from slurmkit.report.run import load_run
 from slurmkit.runview import LedgerTail, build_view, read_config
-from slurmkit.supervise.ledger import Ledger, read_ledger
-from slurmkit.supervise.monitor import RankMonitor
-from slurmkit.supervise.report import summarize
-from slurmkit.supervise.spool import SpoolReader
+from slurmkit.launch.monitor import RankMonitor
 from slurmkit.train.heartbeat import node_local_dir, private_dir, read_heartbeat
 
 DEEP = b"[" * 100_000 + b"]" * 100_000  # json's C scanner recurses: RecursionError

@@ -13,7 +13,7 @@ from slurmkit import contract
 from slurmkit.config import compose
 from slurmkit.launch.agent import NodeAgent
 from slurmkit.launch.context import NodeContext
-from slurmkit.supervise.ledger import Ledger
+from slurmkit.ledger.ledger import Ledger
 
 NODES = ("n0", "n1", "n2")  # n2: the spare
 # What srun gives the single task of a one-node step (the agent), on the node of slot ``1``:

@@ -152,7 +152,7 @@ def _agent(tmp_path, monkeypatch):
     from slurmkit.config import compose
     from slurmkit.launch.agent import NodeAgent
     from slurmkit.launch.context import NodeContext
-    from slurmkit.supervise.ledger import Ledger
+    from slurmkit.ledger.ledger import Ledger
 
     spawned: list[standby.Standby] = []
 

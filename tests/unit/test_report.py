@@ -14,13 +14,13 @@ import pytest
 from omegaconf import OmegaConf
 from rich.console import Console
 
+from slurmkit.ledger.ledger import Ledger, read_ledger
+from slurmkit.ledger.summary import summarize
 from slurmkit.report.__main__ import main
 from slurmkit.report.breakdown import LABELS, breakdown
 from slurmkit.report.run import load_run
 from slurmkit.report.write import write
 from slurmkit.supervise.__main__ import main as supervise_main
-from slurmkit.supervise.ledger import Ledger, read_ledger
-from slurmkit.supervise.report import summarize
 from slurmkit.train.metrics import MetricsWriter, step_metrics
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data")

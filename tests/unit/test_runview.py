@@ -21,8 +21,8 @@ from slurmkit.runview import (
     read_sweep,
     resolve,
 )
+from slurmkit.ledger.ledger import LEDGER_NAME, read_ledger
 from slurmkit.supervise.__main__ import load
-from slurmkit.supervise.ledger import LEDGER_NAME, read_ledger
 from tests.unit.watch_runs import FakeRun, run_with_one_crash
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from rich.console import Console
 
 from slurmkit import status
+from slurmkit.ledger.ledger import LEDGER_NAME
 from slurmkit.runview import stragglers_of
-from slurmkit.supervise.ledger import LEDGER_NAME
 from tests.unit.watch_runs import FakeRun
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from slurmkit.supervise.events import EVENTS, EventError, validate
-from slurmkit.supervise.ledger import URGENT, Ledger, read_ledger
-from slurmkit.supervise.spool import SpoolReader, SpoolWriter
+from slurmkit.ledger.events import EVENTS, EventError, validate
+from slurmkit.ledger.ledger import URGENT, Ledger, read_ledger
+from slurmkit.ledger.spool import SpoolReader, SpoolWriter
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from slurmkit.ledger.events import validate
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.retry import RetryPolicy
-from slurmkit.supervise.events import validate
 from slurmkit.supervise.previous import previous_attempt, record_previous
 from slurmkit.supervise.succession import Done, write_done
 from testkit.fakeslurm import FakeSlurm

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from slurmkit.ledger.ledger import Ledger, read_ledger
+from slurmkit.ledger.summary import Segment, summarize
 from slurmkit.supervise.__main__ import main
-from slurmkit.supervise.ledger import Ledger, read_ledger
-from slurmkit.supervise.report import Segment, summarize
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "failures", "ledgers")
 

@@ -15,8 +15,8 @@ import pytest
 import torch.distributed as dist
 
 import slurmkit.train.trainer as trainer_mod
-from slurmkit.supervise.ledger import Ledger, read_ledger
-from slurmkit.supervise.spool import SpoolReader
+from slurmkit.ledger.ledger import Ledger, read_ledger
+from slurmkit.ledger.spool import SpoolReader
 from slurmkit.train.__main__ import _ledger
 from slurmkit.train.config import ModelConfig, ParallelConfig, TrainConfig
 from slurmkit.train.heartbeat import (Heartbeat, LocalDirError, heartbeat_path, local_heartbeat_path,

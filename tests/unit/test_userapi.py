@@ -11,8 +11,8 @@ import time
 import pytest
 
 from slurmkit import userapi
+from slurmkit.ledger.spool import SpoolReader
 from slurmkit.supervise.ckpt_progress import UserCheckpointReader
-from slurmkit.supervise.spool import SpoolReader
 from slurmkit.train.heartbeat import read_heartbeat
 from slurmkit.userapi import ReportError, Reporter, marker_path
 

@@ -1,6 +1,6 @@
 """Run directories for the watch verbs' unit tests, written by the project's own writers.
 
-Ledger events go through :class:`slurmkit.supervise.ledger.Ledger` with the fields the node
+Ledger events go through :class:`slurmkit.ledger.ledger.Ledger` with the fields the node
 agent, the trainer and the store append (see slurmkit/launch/agent.py, train/trainer.py,
 store/store.py); per-step metrics through :class:`slurmkit.train.metrics.MetricsWriter`;
 heartbeats through :class:`slurmkit.train.heartbeat.Heartbeat`. A clock makes times exact.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from slurmkit.supervise.ledger import LEDGER_NAME, Ledger
+from slurmkit.ledger.ledger import LEDGER_NAME, Ledger
 from slurmkit.train.heartbeat import Heartbeat
 from slurmkit.train.metrics import MetricsWriter, step_metrics
 

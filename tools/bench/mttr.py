@@ -70,7 +70,7 @@ the node's processes and the kernel closes their sockets at once; a host that re
 no reset, and the survivors wait for TCP or the process-group timeout.
 
 Then one slurmkit run of --goodput-minutes with three faults (crash, hang, node loss onto the
-spare) at 1/4, 1/2, 3/4 of it; goodput from ``slurmkit.supervise.report.summarize`` over the
+spare) at 1/4, 1/2, 3/4 of it; goodput from ``slurmkit.ledger.summary.summarize`` over the
 ledger up to the end of the window (submission -> submission + --goodput-minutes), so time after
 a job that died early counts as lost.
 
@@ -104,8 +104,8 @@ sys.path.insert(0, REPO)  # run as a script from anywhere: import the checkout's
 
 from slurmkit.slurm.hostlist import expand_hostlist  # noqa: E402
 from testkit.slurm_build import cluster_environ  # noqa: E402
-from slurmkit.supervise.ledger import Ledger, read_ledger  # noqa: E402
-from slurmkit.supervise.report import summarize  # noqa: E402
+from slurmkit.ledger.ledger import Ledger, read_ledger  # noqa: E402
+from slurmkit.ledger.summary import summarize  # noqa: E402
 from slurmkit.train.heartbeat import local_heartbeat_path  # noqa: E402
 
 CLASSES = ("crash", "hang", "nccl", "node_spare", "node_requeue")

@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from slurmkit.supervise.events import encode, validate
-from slurmkit.supervise.ledger import parse_record
+from slurmkit.ledger.events import encode, validate
+from slurmkit.ledger.ledger import parse_record
 from slurmkit.untrusted import UntrustedDataError, open_regular
 
 READ_BYTES = 4 * 1024 * 1024  # read per call: a rank that floods its spool is read in slices

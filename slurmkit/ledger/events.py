@@ -151,7 +151,7 @@ def validate(event: str, fields: Mapping[str, Any]) -> None:
     """Raise EventError unless ``event`` with ``fields`` is a known, well-typed event."""
     spec = EVENTS.get(event)
     if spec is None:
-        raise EventError(f"unknown ledger event {event!r} (add it to slurmkit/supervise/events.py)")
+        raise EventError(f"unknown ledger event {event!r} (add it to slurmkit/ledger/events.py)")
     clash = RESERVED & set(fields)
     if clash:
         raise EventError(f"ledger event {event!r}: field(s) {sorted(clash)} are set by the ledger")

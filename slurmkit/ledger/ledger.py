@@ -2,7 +2,7 @@
 
 Writers: the submitting CLI (once), ``slurmkit cancel``, and one node agent per node. Rank 0's
 trainer does not open the ledger when it runs under an agent: it hands its events to its own
-node's agent through a node-local spool (slurmkit.supervise.spool) and the agent writes them,
+node's agent through a node-local spool (slurmkit.ledger.spool) and the agent writes them,
 so each node has exactly one writer and nothing in the training process touches the shared
 file system for the ledger.
 
@@ -16,7 +16,7 @@ event once a write succeeds again. It never raises into the agent. What is held 
 (``max_held_bytes``): past it the oldest heartbeat samples go first, then the oldest events,
 and the drop is counted.
 
-Every record is validated against slurmkit.supervise.events before it is held, so a bad
+Every record is validated against slurmkit.ledger.events before it is held, so a bad
 record fails in the writer, not in a reader. Every figure about a run (goodput, MTTR, lost
 work) is derived from this file; :func:`read_ledger` skips a torn line (a writer killed or a
 disk filled mid-write) and recovers the whole record that follows one on the same line.
@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from slurmkit.supervise.events import check_read, encode, validate
+from slurmkit.ledger.events import check_read, encode, validate
 from slurmkit.untrusted import UntrustedDataError, bounded_lines, parse_object
 
 log = logging.getLogger(__name__)
