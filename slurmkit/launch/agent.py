@@ -39,13 +39,14 @@ from slurmkit.rundir import RunDirError, check_config_digest, check_run_dir
 from slurmkit.slurm.client import slurm_client
 from slurmkit.supervise.channel import Channel, load_token
 from slurmkit.supervise.ckpt_progress import CheckpointProgress, tier_readers
-from slurmkit.supervise.classes import FailureClass
-from slurmkit.supervise.classify import Evidence
+from slurmkit.failures.classes import FailureClass
+from slurmkit.failures.classify import Evidence
 from slurmkit.supervise.endwatch import EndWatch
 from slurmkit.ledger.ledger import LEDGER_NAME, Ledger
 from slurmkit.supervise.liveness import Beater
 from slurmkit.supervise.loop import Supervisor, Where
-from slurmkit.supervise.monitor import RankMonitor, expects_heartbeats
+from slurmkit.failures.programs import expects_heartbeats
+from slurmkit.supervise.monitor import RankMonitor
 from slurmkit.supervise.relaunch import Relauncher, read_rejoin, srun_spawn, srun_spawn_many
 from slurmkit.slurm.capabilities import read_run_dir_copy
 from slurmkit.supervise.stepsended import STEPS_ENDED_ENV, StepsEnded
@@ -382,7 +383,7 @@ class NodeAgent:
         Xid of health.bad_xids or an uncorrected memory error logged under a running rank ends
         the generation as a gpu_fault of this node, which leaves on the first one (a spare, or
         a requeue without it), the line in the evidence. A rank's own output is scanned for
-        the same lines (slurmkit.supervise.classify); the kernel log also holds the ones no rank
+        the same lines (slurmkit.failures.classify); the kernel log also holds the ones no rank
         printed (seen in production: the driver logs the Xid, the rank only hangs)."""
         if (self.preflight is None or self.monitor is None or self.monitor.triggered is not None
                 or self.clock() - self._kernel_log_at < KERNEL_LOG_WATCH_S):

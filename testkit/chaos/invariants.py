@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurmkit.supervise.classes import CLASS_INFO, FailureClass
+from slurmkit.failures.classes import CLASS_INFO, FailureClass
 from slurmkit.supervise.previous import BY_SLURM
 from testkit.chaos.menu import BY_NAME
 

@@ -19,8 +19,8 @@ from slurmkit.health.preflight import Preflight, build_checks
 from slurmkit.health.result import Verdict, bad, ok, wait
 from slurmkit.health.runner import Check, Timeout, run_checks
 from slurmkit.ledger.ledger import Ledger, read_ledger
-from slurmkit.supervise.classes import CLASS_INFO, FailureClass
-from slurmkit.supervise.classify import Evidence, root_cause
+from slurmkit.failures.classes import CLASS_INFO, FailureClass
+from slurmkit.failures.classify import Evidence, root_cause
 from slurmkit.supervise.policy import Action, History, Limits, decide
 
 # No "[seconds since boot]" stamp: the emulated line counts whatever this machine's uptime.

@@ -192,7 +192,7 @@ def describe(component: list[str], edges: dict[tuple[str, str], list[Import]]) -
 def test_the_walk_sees_the_imports_it_must() -> None:
     """The scan itself: function-level, ``from slurmkit import m`` and relative imports."""
     preflight = {i.target for i in _imports(ROOT / "health" / "preflight.py")}
-    assert "slurmkit.supervise.classify" in preflight  # inside Preflight.run
+    assert "slurmkit.failures.classify" in preflight  # inside Preflight.run
     agent = {i.target for i in _imports(ROOT / "launch" / "agent.py")}
     assert "slurmkit.contract" in agent and "slurmkit" not in agent  # from slurmkit import contract
     topology = {i.target for i in _imports(ROOT / "topology" / "__init__.py")}
@@ -244,6 +244,23 @@ def test_low_packages_import_only_leaves() -> None:
            for imp in imports[:1]]
     assert not bad, ("store, slurm, topology and ledger import only slurmkit.errors, slurmkit.untrusted, "
                      "their own modules and leaf modules:\n" + "\n".join(bad))
+
+
+# The failure vocabulary (slurmkit/failures/: classes, classify, stacks, programs) is imported by
+# launch, health, supervise, train and the chaos tests, and imports none of them: only these leaf
+# modules (when this test was written: failures -> contract, gpufaults).
+FAILURES_MAY_IMPORT = frozenset({"errors", "untrusted", "gpufaults", "contract"})
+
+
+def test_failures_is_pure_vocabulary() -> None:
+    edges = package_edges()
+    assert FAILURES_MAY_IMPORT <= _leaves(edges)
+    assert any(a == "failures" for a, _ in edges), "slurmkit/failures/ imports nothing: is it still there?"
+    bad = [f"failures -> {b}: {imp.where} imports {imp.target}"
+           for (a, b), imports in sorted(edges.items()) if a == "failures" and b not in FAILURES_MAY_IMPORT
+           for imp in imports[:1]]
+    assert not bad, ("slurmkit/failures imports only slurmkit.errors, untrusted, gpufaults and contract "
+                     "(never launch, supervise, health, train):\n" + "\n".join(bad))
 
 
 def test_the_checks_catch_a_cycle() -> None:

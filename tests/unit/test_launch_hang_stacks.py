@@ -23,10 +23,10 @@ from slurmkit.launch.agent import NodeAgent
 from slurmkit.launch.context import NodeContext
 from slurmkit.launch.stackdump import (RankStack, RankTarget, TraceSummary, capture, catches, find_pyspy, parse_trace,
                                        read_traces, report, trigger_nccl_dumps, trigger_trace_dumps, with_trace)
-from slurmkit.supervise.classes import FailureClass
-from slurmkit.supervise.classify import Evidence, root_cause
+from slurmkit.failures.classes import FailureClass
+from slurmkit.failures.classify import Evidence, root_cause
 from slurmkit.ledger.ledger import Ledger
-from slurmkit.supervise.stacks import StackPlace, read_stack
+from slurmkit.failures.stacks import StackPlace, read_stack
 from slurmkit.train.faults import DATA_STALL_LINE
 from slurmkit.train.signals import STACK_SIGNAL
 from slurmkit.submit import freeze

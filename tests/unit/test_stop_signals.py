@@ -21,7 +21,7 @@ from slurmkit.contract import EXIT_CHECKPOINTED_ON_SIGNAL
 from slurmkit.launch.agent import NodeAgent
 from slurmkit.launch.context import NodeContext
 from slurmkit.ledger.ledger import Ledger
-from slurmkit.supervise.classes import FailureClass
+from slurmkit.failures.classes import FailureClass
 from slurmkit.train.local import free_port, write_config
 
 # sitecustomize for the rank: `import torch` first writes IMPORTING and then waits for GO, so the

@@ -19,8 +19,8 @@ from slurmkit.ledger.events import validate
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.retry import RetryPolicy
 from slurmkit.supervise.channel import Channel
-from slurmkit.supervise.classes import FailureClass
-from slurmkit.supervise.classify import Evidence
+from slurmkit.failures.classes import FailureClass
+from slurmkit.failures.classify import Evidence
 from slurmkit.supervise.endwatch import EndWatch
 from slurmkit.supervise.loop import Supervisor, Where
 from slurmkit.supervise.policy import Action

@@ -879,8 +879,8 @@ def _time_scans(spec: Spec, n: int, repeats: int = 3) -> tuple[float, float]:
 def _time_evidence_reads(spec: Spec, n: int, repeats: int = 3) -> tuple[float, float]:
     """Node 0 reading n agents' evidence of a generation (sealed values, HMAC checked): the
     loop's one check + one multi_get, and the check + get per agent it made before."""
-    from slurmkit.supervise.classes import FailureClass
-    from slurmkit.supervise.classify import Evidence
+    from slurmkit.failures.classes import FailureClass
+    from slurmkit.failures.classify import Evidence
 
     store = _client(spec.port)
     chan = Channel(store, ATTEMPT, spec.token, spec.names)
