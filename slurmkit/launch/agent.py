@@ -46,7 +46,7 @@ from slurmkit.ledger.ledger import LEDGER_NAME, Ledger
 from slurmkit.supervise.liveness import Beater
 from slurmkit.supervise.loop import Supervisor, Where
 from slurmkit.failures.programs import expects_heartbeats
-from slurmkit.supervise.monitor import RankMonitor
+from slurmkit.launch.monitor import RankMonitor
 from slurmkit.supervise.relaunch import Relauncher, read_rejoin, srun_spawn, srun_spawn_many
 from slurmkit.slurm.capabilities import read_run_dir_copy
 from slurmkit.supervise.stepsended import STEPS_ENDED_ENV, StepsEnded

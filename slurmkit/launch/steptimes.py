@@ -2,7 +2,7 @@
 
 The ranks beat their step-time sections (seconds of data wait, compute, communication and
 checkpoint blocking: slurmkit.train.trainer) into their node-local heartbeat files; the agent
-reads each rank's newest beat every poll (slurmkit.supervise.monitor) and hands the beats here.
+reads each rank's newest beat every poll (slurmkit.launch.monitor) and hands the beats here.
 Every ``window_samples`` new step samples of every rank make one window: per rank the median
 of its own work (data + compute), and per section the node's median. That window (a few dozen
 bytes per rank: O(1) per agent, whatever the job's size) is what the supervisor posts at its

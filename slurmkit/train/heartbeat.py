@@ -34,7 +34,7 @@ from slurmkit.errors import ActionableError
 from slurmkit.untrusted import UntrustedDataError, parse_object, read_regular
 
 log = logging.getLogger(__name__)
-BEAT_BYTES = 64 * 1024  # one beat read back (slurmkit.supervise.monitor reads the same)
+BEAT_BYTES = 64 * 1024  # one beat read back (slurmkit.launch.monitor reads the same)
 
 
 class LocalDirError(ActionableError):

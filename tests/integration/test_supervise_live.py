@@ -15,7 +15,7 @@ import pytest
 from slurmkit.launch.ranks import RankProcess, spawn_rank, stop_ranks
 from slurmkit.failures.classes import FailureClass
 from slurmkit.failures.classify import root_cause
-from slurmkit.supervise.monitor import RankMonitor
+from slurmkit.launch.monitor import RankMonitor
 
 pytestmark = [pytest.mark.integration, pytest.mark.realtime]
 

@@ -21,7 +21,7 @@ from slurmkit.launch.ranks import spawn_rank
 from slurmkit.failures.classes import CLASS_INFO, FailureClass
 from slurmkit.failures.classify import (CONFIRM_WINDOW_S, Evidence, classify_exit, classify_line,
                                          printable_detail, root_cause)
-from slurmkit.supervise.monitor import RankMonitor
+from slurmkit.launch.monitor import RankMonitor
 from slurmkit.supervise.policy import Action, Decision, History, Limits, decide
 from tests.unit.test_supervise_classify import T0, exit_ev, line_ev
 

@@ -56,7 +56,7 @@ def cuda_index(env: dict[str, str]) -> int:
 
 # ------------------------------------------------------------------ exit codes
 def test_exit_codes_have_one_home() -> None:
-    from slurmkit.supervise import monitor
+    from slurmkit.launch import monitor
     from slurmkit.train import signals
 
     assert contract.EXIT_NO_REQUEUE == 93 and contract.EXIT_CHECKPOINTED_ON_SIGNAL == 95

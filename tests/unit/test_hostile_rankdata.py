@@ -25,7 +25,7 @@ from slurmkit.ledger.spool import SpoolReader
 from slurmkit.ledger.summary import summarize
 from slurmkit.report.run import load_run
 from slurmkit.runview import LedgerTail, build_view, read_config
-from slurmkit.supervise.monitor import RankMonitor
+from slurmkit.launch.monitor import RankMonitor
 from slurmkit.train.heartbeat import node_local_dir, private_dir, read_heartbeat
 
 DEEP = b"[" * 100_000 + b"]" * 100_000  # json's C scanner recurses: RecursionError

@@ -13,7 +13,7 @@ import pytest
 
 from slurmkit.failures.classes import FailureClass
 from slurmkit.failures.classify import root_cause
-from slurmkit.supervise.monitor import EXIT_CHECKPOINTED_ON_SIGNAL, RankMonitor, _proc_state
+from slurmkit.launch.monitor import EXIT_CHECKPOINTED_ON_SIGNAL, RankMonitor, _proc_state
 from slurmkit.train.heartbeat import Heartbeat
 
 F = FailureClass

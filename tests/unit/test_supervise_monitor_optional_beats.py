@@ -13,7 +13,7 @@ from slurmkit.config import compose
 from slurmkit.errors import ConfigError
 from slurmkit.failures.classes import FailureClass
 from slurmkit.failures.programs import expects_heartbeats
-from slurmkit.supervise.monitor import RankMonitor
+from slurmkit.launch.monitor import RankMonitor
 from tests.unit.test_launch_contract_slurm_env import agent
 from tests.unit.test_supervise_monitor import Clock, add, beater
 

@@ -11,7 +11,7 @@ import pytest
 
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.retry import RetryPolicy
-from slurmkit.supervise.monitor import EXIT_CHECKPOINTED_ON_SIGNAL
+from slurmkit.contract import EXIT_CHECKPOINTED_ON_SIGNAL
 from slurmkit.supervise.policy import Action
 from slurmkit.supervise.preemption import requeue_after_preemption
 from testkit.fakeslurm import FakeSlurm
