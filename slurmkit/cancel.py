@@ -32,6 +32,7 @@ from rich.text import Text
 from slurmkit.errors import ConfigError
 from slurmkit.jobstates import JobPoller, JobRef, JobState
 from slurmkit.ledger.ledger import LEDGER_NAME, Ledger
+from slurmkit.ledger.names import CANCEL_REQUESTED, CHECKPOINTED_ON_SIGNAL, END, RANKS_STARTED
 from slurmkit.runview import RunWatcher, default_run_root, read_sweep, resolve
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.errors import SlurmCommandError
@@ -93,7 +94,7 @@ def local_rank_pids(run_dir: str) -> list[int]:
     """
     w = RunWatcher(run_dir)
     w.refresh()
-    started = [e for e in w.tail.events if e.get("event") == "ranks_started"]
+    started = [e for e in w.tail.events if e.get("event") == RANKS_STARTED]
     last_gen = started[-1].get("generation") if started else None
     marker = f"SLURMKIT_RUN_DIR={run_dir}".encode()
     out = []
@@ -236,8 +237,8 @@ def _record_end(t: Target, state: JobState) -> None:
         pass
     w = RunWatcher(t.run_dir)
     w.refresh()
-    last_end = next((e for e in reversed(w.tail.events) if e.get("event") == "end"), None)
-    requested = next((e for e in reversed(w.tail.events) if e.get("event") == "cancel_requested"), None)
+    last_end = next((e for e in reversed(w.tail.events) if e.get("event") == END), None)
+    requested = next((e for e in reversed(w.tail.events) if e.get("event") == CANCEL_REQUESTED), None)
     if last_end is not None and last_end.get("status") == "cancelled" and requested is not None \
             and float(last_end.get("t", 0)) >= float(requested.get("t", 0)):
         return
@@ -250,8 +251,8 @@ def final_checkpoint(run_dir: str) -> str:
     w = RunWatcher(run_dir)
     w.refresh()
     events = w.tail.events
-    asked = max((i for i, e in enumerate(events) if e.get("event") == "cancel_requested"), default=0)
-    saved = next((e for e in reversed(events[asked:]) if e.get("event") == "checkpointed_on_signal"), None)
+    asked = max((i for i, e in enumerate(events) if e.get("event") == CANCEL_REQUESTED), default=0)
+    saved = next((e for e in reversed(events[asked:]) if e.get("event") == CHECKPOINTED_ON_SIGNAL), None)
     if saved is not None:
         return f"final checkpoint at step {saved.get('step')}"
     newest = max(w.view.checkpoints.values(), default=None) if w.view else None

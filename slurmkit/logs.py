@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import BinaryIO, TextIO
 
 from slurmkit.errors import ConfigError
+from slurmkit.ledger.names import ALLOCATION_START
 from slurmkit.runview import RunWatcher, is_run_dir
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
@@ -60,7 +61,7 @@ def node_index(run_dir: str, node: str) -> int:
         return int(node)
     w = RunWatcher(run_dir)
     w.refresh()
-    allocs = [e for e in w.tail.events if e.get("event") == "allocation_start"]
+    allocs = [e for e in w.tail.events if e.get("event") == ALLOCATION_START]
     nodes = allocs[-1].get("nodes") if allocs else None
     if isinstance(nodes, list) and node in nodes:
         return nodes.index(node)

@@ -32,6 +32,10 @@ import yaml
 
 from slurmkit.errors import ConfigError
 from slurmkit.ledger.ledger import LEDGER_NAME, LINE_BYTES, parse_record
+from slurmkit.ledger.names import (ALLOCATION_START, CANCEL_REQUESTED, CHECKPOINTED_ON_SIGNAL, CKPT_DURABLE,
+                                   CKPT_SAVED, END, FAILURE, HEARTBEAT, RANKS_STARTED, REQUEUE, STRAGGLER,
+                                   SUBMITTED, SUCCESSOR, TRAIN_FINISHED, TRAIN_RESUMED, TRAIN_STARTED,
+                                   TRAIN_STOPPED)
 from slurmkit.ledger.summary import RunReport, summarize
 from slurmkit.train.heartbeat import LocalDirError, local_heartbeat_path, read_heartbeat
 from slurmkit.untrusted import UntrustedDataError, parse_json, parse_object, read_regular
@@ -237,10 +241,10 @@ def _float(value: Any) -> float | None:
 
 # The phase an event puts the run in; ``end`` carries its own status.
 _PHASE_OF_EVENT = {
-    "submitted": "submitted", "allocation_start": "starting", "ranks_started": "running",
-    "train_started": "training", "train_resumed": "training", "failure": "recovering",
-    "requeue": "requeued", "checkpointed_on_signal": "checkpointing",
-    "cancel_requested": "cancelling",
+    SUBMITTED: "submitted", ALLOCATION_START: "starting", RANKS_STARTED: "running",
+    TRAIN_STARTED: "training", TRAIN_RESUMED: "training", FAILURE: "recovering",
+    REQUEUE: "requeued", CHECKPOINTED_ON_SIGNAL: "checkpointing",
+    CANCEL_REQUESTED: "cancelling",
 }
 
 
@@ -249,7 +253,7 @@ def phase_of(events: Sequence[Mapping[str, Any]]) -> tuple[str, bool]:
     phase = "created"
     for e in events:
         kind = e.get("event")
-        if kind == "end":
+        if kind == END:
             phase = str(e.get("status") or "ended")
         elif kind in _PHASE_OF_EVENT:
             phase = _PHASE_OF_EVENT[kind]
@@ -259,13 +263,13 @@ def phase_of(events: Sequence[Mapping[str, Any]]) -> tuple[str, bool]:
 def _job(events: Iterable[Mapping[str, Any]]) -> tuple[str | None, str | None]:
     job_id = executor = None
     for e in events:
-        if e.get("event") == "submitted":
+        if e.get("event") == SUBMITTED:
             job_id = str(e["job_id"]) if e.get("job_id") is not None else job_id
             executor = str(e.get("executor") or "") or executor
-        elif (e.get("event") == "successor" or (e.get("event") == "allocation_start" and e.get("predecessor"))) \
+        elif (e.get("event") == SUCCESSOR or (e.get("event") == ALLOCATION_START and e.get("predecessor"))) \
                 and e.get("job_id") is not None:
             job_id = str(e["job_id"])  # the run went on in the job this one submitted (successor.py)
-        elif e.get("event") == "allocation_start" and job_id is None and e.get("job_id") is not None:
+        elif e.get("event") == ALLOCATION_START and job_id is None and e.get("job_id") is not None:
             job_id = str(e["job_id"])
             executor = str(e.get("executor") or "") or executor
     return job_id, executor
@@ -275,7 +279,7 @@ def checkpoints_by_tier(events: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     out: dict[str, int] = {}
     for e in events:
         step = _int(e.get("step"))
-        if e.get("event") in ("ckpt_saved", "ckpt_durable") and step is not None and e.get("tier"):
+        if e.get("event") in (CKPT_SAVED, CKPT_DURABLE) and step is not None and e.get("tier"):
             tier = str(e["tier"])
             out[tier] = max(out.get(tier, step), step)
     return out
@@ -287,11 +291,11 @@ def _latest(events: Sequence[Mapping[str, Any]], kind: str) -> Mapping[str, Any]
 
 def _ledger_step(events: Sequence[Mapping[str, Any]]) -> int | None:
     for e in reversed(events):
-        if e.get("event") == "heartbeat" and isinstance(e.get("steps"), dict):
+        if e.get("event") == HEARTBEAT and isinstance(e.get("steps"), dict):
             steps = [s for s in (_int(v) for v in e["steps"].values()) if s is not None]
             if steps:
                 return min(steps)
-        if e.get("event") in ("train_started", "train_finished", "train_stopped", "ckpt_saved"):
+        if e.get("event") in (TRAIN_STARTED, TRAIN_FINISHED, TRAIN_STOPPED, CKPT_SAVED):
             step = _int(e.get("step"))
             if step is not None:
                 return step
@@ -303,7 +307,7 @@ def stragglers_of(events: Iterable[Mapping[str, Any]]) -> dict[str, tuple[float,
     out: dict[str, tuple[float, int | None]] = {}
     for e in events:
         node, score = e.get("node"), _float(e.get("score"))
-        if e.get("event") == "straggler" and isinstance(node, str) and score is not None:
+        if e.get("event") == STRAGGLER and isinstance(node, str) and score is not None:
             out[node] = (score, _int(e.get("step")))
     return out
 
@@ -316,17 +320,17 @@ def build_view(run_dir: str, events: Sequence[Mapping[str, Any]], *, full: bool,
     cfg = read_config(run_dir) if config is None else config
     job_id, executor = _job(events)
     phase, ended = phase_of(events)
-    alloc = _latest(events, "allocation_start")
-    started = _latest(events, "ranks_started")
+    alloc = _latest(events, ALLOCATION_START)
+    started = _latest(events, RANKS_STARTED)
     metrics = last_json_line(os.path.join(run_dir, METRICS_NAME))
     metrics_step = _int(metrics.get("step")) if metrics else None
     step = max((s for s in (metrics_step, _ledger_step(events), read_heartbeat_step(run_dir))
                 if s is not None), default=None)
     report = summarize(events) if full and events else None
     failures = (dict(report.failures_by_class) if report is not None else
-                dict(Counter(str(e.get("cls")) for e in events if e.get("event") == "failure")))
-    name = _get(cfg, "job.name") or (str(_latest(events, "submitted").get("name"))  # type: ignore[union-attr]
-                                     if _latest(events, "submitted") else os.path.basename(run_dir))
+                dict(Counter(str(e.get("cls")) for e in events if e.get("event") == FAILURE)))
+    name = _get(cfg, "job.name") or (str(_latest(events, SUBMITTED).get("name"))  # type: ignore[union-attr]
+                                     if _latest(events, SUBMITTED) else os.path.basename(run_dir))
     nodes = alloc.get("train_nodes") or alloc.get("nodes") if alloc else None
     return RunView(
         run_dir=run_dir, name=str(name), job_id=job_id, executor=executor, phase=phase, ended=ended,
@@ -370,7 +374,7 @@ class RunWatcher:
         grew = self.tail.poll()
         news = self.tail.events[seen:]
         for e in news:
-            if e.get("event") == "heartbeat":
+            if e.get("event") == HEARTBEAT:
                 self._beat = e
             else:
                 self._light.append(e)
@@ -386,7 +390,7 @@ class RunWatcher:
         light = self._light + ([self._beat] if self._beat is not None else [])
         view = build_view(self.run_dir, light, full=False, config=self.config)
         due = (previous is None or previous.report is None
-               or any(e.get("event") != "heartbeat" for e in news)
+               or any(e.get("event") != HEARTBEAT for e in news)
                or self._clock() - self._summary_at >= self._summary_interval_s)
         if self.tail.events and (due and (grew or previous is None)):
             self._summary_at = self._clock()
@@ -532,7 +536,7 @@ def resolve(target: str, run_root: str) -> tuple[str, str]:
     for path in runs:
         edges = ledger_edges(path)
         if any(str(e.get("job_id")) == target for e in edges
-               if e.get("event") in ("submitted", "allocation_start", "successor")):
+               if e.get("event") in (SUBMITTED, ALLOCATION_START, SUCCESSOR)):
             return "run", path
     raise ConfigError(f"no run under {os.path.abspath(run_root)} belongs to job {target}",
                       "the job's run directory below the run root",

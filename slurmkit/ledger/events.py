@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from slurmkit.ledger import names
+
 # JSON types by name. "num" is int or float; a trailing "?" also allows null.
 _TYPES: dict[str, tuple[type, ...]] = {
     "int": (int,), "num": (int, float), "str": (str,), "bool": (bool,),
@@ -53,76 +55,76 @@ _STORE_COMMON = "rank:int node:str time:num uri:str? bytes:int? seconds:num? rea
 
 EVENTS: dict[str, EventSpec] = {
     # --- the CLI (submit, sweep, cancel)
-    "submitted": _spec("", "job_id:str executor:str name:str nodes:int ranks_per_node:int "
-                           "config_hash:str array_job_id:str array_task_id:int sweep_dir:str "
-                           "overrides:list"),
-    "cancel_requested": _spec("", "job_id:str checkpoint:bool by:str job_state:str"),
-    "cancel_forced": _spec("", "job_id:str waited_s:num"),
+    names.SUBMITTED: _spec("", "job_id:str executor:str name:str nodes:int ranks_per_node:int "
+                               "config_hash:str array_job_id:str array_task_id:int sweep_dir:str "
+                               "overrides:list"),
+    names.CANCEL_REQUESTED: _spec("", "job_id:str checkpoint:bool by:str job_state:str"),
+    names.CANCEL_FORCED: _spec("", "job_id:str waited_s:num"),
     # --- node agents (the supervisor)
-    "allocation_start": _spec("", "job_id:str attempt:str restart_count:int nodes:list "
-                                  "train_nodes:list spares:list executor:str predecessor:str"),
+    names.ALLOCATION_START: _spec("", "job_id:str attempt:str restart_count:int nodes:list "
+                                      "train_nodes:list spares:list executor:str predecessor:str"),
     # what ended a requeued job's previous attempt (slurmkit.supervise.previous), at its next start
-    "previous_attempt": _spec("attempt:str handled_by:str outcome:str",
-                              "nodes:list ended:num queued_s:num held_s:num failed_node:str"),
-    "config_warning": _spec("message:str"),
-    "state": _spec("old:str new:str", "why:str"),
+    names.PREVIOUS_ATTEMPT: _spec("attempt:str handled_by:str outcome:str",
+                                  "nodes:list ended:num queued_s:num held_s:num failed_node:str"),
+    names.CONFIG_WARNING: _spec("message:str"),
+    names.STATE: _spec("old:str new:str", "why:str"),
     # warm: per rank, whether it started from a warm standby (slurmkit.launch.standby)
-    "ranks_started": _spec("generation:int", "node:str slot:int ranks:list pids:list "
-                                             "heartbeat_dir:str warm:list"),
-    "heartbeat": _spec("generation:int node:str steps:dict"),
-    "failure": _spec("cls:str", "generation:int rank:int node:str evidence:str time_of_fault:num "
-                                "ranks_affected:list slurm_view:list stack:str in_collective:bool?"),
+    names.RANKS_STARTED: _spec("generation:int", "node:str slot:int ranks:list pids:list "
+                                                 "heartbeat_dir:str warm:list"),
+    names.HEARTBEAT: _spec("generation:int node:str steps:dict"),
+    names.FAILURE: _spec("cls:str", "generation:int rank:int node:str evidence:str time_of_fault:num "
+                                    "ranks_affected:list slurm_view:list stack:str in_collective:bool?"),
     # A hung generation's stacks, by the agent of each node with ranks (slurmkit.launch.stackdump):
     # per rank {rank, pid, place, source, where, wait, lines (at most 40)}.
-    "hang_stacks": _spec("generation:int node:str ranks:list"),
+    names.HANG_STACKS: _spec("generation:int node:str ranks:list"),
     # straggler: the figures of a straggler moved onto a spare (slurmkit.supervise.straggler_move).
-    "decision": _spec("action:str", "generation:int reason:str exclude:list straggler:dict"),
-    "exclusion": _spec("nodes:list how:str", "train_nodes:list"),
-    "requeue": _spec("reason:str", "job_id:str exclude:list"),
+    names.DECISION: _spec("action:str", "generation:int reason:str exclude:list straggler:dict"),
+    names.EXCLUSION: _spec("nodes:list how:str", "train_nodes:list"),
+    names.REQUEUE: _spec("reason:str", "job_id:str exclude:list"),
     # the requeue as a successor job (slurmkit.supervise.successor): the run goes on in job_id
-    "successor": _spec("job_id:str predecessor:str", "exclude:list reason:str"),
-    "successor_refused": _spec("reason:str", "fallback:str generation:int"),
-    "checkpointed_on_signal": _spec("", "generation:int signal:str? step:int?"),
-    "end": _spec("status:str", "exit_code:int generation:int reason:str signal:str? job_id:str "
-                               "job_state:str"),
-    "channel_refused": _spec("detail:str", "generation:int node:str"),
-    "spare_lost": _spec("node:str", "why:str silent_s:num"),
-    "node_kept": _spec("node:str why:str", "generation:int slurm_state:str?"),
+    names.SUCCESSOR: _spec("job_id:str predecessor:str", "exclude:list reason:str"),
+    names.SUCCESSOR_REFUSED: _spec("reason:str", "fallback:str generation:int"),
+    names.CHECKPOINTED_ON_SIGNAL: _spec("", "generation:int signal:str? step:int?"),
+    names.END: _spec("status:str", "exit_code:int generation:int reason:str signal:str? job_id:str "
+                                   "job_state:str"),
+    names.CHANNEL_REFUSED: _spec("detail:str", "generation:int node:str"),
+    names.SPARE_LOST: _spec("node:str", "why:str silent_s:num"),
+    names.NODE_KEPT: _spec("node:str why:str", "generation:int slurm_state:str?"),
     # a lost agent's node kept and its agent relaunched in the allocation (slurmkit.supervise.relaunch):
     # ``generation`` is the one it joins; ``failed``: the relaunch did not bring it back (or its cap
     # was used), node 0 fell back to a spare or a requeue keeping the node
-    "agent_relaunched": _spec("node:str node_rank:int generation:int relaunch:int",
-                              "slot:int first_beat_s:num command:list log:str"),
-    "agent_relaunch_failed": _spec("node:str why:str", "node_rank:int generation:int relaunch:int"),
-    "agent_error": _spec("node:str error:str", "generation:int node_rank:int"),
+    names.AGENT_RELAUNCHED: _spec("node:str node_rank:int generation:int relaunch:int",
+                                  "slot:int first_beat_s:num command:list log:str"),
+    names.AGENT_RELAUNCH_FAILED: _spec("node:str why:str", "node_rank:int generation:int relaunch:int"),
+    names.AGENT_ERROR: _spec("node:str error:str", "generation:int node_rank:int"),
     # a record a rank (or anything else) wrote that a reader refused: the file, and why
-    "rank_data_refused": _spec("file:str reason:str", "node:str count:int"),
-    "requeue_refused": _spec("reason:str", "generation:int failure_requeues:int max_requeues:int "
-                                           "excluded:list partition:str? partition_nodes:int? needed:int"),
-    "preflight": _spec("node:str verdict:str", "generation:int duration_s:num waited_s:num checks:list"),
-    "straggler": _spec("node:str score:num", "generation:int rank:int own_s:num job_median_s:num "
-                                             "windows:int step:int sections:dict threshold:num action:str "
-                                             "plan:str"),
-    "ledger_write_failed": _spec("failures:int error:str", "errno:str? first_failure_t:num "
-                                                            "held:int dropped:int node:str"),
+    names.RANK_DATA_REFUSED: _spec("file:str reason:str", "node:str count:int"),
+    names.REQUEUE_REFUSED: _spec("reason:str", "generation:int failure_requeues:int max_requeues:int "
+                                               "excluded:list partition:str? partition_nodes:int? needed:int"),
+    names.PREFLIGHT: _spec("node:str verdict:str", "generation:int duration_s:num waited_s:num checks:list"),
+    names.STRAGGLER: _spec("node:str score:num", "generation:int rank:int own_s:num job_median_s:num "
+                                                 "windows:int step:int sections:dict threshold:num action:str "
+                                                 "plan:str"),
+    names.LEDGER_WRITE_FAILED: _spec("failures:int error:str", "errno:str? first_failure_t:num "
+                                                                "held:int dropped:int node:str"),
     # --- rank 0 of the trainer
-    "train_started": _spec("step:int", "generation:int world_size:int strategy:str"),
-    "train_resumed": _spec("step:int", "tier:str? generation:int", open=True),
-    "train_stopped": _spec("step:int", "signal:int? generation:int"),
-    "train_finished": _spec("step:int", "param_sha256:str generation:int"),
+    names.TRAIN_STARTED: _spec("step:int", "generation:int world_size:int strategy:str"),
+    names.TRAIN_RESUMED: _spec("step:int", "tier:str? generation:int", open=True),
+    names.TRAIN_STOPPED: _spec("step:int", "signal:int? generation:int"),
+    names.TRAIN_FINISHED: _spec("step:int", "param_sha256:str generation:int"),
     # --- the checkpoint store (forwarded by rank 0)
-    "ckpt_saved": _spec("step:int", "tier:str " + _STORE_COMMON, open=True),
-    "ckpt_durable": _spec("step:int", "tier:str " + _STORE_COMMON, open=True),
-    "ckpt_failed": _spec("tier:str", "step:int? " + _STORE_COMMON, open=True),
-    "ckpt_dropped": _spec("step:int", "tier:str " + _STORE_COMMON, open=True),
-    "ckpt_rejected": _spec("step:int?", "tier:str phase:str " + _STORE_COMMON, open=True),
-    "ckpt_skipped": _spec("step:int?", "tier:str phase:str " + _STORE_COMMON, open=True),
-    "ckpt_waited": _spec("step:int", "waited_s:num " + _STORE_COMMON, open=True),
-    "ckpt_fetched": _spec("step:int", "tier:str " + _STORE_COMMON, open=True),
-    "ckpt_restored": _spec("step:int", "tier:str " + _STORE_COMMON, open=True),
-    "store_event": _spec("", _STORE_COMMON, open=True),  # a store event without a name
+    names.CKPT_SAVED: _spec("step:int", "tier:str " + _STORE_COMMON, open=True),
+    names.CKPT_DURABLE: _spec("step:int", "tier:str " + _STORE_COMMON, open=True),
+    names.CKPT_FAILED: _spec("tier:str", "step:int? " + _STORE_COMMON, open=True),
+    names.CKPT_DROPPED: _spec("step:int", "tier:str " + _STORE_COMMON, open=True),
+    names.CKPT_REJECTED: _spec("step:int?", "tier:str phase:str " + _STORE_COMMON, open=True),
+    names.CKPT_SKIPPED: _spec("step:int?", "tier:str phase:str " + _STORE_COMMON, open=True),
+    names.CKPT_WAITED: _spec("step:int", "waited_s:num " + _STORE_COMMON, open=True),
+    names.CKPT_FETCHED: _spec("step:int", "tier:str " + _STORE_COMMON, open=True),
+    names.CKPT_RESTORED: _spec("step:int", "tier:str " + _STORE_COMMON, open=True),
+    names.STORE_EVENT: _spec("", _STORE_COMMON, open=True),  # a store event without a name
     # --- tests and benchmarks that inject faults
-    "fault_injected": _spec("kind:str", "time:num rank:int step:int node:str", open=True),
+    names.FAULT_INJECTED: _spec("kind:str", "time:num rank:int step:int node:str", open=True),
 }
 
 
@@ -132,7 +134,7 @@ def from_store(event: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     fields = {k: v for k, v in event.items() if k not in RESERVED}
     if "source" in event:
         fields["from_tier"] = event["source"]
-    return str(event.get("event") or "store_event"), fields
+    return str(event.get("event") or names.STORE_EVENT), fields
 
 
 def _matches(value: Any, type_name: str) -> bool:
@@ -151,7 +153,8 @@ def validate(event: str, fields: Mapping[str, Any]) -> None:
     """Raise EventError unless ``event`` with ``fields`` is a known, well-typed event."""
     spec = EVENTS.get(event)
     if spec is None:
-        raise EventError(f"unknown ledger event {event!r} (add it to slurmkit/ledger/events.py)")
+        raise EventError(f"unknown ledger event {event!r} (add its name to slurmkit/ledger/names.py "
+                         "and its fields here, slurmkit/ledger/events.py)")
     clash = RESERVED & set(fields)
     if clash:
         raise EventError(f"ledger event {event!r}: field(s) {sorted(clash)} are set by the ledger")

@@ -33,6 +33,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from slurmkit.ledger.names import (CKPT_RESTORED, CKPT_SAVED, DECISION, END, EXCLUSION, FAILURE,
+                                   FAULT_INJECTED, HEARTBEAT, RANKS_STARTED, REQUEUE, STATE, TRAIN_FINISHED,
+                                   TRAIN_STARTED, TRAIN_STOPPED)
+
 Event = Mapping[str, Any]
 
 
@@ -121,19 +125,19 @@ def fresh_heartbeats(events: Sequence[Event]) -> list[Event]:
     out, starting = [], False
     for e in events:
         kind = e.get("event")
-        if kind == "ranks_started":
+        if kind == RANKS_STARTED:
             starting = True
-        elif kind == "train_started":
+        elif kind == TRAIN_STARTED:
             starting = False
-        elif kind == "heartbeat" and not starting and _sample_step(e) is not None:
+        elif kind == HEARTBEAT and not starting and _sample_step(e) is not None:
             out.append(e)
     return out
 
 
 def step_points(events: Sequence[Event]) -> list[tuple[float, int]]:
     """(time, step) pairs from everything that says a step was reached, time-ordered."""
-    points = [(_t(e), int(e["step"])) for e in _of(events, "train_started", "ckpt_saved",
-                                                   "train_stopped", "train_finished")
+    points = [(_t(e), int(e["step"])) for e in _of(events, TRAIN_STARTED, CKPT_SAVED,
+                                                   TRAIN_STOPPED, TRAIN_FINISHED)
               if e.get("step") is not None]
     points += [(_t(e), int(_sample_step(e) or 0)) for e in fresh_heartbeats(events)]
     return sorted(points)
@@ -141,7 +145,7 @@ def step_points(events: Sequence[Event]) -> list[tuple[float, int]]:
 
 def segments(events: Sequence[Event]) -> list[Segment]:
     """One segment per ``train_started``, with the step points up to the next one."""
-    starts = _of(events, "train_started")
+    starts = _of(events, TRAIN_STARTED)
     points = step_points(events)
     times = [t for t, _ in points]
     out = []
@@ -172,7 +176,7 @@ def _segment_of(segs: Sequence[Segment], t: float) -> int | None:
 
 def _injected_fault(events: Sequence[Event], before: float, after: float) -> Event | None:
     """The last fault_injected event in (after, before]: the fault behind a failure."""
-    hits = [e for e in _of(events, "fault_injected") if after < _fault_t(e) <= before]
+    hits = [e for e in _of(events, FAULT_INJECTED) if after < _fault_t(e) <= before]
     return hits[-1] if hits else None
 
 
@@ -203,10 +207,10 @@ def failure_report(events: Sequence[Event], segs: Sequence[Segment], failure: Ev
     fail_t = _t(failure)
     fault = _injected_fault(events, fail_t, previous_t)
     fault_t = _fault_t(fault) if fault is not None else float(failure.get("time_of_fault", fail_t))
-    detected = next((e for e in _of(events, "state") if e.get("new") == "stopping"
+    detected = next((e for e in _of(events, STATE) if e.get("new") == "stopping"
                      and fault_t <= _t(e) <= fail_t), failure)
-    decision = _first_after(events, ("decision",), fail_t)
-    restarted = _first_after(events, ("train_started",), fail_t)
+    decision = _first_after(events, (DECISION,), fail_t)
+    restarted = _first_after(events, (TRAIN_STARTED,), fail_t)
     after_start = _t(restarted) if restarted is not None else float("inf")
     beat = next((e for e in fresh_heartbeats(events) if _t(e) >= after_start), None)
     fault_step, restored_step, lost = _steps_lost(segs, fail_t, previous_t, fault)
@@ -216,15 +220,15 @@ def failure_report(events: Sequence[Event], segs: Sequence[Segment], failure: Ev
         action=None if decision is None else str(decision.get("action")),
         fault_time=fault_t, injected=fault is not None,
         detection_s=_since(fault_t, detected) if fault is not None else None,
-        restart_s=_since(fault_t, _first_after(events, ("ranks_started",), fail_t)),
-        restore_s=_since(fault_t, _first_after(events, ("ckpt_restored", "train_started"), fail_t)),
+        restart_s=_since(fault_t, _first_after(events, (RANKS_STARTED,), fail_t)),
+        restore_s=_since(fault_t, _first_after(events, (CKPT_RESTORED, TRAIN_STARTED), fail_t)),
         resume_s=_since(fault_t, beat), fault_step=fault_step, restored_step=restored_step,
         steps_lost=lost)
 
 
 def failure_reports(events: Sequence[Event], segs: Sequence[Segment]) -> list[FailureReport]:
     out, previous = [], float("-inf")
-    for f in _of(events, "failure"):
+    for f in _of(events, FAILURE):
         out.append(failure_report(events, segs, f, previous))
         previous = _t(f)
     return out
@@ -233,11 +237,11 @@ def failure_reports(events: Sequence[Event], segs: Sequence[Segment]) -> list[Fa
 # ------------------------------------------------------------------ the whole run
 
 def _decisions(events: Sequence[Event]) -> Counter[str]:
-    return Counter(str(e.get("action")) for e in _of(events, "decision"))
+    return Counter(str(e.get("action")) for e in _of(events, DECISION))
 
 
 def _excluded(events: Sequence[Event]) -> list[str]:
-    return sorted({str(n) for e in _of(events, "exclusion") for n in e.get("nodes") or []})
+    return sorted({str(n) for e in _of(events, EXCLUSION) for n in e.get("nodes") or []})
 
 
 def summarize(raw: Iterable[Event]) -> RunReport:
@@ -248,14 +252,14 @@ def summarize(raw: Iterable[Event]) -> RunReport:
     start, wall = _t(events[0]), _t(events[-1]) - _t(events[0])
     segs = segments(events)
     failures = failure_reports(events, segs)
-    ends = _of(events, "end")
+    ends = _of(events, END)
     productive = productive_seconds(segs)
     decisions = _decisions(events)
     return RunReport(
         start=start, wall_s=wall, status=str(ends[-1].get("status")) if ends else "running",
         failures_by_class=dict(Counter(f.cls for f in failures)),
         restarts=decisions["restart"], replacements=decisions["replace_node"],
-        requeues=len(_of(events, "requeue")), excluded_nodes=_excluded(events),
+        requeues=len(_of(events, REQUEUE)), excluded_nodes=_excluded(events),
         final_step=max((s for _, s in step_points(events)), default=None),
         productive_s=productive, goodput=productive / wall if wall > 0 else 0.0,
         steps_lost=sum(f.steps_lost or 0 for f in failures), failures=failures)

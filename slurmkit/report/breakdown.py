@@ -21,6 +21,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from slurmkit.ledger.names import ALLOCATION_START, RANKS_STARTED, REQUEUE, SUBMITTED, TRAIN_STARTED
 from slurmkit.ledger.summary import (
     Event, FailureReport, Segment, failure_reports, kept_steps, segments,
 )
@@ -74,11 +75,11 @@ def _failure_spans(times: _Times, failures: Sequence[FailureReport]) -> list[Spa
     for f in failures:
         noticed = f.fault_time + f.detection_s if f.detection_s is not None else f.time
         out.append(Span("detection", f.fault_time, noticed))
-        ranks = times.next("ranks_started", f.time)
+        ranks = times.next(RANKS_STARTED, f.time)
         if ranks is None:
             continue
         out.append(Span("restart", noticed, ranks))
-        started = times.next("train_started", ranks)
+        started = times.next(TRAIN_STARTED, ranks)
         if started is not None:
             out.append(Span("restore", ranks, started))
     return out
@@ -86,15 +87,15 @@ def _failure_spans(times: _Times, failures: Sequence[FailureReport]) -> list[Spa
 
 def _queue_and_startup(times: _Times, last: float) -> list[Span]:
     out = []
-    for kind in ("submitted", "requeue"):
+    for kind in (SUBMITTED, REQUEUE):
         for t in times.by_name.get(kind, []):
-            alloc = times.next("allocation_start", t)
+            alloc = times.next(ALLOCATION_START, t)
             if alloc is not None:
                 out.append(Span("queue", t, alloc))
-            elif kind == "requeue":  # requeued and never started again (yet)
+            elif kind == REQUEUE:  # requeued and never started again (yet)
                 out.append(Span("queue", t, last))
-    for t in times.by_name.get("allocation_start", []):
-        started = times.next("train_started", t)
+    for t in times.by_name.get(ALLOCATION_START, []):
+        started = times.next(TRAIN_STARTED, t)
         if started is not None:
             out.append(Span("startup", t, started))
     return out

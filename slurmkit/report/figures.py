@@ -19,6 +19,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from slurmkit.ledger.names import (ALLOCATION_START, CKPT_DURABLE, CKPT_FAILED,  # noqa: E402
+                                   CKPT_RESTORED, CKPT_SAVED, DECISION, END, REQUEUE, TRAIN_STARTED)
 from slurmkit.report.breakdown import LABELS, partition, spans  # noqa: E402
 from slurmkit.report.model import goodput  # noqa: E402
 from slurmkit.report.run import RunData, stretches  # noqa: E402
@@ -48,7 +50,7 @@ def _of(data: RunData, *names: str) -> list[dict[str, Any]]:
 
 
 def _tiers(data: RunData) -> list[str]:
-    found = {str(e.get("tier")) for e in _of(data, "ckpt_saved", "ckpt_durable", "ckpt_restored")
+    found = {str(e.get("tier")) for e in _of(data, CKPT_SAVED, CKPT_DURABLE, CKPT_RESTORED)
              if e.get("tier")}
     return sorted(found, key=lambda t: (TIER_ORDER.index(t) if t in TIER_ORDER else 99, t))
 
@@ -74,17 +76,17 @@ def timeline(data: RunData) -> bytes:
     fig, ax = plt.subplots(figsize=(12, 1.0 + 0.55 * len(lanes)))
     end = _rel(data, data.report.start + data.report.wall_s)
 
-    allocs = _of(data, "allocation_start")
+    allocs = _of(data, ALLOCATION_START)
     items = []
     for i, e in enumerate(allocs):
         stop = next((float(x["t"]) for x in data.events if float(x["t"]) > float(e["t"])
-                     and x.get("event") in ("requeue", "end", "allocation_start")), data.report.start + data.report.wall_s)
+                     and x.get("event") in (REQUEUE, END, ALLOCATION_START)), data.report.start + data.report.wall_s)
         spare = f", {len(e.get('spares') or [])} spare" if e.get("spares") else ""
         items.append((_rel(data, float(e["t"])), _rel(data, stop), "#455a64",
                       f"{e.get('attempt', i)}: {len(e.get('nodes') or [])} nodes{spare}"))
     _bars(ax, y["allocations"], items)
 
-    gens = [e for e in _of(data, "train_started")]
+    gens = [e for e in _of(data, TRAIN_STARTED)]
     items = []
     for i, e in enumerate(gens):
         stop = float(gens[i + 1]["t"]) if i + 1 < len(gens) else data.report.start + data.report.wall_s
@@ -103,17 +105,17 @@ def timeline(data: RunData) -> bytes:
                    zorder=3, label=f"{f.cls}")
         ax.annotate(f"{f.cls}\n{where}", (_rel(data, f.fault_time), y["failures"]),
                     xytext=(0, 9), textcoords="offset points", ha="center", fontsize=7)
-    for e in _of(data, "decision"):
+    for e in _of(data, DECISION):
         marker, color = ACTION_MARKERS.get(str(e.get("action")), ("o", "#000000"))
         ax.scatter([_rel(data, float(e["t"]))], [y["decisions"]], marker=marker, color=color, s=50)
         ax.annotate(str(e.get("action")), (_rel(data, float(e["t"])), y["decisions"]),
                     xytext=(0, 7), textcoords="offset points", ha="center", fontsize=7)
-    for e in _of(data, "requeue"):
+    for e in _of(data, REQUEUE):
         ax.axvline(_rel(data, float(e["t"])), color="#5d4037", linestyle="--", linewidth=0.8)
     for tier in tiers:
         lane = y[f"ckpt {tier}"]
-        for name, marker, color in (("ckpt_saved", "|", "#1565c0"), ("ckpt_durable", "|", "#2e7d32"),
-                                    ("ckpt_restored", "o", "#6a1b9a"), ("ckpt_failed", "x", "#c62828")):
+        for name, marker, color in ((CKPT_SAVED, "|", "#1565c0"), (CKPT_DURABLE, "|", "#2e7d32"),
+                                    (CKPT_RESTORED, "o", "#6a1b9a"), (CKPT_FAILED, "x", "#c62828")):
             ts = [_rel(data, float(e["t"])) for e in _of(data, name) if e.get("tier") == tier]
             if ts:
                 ax.scatter(ts, [lane] * len(ts), marker=marker, color=color, s=80 if marker == "|" else 40,

@@ -19,6 +19,7 @@ from typing import Any
 
 from slurmkit.errors import ConfigError
 from slurmkit.ledger.ledger import LEDGER_NAME, read_ledger
+from slurmkit.ledger.names import ALLOCATION_START, CKPT_SAVED, END, REQUEUE, TRAIN_STARTED
 from slurmkit.ledger.summary import RunReport, summarize
 from slurmkit.report.breakdown import breakdown
 from slurmkit.report.model import Advice, Figures, advise
@@ -155,11 +156,11 @@ def save_rows(events: Sequence[Mapping[str, Any]], metrics: Sequence[Mapping[str
     rows: list[dict[str, Any]] = []
     current, nxt = None, 0
     for e in sorted(events, key=lambda e: _num(e.get("t"))):
-        if e.get("event") == "train_started":
+        if e.get("event") == TRAIN_STARTED:
             start = int(_num(e.get("step"))) + 1
             hit = next((i for i in range(nxt, len(firsts)) if firsts[i] == start), None)
             current, nxt = (hit, hit + 1) if hit is not None else (None, nxt)
-        elif e.get("event") == "ckpt_saved":
+        elif e.get("event") == CKPT_SAVED:
             step = int(_num(e.get("step")))
             own = pending[current] if current is not None else []
             i = next((i for i, (s, _) in enumerate(own) if s == step), None)
@@ -191,11 +192,11 @@ def _allocations(events: Sequence[Mapping[str, Any]]) -> list[tuple[float, float
     last = _num(ordered[-1].get("t")) if ordered else 0.0
     out = []
     for i, e in enumerate(ordered):
-        if e.get("event") != "allocation_start":
+        if e.get("event") != ALLOCATION_START:
             continue
         t0 = _num(e.get("t"))
         end = next((_num(x.get("t")) for x in ordered[i + 1:]
-                    if x.get("event") in ("allocation_start", "requeue", "end")), last)
+                    if x.get("event") in (ALLOCATION_START, REQUEUE, END)), last)
         out.append((t0, end, len(e.get("nodes") or []) or 1))
     return out
 
@@ -206,8 +207,8 @@ def _recovery_s(report: RunReport, events: Sequence[Mapping[str, Any]]) -> tuple
     got = [f.restore_s for f in report.failures if f.restore_s is not None]
     if got:
         return sum(got) / len(got), f"mean over {len(got)} recoveries of this run"
-    alloc = [e for e in events if e.get("event") == "allocation_start"]
-    start = [e for e in events if e.get("event") == "train_started"]
+    alloc = [e for e in events if e.get("event") == ALLOCATION_START]
+    start = [e for e in events if e.get("event") == TRAIN_STARTED]
     if alloc and start:
         return max(0.0, _num(start[0]["t"]) - _num(alloc[0]["t"])), "this run's startup (no failure recovered)"
     return 0.0, "unknown (0)"
@@ -271,7 +272,7 @@ def _cost(data: RunData) -> Cost | None:
     gpu_hours = sum((b - a) * n * gpn for a, b, n in allocs) / 3600.0
     useful = data.report.productive_s * train_nodes * gpn / 3600.0
     per_step = _tokens_per_step(data.metrics)
-    starts = [int(_num(e.get("step"))) for e in data.events if e.get("event") == "train_started"]
+    starts = [int(_num(e.get("step"))) for e in data.events if e.get("event") == TRAIN_STARTED]
     kept = (data.report.final_step or 0) - (min(starts) if starts else 0)
     if per_step is None:
         data.notes.append("no tokens per step in metrics.jsonl: no cost per million tokens")

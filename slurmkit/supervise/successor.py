@@ -39,6 +39,7 @@ import shutil
 from collections.abc import Mapping
 
 from slurmkit.errors import SubmissionError
+from slurmkit.ledger.names import SUCCESSOR
 from slurmkit.slurm.client import SlurmClient, slurm_client
 from slurmkit.slurm.errors import SlurmError
 from slurmkit.slurm.hostlist import compress_hostlist, expand_hostlist
@@ -183,7 +184,7 @@ def successor_chain(run_dir: str, job_id: str) -> list[str]:
 
     after: dict[str, str] = {}
     for e in read_ledger(os.path.join(run_dir, LEDGER_NAME)):
-        if e.get("event") == "successor" and _JOB_ID.match(str(e.get("job_id", ""))):
+        if e.get("event") == SUCCESSOR and _JOB_ID.match(str(e.get("job_id", ""))):
             after[str(e.get("predecessor"))] = str(e["job_id"])  # the newest handover of a job counts
     jobs = [job_id]
     while (nxt := after.get(jobs[-1])) is not None and nxt not in jobs:

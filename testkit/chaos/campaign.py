@@ -27,9 +27,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from slurmkit.ledger.names import END, SUBMITTED
 from testkit.chaos.invariants import Check, Verdict, lost_per_fault, verdict
 from testkit.chaos.menu import MENU
 from testkit.chaos.plan import RunPlan, draw_plan, replay_command
+
 
 # testkit/chaos/campaign.py -> the repository root (testkit/ is a top-level package of it)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -126,7 +128,7 @@ def _job_of(run_dir: str) -> str:
     from slurmkit.ledger.ledger import read_ledger
 
     for e in read_ledger(os.path.join(run_dir, "ledger.jsonl")):
-        if e.get("event") == "submitted" and e.get("job_id"):
+        if e.get("event") == SUBMITTED and e.get("job_id"):
             return str(e["job_id"])
     return ""
 
@@ -190,7 +192,7 @@ def main(argv: Sequence[str] | None = None, say: Callable[[str], None] | None = 
 
         if not a.reference:
             raise SystemExit("chaos: --recheck needs --reference SHA (the uninterrupted run's param_sha256)")
-        ends = [e for e in facts_from_run_dir(a.recheck, a.reference, job_state="").events if e.get("event") == "end"]
+        ends = [e for e in facts_from_run_dir(a.recheck, a.reference, job_state="").events if e.get("event") == END]
         job = str(next((e.get("job_id") for e in ends if e.get("job_id")), "")) or _job_of(a.recheck)
         state = Cluster(cluster_env(), REPO).job_state(job).split()[0] if job else "UNKNOWN"
         v = verdict(facts_from_run_dir(a.recheck, a.reference, job_state=state))

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slurmkit.ledger.ledger import Ledger, read_ledger
+from slurmkit.ledger.names import (CKPT_FAILED, CKPT_SAVED, DECISION, FAILURE, FAULT_INJECTED, HEARTBEAT,
+                                   RANKS_STARTED, REQUEUE, TRAIN_FINISHED, TRAIN_STARTED)
 from slurmkit.supervise.successor import successor_chain, successor_of
 from testkit.chaos import nvme, procs
 from testkit.chaos.invariants import Injected, RunFacts
@@ -116,7 +118,7 @@ def external_losses(events: list[dict[str, Any]], downs: list[tuple[str, float]]
     explains nothing (a job requeued after its own end is not excused by a later outage)."""
     out = set()
     for e in events:
-        if e.get("event") != "failure" or e.get("cls") != "node_loss" or str(e.get("node")) in killed:
+        if e.get("event") != FAILURE or e.get("cls") != "node_loss" or str(e.get("node")) in killed:
             continue
         node, t = str(e.get("node")), float(e["t"])
         if any(n == node and DOWN_WINDOW_S[0] <= dt - t <= DOWN_WINDOW_S[1] for n, dt in downs):
@@ -204,7 +206,7 @@ def reference_digest(cluster: Cluster, plan: RunPlan, run_root: str, *, step_del
         out = {}
     if state != "COMPLETED" or out.get("step") != plan.steps:
         raise RuntimeError(f"the reference run {run_dir} ended {state} at step {out.get('step')}")
-    failures = [e for e in read_ledger(os.path.join(run_dir, "ledger.jsonl")) if e.get("event") == "failure"]
+    failures = [e for e in read_ledger(os.path.join(run_dir, "ledger.jsonl")) if e.get("event") == FAILURE]
     for e in failures:
         cluster.say(f"  warning: the reference run (no fault injected) had a failure: {e.get('cls')} on "
                     f"{e.get('node')}: {e.get('evidence')}")
@@ -321,7 +323,7 @@ class Driver:
 
     # ------------------------------------------------------------------ placing
     def resumed_after(self, t: float) -> dict[str, Any]:
-        return self.wait("training to resume", lambda: self._after("train_started", t))
+        return self.wait("training to resume", lambda: self._after(TRAIN_STARTED, t))
 
     def wait_after_save(self, f: PlannedFault, since: float) -> int:
         """Block until ``f.saves`` new checkpoints since training resumed after ``since``, plus
@@ -333,7 +335,7 @@ class Driver:
             base_t, base_step = float(start["t"]), int(start["step"])
 
         def saved() -> int | None:
-            steps = sorted({int(e["step"]) for e in self.events() if e.get("event") == "ckpt_saved"
+            steps = sorted({int(e["step"]) for e in self.events() if e.get("event") == CKPT_SAVED
                             and float(e["t"]) >= base_t and int(e["step"]) > base_step})
             return steps[f.saves - 1] if len(steps) >= f.saves else None
 
@@ -353,14 +355,14 @@ class Driver:
         """The previous fault's recovery: a decision (or a requeue) after ``since``, then the
         ranks of the next generation started. Returns when they did."""
         def decided() -> dict[str, Any] | None:
-            return self._after("decision", since) or self._after("requeue", since)
+            return self._after(DECISION, since) or self._after(REQUEUE, since)
 
         d = self.wait("the decision about the previous fault", decided)
-        started = self.wait("the next generation's ranks", lambda: self._after("ranks_started", float(d["t"])))
+        started = self.wait("the next generation's ranks", lambda: self._after(RANKS_STARTED, float(d["t"])))
         return float(started["t"])
 
     def phase(self, since: float) -> str:
-        return "training" if self._after("train_started", since) else "restarting"
+        return "training" if self._after(TRAIN_STARTED, since) else "restarting"
 
     # ------------------------------------------------------------------ injecting
     def mark(self, f: PlannedFault, t: float, step: int | None, nodes: tuple[str, ...] = (),
@@ -533,7 +535,7 @@ class Driver:
         try:
             self.wait("the promotion that meets the S3 outage", lambda: next(
                 (e for e in self.events() if float(e["t"]) > t and (
-                    e.get("event") == "failure" or (e.get("event") == "ckpt_failed" and e.get("tier") == "object"))),
+                    e.get("event") == FAILURE or (e.get("event") == CKPT_FAILED and e.get("tier") == "object"))),
                 None))
         finally:
             self.s3.start()
@@ -545,8 +547,8 @@ class Driver:
         after it has nothing left to meet (seen in the 50-seed campaign, seed 47: the fill
         landed after the save of the last step and was reported as a fault never noticed)."""
         for e in self.events():
-            if e.get("event") == "train_finished" or (
-                    e.get("event") == "ckpt_saved" and int(e.get("step") or -1) >= self.plan.steps):
+            if e.get("event") == TRAIN_FINISHED or (
+                    e.get("event") == CKPT_SAVED and int(e.get("step") or -1) >= self.plan.steps):
                 return self.plan.steps
         return None
 
@@ -556,8 +558,8 @@ class Driver:
         for e in self.events():
             kind = e.get("event")
             later = e.get("step") is not None and int(e["step"]) > (step if step is not None else -1)
-            if (kind == "ckpt_saved" and later) or (kind == "ckpt_failed" and later and e.get("tier") != tier) \
-                    or (kind == "failure" and float(e["t"]) > t):
+            if (kind == CKPT_SAVED and later) or (kind == CKPT_FAILED and later and e.get("tier") != tier) \
+                    or (kind == FAILURE and float(e["t"]) > t):
                 return e
         return None
 
@@ -587,7 +589,7 @@ class Driver:
 
     def bring_back_after_decision(self, node: str, t: float) -> None:
         try:
-            self.wait(f"the decision about {node}", lambda: self._after("decision", t))
+            self.wait(f"the decision about {node}", lambda: self._after(DECISION, t))
         finally:
             self.bring_back(node)
 
@@ -698,7 +700,7 @@ def facts_from_run_dir(run_dir: str, reference_sha: str, *, job_state: str) -> R
     injected = [Injected(str(e["kind"]), str(e.get("moment", "")), float(e.get("time", e["t"])),
                          e.get("step"), (str(e["node"]),) if e.get("node") else (),
                          (int(e["rank"]),) if e.get("rank") is not None else (), str(e.get("phase", "")))
-                for e in events if e.get("event") == "fault_injected" and e.get("source") == "chaos"]
+                for e in events if e.get("event") == FAULT_INJECTED and e.get("source") == "chaos"]
     killed = frozenset(n for i in injected if i.kind == "node_loss" for n in i.nodes)
     filled = frozenset(n for i in injected if i.kind == "nvme_full" for n in i.nodes)
     final = None
@@ -715,7 +717,7 @@ def diagnose(run: Run) -> str:
     """The ledger without heartbeats, one short line per event: what a failing seed prints."""
     lines = []
     for e in sorted(run.facts.events, key=lambda e: float(e["t"])):
-        if e.get("event") == "heartbeat":
+        if e.get("event") == HEARTBEAT:
             continue
         short = {k: v for k, v in e.items() if k in (
             "t", "event", "source", "generation", "step", "cls", "rank", "node", "action", "reason",

@@ -41,13 +41,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurmkit.failures.classes import CLASS_INFO, FailureClass
+from slurmkit.ledger.names import (ALLOCATION_START, CHECKPOINTED_ON_SIGNAL, CKPT_DURABLE, CKPT_FAILED,
+                                   CKPT_SAVED, DECISION, END, EXCLUSION, FAILURE, HEARTBEAT, RANKS_STARTED,
+                                   REQUEUE, TRAIN_STARTED)
 from slurmkit.supervise.previous import BY_SLURM
 from testkit.chaos.menu import BY_NAME
 
 Event = Mapping[str, Any]
 # what the run's ledger shows when it noticed a fault (default: a failure)
-NOTICE_KINDS = {"time_limit_warning": ("checkpointed_on_signal", "failure"),
-                "nvme_full": ("ckpt_failed",), "s3_down_during_promotion": ("ckpt_failed",)}
+NOTICE_KINDS = {"time_limit_warning": (CHECKPOINTED_ON_SIGNAL, FAILURE),
+                "nvme_full": (CKPT_FAILED,), "s3_down_during_promotion": (CKPT_FAILED,)}
 
 
 @dataclass(frozen=True)
@@ -111,13 +114,13 @@ def _of(events: Sequence[Event], *names: str) -> list[Event]:
 
 def ordered(events: Sequence[Event]) -> list[Event]:
     """Time-ordered, heartbeats left out (the writers share this machine's clock)."""
-    return sorted((e for e in events if e.get("event") != "heartbeat"), key=_t)
+    return sorted((e for e in events if e.get("event") != HEARTBEAT), key=_t)
 
 
 # ------------------------------------------------------------------ the checks
 
 def completes(f: RunFacts) -> Check:
-    ends = _of(f.events, "end")
+    ends = _of(f.events, END)
     last = ends[-1] if ends else {}
     step = (f.final or {}).get("step")
     ok = f.job_state == "COMPLETED" and last.get("status") == "completed" and step == f.steps
@@ -133,7 +136,7 @@ def bit_exact(f: RunFacts) -> Check:
 
 
 def _saved_before(events: Sequence[Event], t: float) -> int | None:
-    steps = [int(e["step"]) for e in _of(events, "ckpt_saved", "ckpt_durable", "checkpointed_on_signal")
+    steps = [int(e["step"]) for e in _of(events, CKPT_SAVED, CKPT_DURABLE, CHECKPOINTED_ON_SIGNAL)
              if _t(e) <= t and e.get("step") is not None]
     return max(steps, default=None)
 
@@ -148,14 +151,14 @@ def lost_per_fault(f: RunFacts) -> list[tuple[Injected, int | None, int | None]]
     (a full disk, an S3 outage) and was followed by no failure before the next fault (or the
     end) lost nothing: training went on from the step it hit."""
     ev = ordered(f.events)
-    starts = _of(ev, "train_started")
+    starts = _of(ev, TRAIN_STARTED)
     later = sorted(x.t for x in f.injected)
     out = []
     for fault in f.injected:
         at_risk = fault.step if fault.step is not None else _saved_before(f.events, fault.t)
         if not _restarts(fault.kind):
             until = next((t for t in later if t > fault.t), float("inf"))
-            if not any(e.get("event") == "failure" and fault.t < _t(e) < until for e in ev):
+            if not any(e.get("event") == FAILURE and fault.t < _t(e) < until for e in ev):
                 out.append((fault, at_risk, at_risk))
                 continue
         after = next((e for e in starts if _t(e) > fault.t), None)
@@ -179,8 +182,8 @@ def lost_steps(f: RunFacts) -> Check:
 
 
 def _excluded(events: Sequence[Event]) -> set[str]:
-    out = {str(n) for e in _of(events, "exclusion") for n in e.get("nodes") or []}
-    return out | {str(n) for e in _of(events, "requeue") for n in e.get("exclude") or []}
+    out = {str(n) for e in _of(events, EXCLUSION) for n in e.get("nodes") or []}
+    return out | {str(n) for e in _of(events, REQUEUE) for n in e.get("exclude") or []}
 
 
 def _repeat_rule(f: RunFacts) -> set[str]:
@@ -192,9 +195,9 @@ def _repeat_rule(f: RunFacts) -> set[str]:
     out: set[str] = set()
     counts: Counter[str] = Counter()
     for e in ordered(f.events):
-        if e.get("event") == "allocation_start":
+        if e.get("event") == ALLOCATION_START:
             counts = Counter()
-        if e.get("event") != "failure" or not e.get("node"):
+        if e.get("event") != FAILURE or not e.get("node"):
             continue
         try:
             suspect = CLASS_INFO[FailureClass(str(e.get("cls")))].suspect_node
@@ -224,13 +227,13 @@ def healthy_excluded(f: RunFacts) -> Check:
 def tiers_hold_final(f: RunFacts) -> Check:
     """The newest save was made durable on every tier its ``promote_to`` promised, and the
     shared tier's directory holds it."""
-    saves = [e for e in _of(f.events, "ckpt_saved") if e.get("step") is not None]
+    saves = [e for e in _of(f.events, CKPT_SAVED) if e.get("step") is not None]
     if not saves:
         return Check("tiers_hold_final", False, "no checkpoint was saved")
     last = max(saves, key=lambda e: (int(e["step"]), _t(e)))
     step = int(last["step"])
     promised = [str(t) for t in last.get("promote_to") or []]
-    durable = {str(e.get("tier")) for e in _of(f.events, "ckpt_durable") if e.get("step") == step}
+    durable = {str(e.get("tier")) for e in _of(f.events, CKPT_DURABLE) if e.get("step") == step}
     problems = [f"step {step} never durable on {t}" for t in promised if t not in durable]
     if f.shared_steps is not None and "lustre" in promised and step not in f.shared_steps:
         problems.append(f"step {step} is not in the shared tier's directory (holds {list(f.shared_steps)[-3:]})")
@@ -244,19 +247,19 @@ def exclusions_honoured(f: RunFacts) -> Check:
     ev = ordered(f.events)
     problems = []
     for i, e in enumerate(ev):
-        if e.get("event") == "requeue" and e.get("exclude"):
+        if e.get("event") == REQUEUE and e.get("exclude"):
             bad = set(map(str, e["exclude"]))
-            nxt = next((x for x in ev[i + 1:] if x.get("event") == "allocation_start"), None)
+            nxt = next((x for x in ev[i + 1:] if x.get("event") == ALLOCATION_START), None)
             used = bad & set(map(str, (nxt or {}).get("nodes") or []))
             if used:
                 problems.append(f"requeued without {sorted(bad)} at t={_t(e):.1f}, but the next allocation "
                                 f"has {sorted(used)}")
-        elif e.get("event") == "exclusion" and e.get("how") == "spare":
+        elif e.get("event") == EXCLUSION and e.get("how") == "spare":
             bad = set(map(str, e.get("nodes") or []))
             for x in ev[i + 1:]:
-                if x.get("event") == "allocation_start":
+                if x.get("event") == ALLOCATION_START:
                     break
-                if x.get("event") == "ranks_started" and str(x.get("node")) in bad:
+                if x.get("event") == RANKS_STARTED and str(x.get("node")) in bad:
                     problems.append(f"{x.get('node')} was replaced by a spare but started ranks of "
                                     f"generation {x.get('generation')}")
                     break
@@ -272,25 +275,25 @@ def no_leftover_processes(f: RunFacts) -> Check:
 def _outcome_problem(d: Event, later: Sequence[Event]) -> str | None:
     action, gen = d.get("action"), d.get("generation")
     if action in ("restart", "replace_node"):
-        if not any(e.get("event") == "ranks_started" and gen is not None and e.get("generation") == gen + 1
+        if not any(e.get("event") == RANKS_STARTED and gen is not None and e.get("generation") == gen + 1
                    for e in later):
             return f"decision {action} (generation {gen}) but no ranks of generation {gen + 1 if gen is not None else '?'} started"
         return None
     if action == "requeue" and str(d.get("reason", "")).startswith(BY_SLURM):
         # Slurm requeued the job itself (a NODE_FAIL, a preemption): recorded by the next
         # allocation's agent right before its start (slurmkit.supervise.previous).
-        if not any(e.get("event") == "allocation_start" for e in later):
+        if not any(e.get("event") == ALLOCATION_START for e in later):
             return f"decision requeue {d.get('reason')} but no new allocation started"
         return None
     if action == "requeue":
-        rq = next((i for i, e in enumerate(later) if e.get("event") == "requeue"), None)
+        rq = next((i for i, e in enumerate(later) if e.get("event") == REQUEUE), None)
         if rq is None:
             return f"decision requeue (generation {gen}) but no requeue event"
-        if not any(e.get("event") == "allocation_start" for e in later[rq:]):
+        if not any(e.get("event") == ALLOCATION_START for e in later[rq:]):
             return f"decision requeue (generation {gen}) requeued, but no new allocation started"
         return None
     if action == "stop":
-        if not any(e.get("event") == "end" and e.get("status") == "stopped" for e in later):
+        if not any(e.get("event") == END and e.get("status") == "stopped" for e in later):
             return f"decision stop (generation {gen}) but no end 'stopped'"
         return None
     return f"decision with unknown action {action!r}"
@@ -301,29 +304,29 @@ def ledger_consistent(f: RunFacts) -> Check:
     problems: list[str] = []
     for i, e in enumerate(ev):
         kind = e.get("event")
-        if kind == "failure":
-            nxt = next((x for x in ev[i + 1:] if x.get("event") in ("decision", "failure")), None)
-            if nxt is None or nxt.get("event") != "decision":
+        if kind == FAILURE:
+            nxt = next((x for x in ev[i + 1:] if x.get("event") in (DECISION, FAILURE)), None)
+            if nxt is None or nxt.get("event") != DECISION:
                 problems.append(f"failure {e.get('cls')} (generation {e.get('generation')}) has no decision")
-        elif kind == "decision":
+        elif kind == DECISION:
             p = _outcome_problem(e, ev[i + 1:])
             if p:
                 problems.append(p)
-        elif kind == "checkpointed_on_signal" and e.get("signal") == "time_limit":
-            rq = next((j for j, x in enumerate(ev[i + 1:]) if x.get("event") == "requeue"), None)
-            if rq is None or not any(x.get("event") == "allocation_start" for x in ev[i + 1 + rq:]):
+        elif kind == CHECKPOINTED_ON_SIGNAL and e.get("signal") == "time_limit":
+            rq = next((j for j, x in enumerate(ev[i + 1:]) if x.get("event") == REQUEUE), None)
+            if rq is None or not any(x.get("event") == ALLOCATION_START for x in ev[i + 1 + rq:]):
                 problems.append(f"time-limit checkpoint at step {e.get('step')} without a requeue "
                                 "and a new allocation")
     problems += _noticed(f, ev) + _explained(f, ev)
     return Check("ledger_consistent", not problems, "; ".join(problems) or
-                 f"{len(_of(ev, 'failure'))} failure(s), {len(_of(ev, 'decision'))} decision(s), "
+                 f"{len(_of(ev, FAILURE))} failure(s), {len(_of(ev, DECISION))} decision(s), "
                  "each with its outcome")
 
 
 def _noticed(f: RunFacts, ev: Sequence[Event]) -> list[str]:
     out = []
     for fault in f.injected:
-        names = NOTICE_KINDS.get(fault.kind, ("failure",))
+        names = NOTICE_KINDS.get(fault.kind, (FAILURE,))
         if not any(e.get("event") in names and _t(e) >= fault.t for e in ev):
             out.append(f"{fault.kind} injected at t={fault.t:.1f} was never noticed (no {' or '.join(names)})")
     return out
@@ -334,7 +337,7 @@ def _explained(f: RunFacts, ev: Sequence[Event]) -> list[str]:
     credits = sorted((fault.t, 2 if fault.kind == "two_at_once" else 1) for fault in f.injected)
     pending: list[list[float]] = []
     out = []
-    for e in _of(ev, "failure"):
+    for e in _of(ev, FAILURE):
         if e.get("cls") == "node_loss" and str(e.get("node")) in f.external_down:
             continue  # interference: see external()
         while credits and credits[0][0] <= _t(e):
@@ -357,16 +360,16 @@ def _event_time(e: Event) -> float:
 def _full_disk_problem(f: RunFacts, fault: Injected) -> str | None:
     node = fault.nodes[0] if fault.nodes else "?"
     after = [e for e in f.events if _event_time(e) >= fault.t]
-    failed = sorted(int(e["step"]) for e in after if e.get("event") == "ckpt_failed"
+    failed = sorted(int(e["step"]) for e in after if e.get("event") == CKPT_FAILED
                     and e.get("tier") == "nvme" and e.get("step") is not None)
     if not failed:
         return f"nvme_full on {node} at t={fault.t:.1f}: no save failed on the NVMe tier after it (the fill missed)"
     step = failed[0]
-    full = [e for e in after if e.get("event") == "ckpt_failed" and e.get("tier") == "nvme"
+    full = [e for e in after if e.get("event") == CKPT_FAILED and e.get("tier") == "nvme"
             and e.get("step") == step and e.get("reason") == "disk_full"]
-    elsewhere = [e for e in after if e.get("event") == "ckpt_saved" and e.get("step") == step
+    elsewhere = [e for e in after if e.get("event") == CKPT_SAVED and e.get("step") == step
                  and e.get("tier") != "nvme"]
-    moved = [e for e in _of(f.events, "decision") if _t(e) >= fault.t and node in (e.get("exclude") or [])]
+    moved = [e for e in _of(f.events, DECISION) if _t(e) >= fault.t and node in (e.get("exclude") or [])]
     problems = []
     if not full:
         problems.append(f"the NVMe failure of step {step} does not say disk_full")
@@ -380,14 +383,14 @@ def _outage_problem(f: RunFacts, fault: Injected) -> str | None:
     a step at least as new as the one that failed (a failure the promoter reports without its
     step, an unexpected error of its round, stands for the newest save made before it)."""
     after = sorted((e for e in f.events if _event_time(e) >= fault.t), key=_event_time)
-    failed = next((e for e in after if e.get("event") == "ckpt_failed" and e.get("tier") == "object"), None)
+    failed = next((e for e in after if e.get("event") == CKPT_FAILED and e.get("tier") == "object"), None)
     if failed is None:
         return f"S3 outage at t={fault.t:.1f}: no promotion to the object tier failed during it"
     step = failed.get("step")
     if step is None:
-        step = max((int(e["step"]) for e in f.events if e.get("event") == "ckpt_saved"
+        step = max((int(e["step"]) for e in f.events if e.get("event") == CKPT_SAVED
                     and e.get("step") is not None and _event_time(e) <= _event_time(failed)), default=0)
-    if not any(e.get("event") == "ckpt_durable" and e.get("tier") == "object"
+    if not any(e.get("event") == CKPT_DURABLE and e.get("tier") == "object"
                and int(e.get("step") or -1) >= int(step) for e in after):
         return f"S3 outage at t={fault.t:.1f}: no step >= {step} (the one it failed) became durable on S3 afterwards"
     return None
@@ -413,7 +416,7 @@ def tier_faults(f: RunFacts) -> Check:
 def external(f: RunFacts) -> Check:
     """Reported, never failed: node losses the campaign did not cause (they still count in
     every other check: a run must survive them like any other)."""
-    lost = [e for e in _of(f.events, "failure") if e.get("cls") == "node_loss"
+    lost = [e for e in _of(f.events, FAILURE) if e.get("cls") == "node_loss"
             and str(e.get("node")) in f.external_down]
     return Check("external", True, f"{len(lost)} node loss(es) not caused by the campaign"
                  + (f" ({sorted(f.external_down)} went DOWN)" if f.external_down else ""), len(lost))
