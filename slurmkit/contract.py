@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from slurmkit.errors import ConfigError
+from slurmkit.runfiles import MARKER_DIR, MARKER_NAME
 
 # ---------------------------------------------------------------------------- exit codes
 EXIT_OK = 0
@@ -31,11 +32,9 @@ EXIT_CHECKPOINTED_ON_SIGNAL = 95
 CONFIG_ERROR_MARKER = "slurmkit: config-error: "
 
 # ---------------------------------------------------------------------------- checkpoint marker
-# The marker's place in the run directory and its size bound: the one definition the writer
-# (slurmkit.userapi.report_checkpoint, which re-exports them) and node 0's reader
-# (slurmkit.supervise.ckpt_progress) share.
-MARKER_DIR = "progress"
-MARKER_NAME = "user_checkpoint.json"
+# The marker's place in the run directory (its names are slurmkit.runfiles') and its size bound:
+# the one definition the writer (slurmkit.userapi.report_checkpoint, which re-exports them) and
+# node 0's reader (slurmkit.supervise.ckpt_progress) share.
 MARKER_MAX_BYTES = 8192
 
 

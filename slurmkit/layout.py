@@ -22,13 +22,12 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
 from slurmkit.errors import ActionableError, ConfigError
+from slurmkit.runfiles import CONFIG_NAME, LAYOUT_NAME
 from slurmkit.untrusted import UntrustedDataError, parse_json, read_regular
 
 log = logging.getLogger(__name__)
 
-LAYOUT_NAME = "layout.json"
 FROZEN_FILE_MODE = 0o644  # config.yaml and layout.json: the job's user alone writes them
-CONFIG_NAME = "config.yaml"
 LAYOUT_VERSION = 1
 MAX_LAYOUT_BYTES = 64 * 1024  # a layout is a few hundred bytes; anything larger is not one
 MAX_CONFIG_BYTES = 16 * 1024 * 1024  # a frozen config is a few KiB (slurmkit.runview reads as much)

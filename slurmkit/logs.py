@@ -31,6 +31,7 @@ from typing import BinaryIO, TextIO
 
 from slurmkit.errors import ConfigError
 from slurmkit.ledger.names import ALLOCATION_START
+from slurmkit.runfiles import LOGS_DIR, SUBMITIT_DIR
 from slurmkit.runview import RunWatcher, is_run_dir
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
@@ -47,7 +48,7 @@ def safe_line(text: str) -> str:
 
 
 def rank_log(run_dir: str, rank: int) -> str:
-    return os.path.join(run_dir, "logs", f"rank{rank}.log")
+    return os.path.join(run_dir, LOGS_DIR, f"rank{rank}.log")
 
 
 def _newest(paths: list[str]) -> str | None:
@@ -71,17 +72,17 @@ def node_index(run_dir: str, node: str) -> int:
 
 
 def agent_log(run_dir: str, index: int) -> str | None:
-    pats = [os.path.join(run_dir, d, f"*_node{index}_log.out") for d in ("submitit", "logs")]
+    pats = [os.path.join(run_dir, d, f"*_node{index}_log.out") for d in (SUBMITIT_DIR, LOGS_DIR)]
     found = [p for pat in pats for p in glob.glob(pat)]
     if not found:  # submitit's local executor: <pid>_<task>_log.out, one task per node
-        found = [p for p in glob.glob(os.path.join(run_dir, "submitit", f"*_{index}_log.out"))
+        found = [p for p in glob.glob(os.path.join(run_dir, SUBMITIT_DIR, f"*_{index}_log.out"))
                  if re.fullmatch(rf"\d+_{index}_log\.out", os.path.basename(p))]
     return _newest(found)
 
 
 def batch_log(run_dir: str) -> str | None:
-    return _newest(glob.glob(os.path.join(run_dir, "submitit", "*_0_log.out"))
-                   + glob.glob(os.path.join(run_dir, "logs", "*_batch.out")))
+    return _newest(glob.glob(os.path.join(run_dir, SUBMITIT_DIR, "*_0_log.out"))
+                   + glob.glob(os.path.join(run_dir, LOGS_DIR, "*_batch.out")))
 
 
 def last_lines(f: BinaryIO, n: int, block: int = 65536) -> bytes:

@@ -33,13 +33,13 @@ import os
 import stat
 
 from slurmkit.errors import ActionableError
-from slurmkit.layout import CONFIG_NAME, LAYOUT_NAME, config_digest
+from slurmkit.layout import config_digest
+from slurmkit.runfiles import CONFIG_NAME, LAYOUT_NAME, SUBMITIT_DIR
 
 log = logging.getLogger(__name__)
 
 RUN_DIR_MODE = 0o700
-#: submitit's folder in a run directory, and the modes submit gives it and its pickles.
-SUBMITIT_DIR = "submitit"
+#: The modes submit gives submitit's folder in a run directory (SUBMITIT_DIR) and its pickles.
 SUBMITIT_DIR_MODE = 0o700
 PICKLE_MODE = 0o600
 #: The files of a run directory that decide what the job runs.

@@ -24,13 +24,14 @@ from rich.text import Text
 from slurmkit.errors import ConfigError
 from slurmkit.jobstates import JobPoller, JobRef, JobState
 from slurmkit.ledger.ledger import LEDGER_NAME
+from slurmkit.runfiles import CONFIG_NAME, SWEEP_NAME
 from slurmkit.runview import RunView, build_view, default_run_root, find_dirs, ledger_edges, read_sweep
 from slurmkit.status import clean, make_client, state_text, step_text
 
 
 def _mtime(path: str) -> float:
     """When the run was created: its frozen config (or sweep.json) is written once, at submit."""
-    for name in ("config.yaml", "sweep.json", LEDGER_NAME):
+    for name in (CONFIG_NAME, SWEEP_NAME, LEDGER_NAME):
         try:
             return os.path.getmtime(os.path.join(path, name))
         except OSError:

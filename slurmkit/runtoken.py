@@ -17,8 +17,8 @@ import secrets
 import stat
 
 from slurmkit.errors import ActionableError
+from slurmkit.runfiles import RDZV_DIR, TOKEN_NAME
 
-TOKEN_NAME = "token"  # in RUN_DIR/rdzv/
 _TOKEN_BYTES = 32
 
 
@@ -27,7 +27,7 @@ class ChannelError(ActionableError):
 
 
 def token_path(run_dir: str) -> str:
-    return os.path.join(run_dir, "rdzv", TOKEN_NAME)
+    return os.path.join(run_dir, RDZV_DIR, TOKEN_NAME)
 
 
 def _check_token_file(path: str, st: os.stat_result) -> None:

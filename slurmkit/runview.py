@@ -37,13 +37,12 @@ from slurmkit.ledger.names import (ALLOCATION_START, CANCEL_REQUESTED, CHECKPOIN
                                    SUBMITTED, SUCCESSOR, TRAIN_FINISHED, TRAIN_RESUMED, TRAIN_STARTED,
                                    TRAIN_STOPPED)
 from slurmkit.ledger.summary import RunReport, summarize
+from slurmkit.runfiles import CONFIG_NAME, METRICS_NAME, SWEEP_NAME
 from slurmkit.train.heartbeat import LocalDirError, local_heartbeat_path, read_heartbeat
 from slurmkit.untrusted import UntrustedDataError, parse_json, parse_object, read_regular
 
 log = logging.getLogger(__name__)
 
-METRICS_NAME = "metrics.jsonl"
-SWEEP_NAME = "sweep.json"
 END_STATUSES = frozenset({"completed", "stopped", "signalled", "cancelled", "failed", "ended"})
 TAIL_BYTES = 64 * 1024  # one block from a file's end: far more than one metrics/ledger line
 CONFIG_BYTES = 16 * 1024 * 1024  # a frozen config is a few KiB
@@ -189,7 +188,7 @@ def read_heartbeat_step(run_dir: str, env: Mapping[str, str] | None = None) -> i
 def read_config(run_dir: str) -> dict[str, Any]:
     """The frozen config as plain data (safe YAML: a config file runs no code), {} if unreadable."""
     try:
-        raw = yaml.safe_load(read_regular(os.path.join(run_dir, "config.yaml"), CONFIG_BYTES))
+        raw = yaml.safe_load(read_regular(os.path.join(run_dir, CONFIG_NAME), CONFIG_BYTES))
     except (OSError, ValueError, yaml.YAMLError, RecursionError):  # too big, not text, nested too deep
         return {}
     return raw if isinstance(raw, dict) else {}
@@ -461,7 +460,7 @@ def read_sweep(path: str) -> Sweep:
 
 def is_run_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, LEDGER_NAME)) or os.path.isfile(
-        os.path.join(path, "config.yaml"))
+        os.path.join(path, CONFIG_NAME))
 
 
 def is_sweep_dir(path: str) -> bool:
@@ -515,7 +514,7 @@ def resolve(target: str, run_root: str) -> tuple[str, str]:
             return "sweep", path
         if is_run_dir(path):
             return "run", path
-        raise ConfigError(f"{target} holds neither {LEDGER_NAME}, config.yaml nor {SWEEP_NAME}",
+        raise ConfigError(f"{target} holds neither {LEDGER_NAME}, {CONFIG_NAME} nor {SWEEP_NAME}",
                           "a run or sweep directory that slurmkit.submit created",
                           "pass the run directory printed at submit, or list runs with slurmkit runs")
     if not target.replace("_", "").isdigit():

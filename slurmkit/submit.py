@@ -32,6 +32,7 @@ from slurmkit.launch.local import Submitted, local_gpu_parameters, submit_local 
 from slurmkit.layout import FROZEN_FILE_MODE, Layout, config_digest, resolve_layout, write_layout
 from slurmkit.rundir import RUN_DIR_MODE, make_submitit_dir, seal_pickles
 from slurmkit.render import JobSpec, build_jobspec, make_executor, render_standalone, render_submitit_script
+from slurmkit.runfiles import CONFIG_NAME, LOGS_DIR, SCRIPT_NAME, SUBMITIT_DIR
 from slurmkit.submit_checks import check_run_root, check_store_backends, make_run_dir, remove_created
 from slurmkit.ledger.ledger import LEDGER_NAME, Ledger
 
@@ -87,9 +88,9 @@ def topology_srun_args(cfg: SlurmkitConfig) -> list[str]:
 def freeze(cfg: SlurmkitConfig, run_dir: str, layout: Layout | None = None) -> None:
     """Write config.yaml, then layout.json beside it (each atomically; the layout carries the
     config's digest, so an agent never pairs one run's layout with another's config)."""
-    os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
+    os.makedirs(os.path.join(run_dir, LOGS_DIR), exist_ok=True)
     os.chmod(run_dir, RUN_DIR_MODE)  # (a sweep's variant directory too) slurmkit/rundir.py
-    path = os.path.join(run_dir, "config.yaml")
+    path = os.path.join(run_dir, CONFIG_NAME)
     with os.fdopen(os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FROZEN_FILE_MODE), "wb") as f:
         os.fchmod(f.fileno(), FROZEN_FILE_MODE)  # whatever the umask (slurmkit/rundir.py)
         f.write(frozen_text(cfg))
@@ -202,9 +203,9 @@ def refuse_sweep_without_multirun(argv: list[str]) -> None:
 def print_submitted(console: Console, s: Submitted, spec: JobSpec) -> None:
     console.print(f"[bold green]submitted[/] {spec.name}: job [bold]{s.job_id}[/] ({s.executor})")
     console.print(f"  run directory : {s.run_dir}")
-    console.print(f"  config        : {os.path.join(s.run_dir, 'config.yaml')}")
-    console.print(f"  agent logs    : {os.path.join(s.run_dir, 'submitit')}/{s.job_id}_*_log.out")
-    console.print(f"  rank logs     : {os.path.join(s.run_dir, 'logs')}/rank<N>.log")
+    console.print(f"  config        : {os.path.join(s.run_dir, CONFIG_NAME)}")
+    console.print(f"  agent logs    : {os.path.join(s.run_dir, SUBMITIT_DIR)}/{s.job_id}_*_log.out")
+    console.print(f"  rank logs     : {os.path.join(s.run_dir, LOGS_DIR)}/rank<N>.log")
     console.print(f"  ledger        : {os.path.join(s.run_dir, LEDGER_NAME)}")
     console.print(f"  watch         : slurmkit status --watch {shlex.quote(s.run_dir)}")
     console.print(f"  follow logs   : slurmkit logs -f {shlex.quote(s.run_dir)} --rank 0")
@@ -271,7 +272,7 @@ def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console)
         return 0
     check_run_root(cfg.submit.run_root)
     if cfg.submit.emit == "sbatch":
-        path = os.path.join(run_dir, "job.sbatch")
+        path = os.path.join(run_dir, SCRIPT_NAME)
         text = render_standalone(spec, path)
         created = make_run_dir(run_dir, cfg.submit.run_root)
         try:

@@ -15,6 +15,7 @@ import shutil
 
 from slurmkit.errors import ConfigError
 from slurmkit.rundir import RUN_DIR_MODE
+from slurmkit.runfiles import LOGS_DIR
 from slurmkit.store.config import StoreConfig
 
 _LOCAL = {None, "", "file", "local"}
@@ -115,7 +116,7 @@ def make_run_dir(run_dir: str, run_root: str) -> list[str]:
         # mkdir's mode is filtered by the umask
         if os.path.abspath(run_dir) in made:
             os.chmod(run_dir, RUN_DIR_MODE)
-        os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
+        os.makedirs(os.path.join(run_dir, LOGS_DIR), exist_ok=True)
     except OSError as exc:
         remove_created(made, run_dir)
         if exc.errno == errno.EEXIST:

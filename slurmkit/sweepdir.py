@@ -28,9 +28,9 @@ from typing import Any
 
 from slurmkit.errors import ConfigError
 from slurmkit.rundir import RUN_DIR_MODE
+from slurmkit.runfiles import SWEEP_NAME
 from slurmkit.untrusted import UntrustedDataError, parse_object, read_regular
 
-SWEEP_NAME = "sweep.json"
 SUFFIX = "-sweep"
 MAX_SWEEP_BYTES = 64 * 1024 * 1024  # ~100 bytes per override: far beyond Slurm's MaxArraySize
 

@@ -23,6 +23,7 @@ from slurmkit.errors import SlurmkitError, print_error
 from slurmkit.health.preflight import build_checks
 from slurmkit.health.result import CheckResult, Verdict, overall
 from slurmkit.health.runner import run_checks
+from slurmkit.runfiles import CONFIG_NAME
 
 EXIT = {Verdict.OK: 0, Verdict.SKIPPED: 0, Verdict.BAD_NODE: 1, Verdict.WAIT: 2}
 _STYLE = {Verdict.OK: "green", Verdict.SKIPPED: "dim", Verdict.BAD_NODE: "bold red", Verdict.WAIT: "yellow"}
@@ -59,7 +60,7 @@ def main(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -
             from slurmkit.layout import load_layout
 
             run_dir = os.path.abspath(args.run_dir)
-            cfg = load_frozen(os.path.join(run_dir, "config.yaml"))
+            cfg = load_frozen(os.path.join(run_dir, CONFIG_NAME))
             gpus = load_layout(run_dir, cfg).gpus_per_node
             env["SLURMKIT_RUN_DIR"] = run_dir
         else:

@@ -36,6 +36,7 @@ from slurmkit.layout import LayoutError, load_layout
 from slurmkit.errors import SlurmkitError
 from slurmkit.procexit import leave
 from slurmkit.rundir import RunDirError, check_config_digest, check_run_dir
+from slurmkit.runfiles import CONFIG_NAME, LOGS_DIR
 from slurmkit.slurm.client import slurm_client
 from slurmkit.supervise.channel import Channel, load_token
 from slurmkit.supervise.ckpt_progress import CheckpointProgress, tier_readers
@@ -167,7 +168,7 @@ class NodeAgent:
         env.update(contract.rank_cpus_env(self.env, self.ranks_per_node))
         env.update({
             "SLURMKIT_RUN_DIR": self.run_dir,
-            "SLURMKIT_CONFIG": os.path.join(self.run_dir, "config.yaml"),
+            "SLURMKIT_CONFIG": os.path.join(self.run_dir, CONFIG_NAME),
             "SLURMKIT_LEDGER": self.ledger_path,
             "SLURMKIT_GENERATION": str(gen), "SLURMKIT_NODE": self.ctx.node_name,
             "SLURMKIT_ATTEMPT": self.ctx.attempt,
@@ -252,7 +253,7 @@ class NodeAgent:
             # A beat left by an earlier run at this path (or by a dead agent) must not look
             # like this rank's progress to anyone reading the file before the rank writes it.
             _remove_quietly(env["SLURMKIT_HEARTBEAT_FILE"])
-            path = os.path.join(self.run_dir, "logs", f"rank{rank}.log")
+            path = os.path.join(self.run_dir, LOGS_DIR, f"rank{rank}.log")
             p = self._adopt(lr, prefix, env, argv, rank, path, monitor)
             warm.append(p is not None)
             if p is None:
@@ -568,7 +569,7 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
     except RunDirError as exc:
         log.error("%s", exc)
         return contract.EXIT_NO_REQUEUE  # a new allocation would find the same directory
-    cfg = load_frozen(os.path.join(run_dir, "config.yaml"))
+    cfg = load_frozen(os.path.join(run_dir, CONFIG_NAME))
     ctx = node_context(env)
     store = connect(ctx, run_dir)
     channel = Channel(store, ctx.attempt, load_token(run_dir, create=ctx.node_rank == 0), ctx.nodes)

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from slurmkit.errors import SlurmkitError
 from slurmkit.launch.context import NodeContext
 from slurmkit.listen import listen_socket
+from slurmkit.runfiles import RDZV_DIR
 from slurmkit.supervise.channel import load_token
 
 log = logging.getLogger(__name__)
@@ -163,7 +164,7 @@ def connect(ctx: NodeContext, run_dir: str, *, timeout_s: float = 300.0,
             clock: Callable[[], float] = time.monotonic,
             sleep: Callable[[float], None] = time.sleep) -> dist.TCPStore:
     """Return the agents' shared store; node 0 hosts it."""
-    d = os.path.join(run_dir, "rdzv")
+    d = os.path.join(run_dir, RDZV_DIR)
     os.makedirs(d, exist_ok=True)
     path = os.path.join(d, f"{ctx.attempt}.json")
     timeout = timedelta(seconds=timeout_s)

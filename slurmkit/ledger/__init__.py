@@ -6,7 +6,7 @@ Modules, one concept each: ``names`` (every event's name, once, as a constant), 
 ``read_ledger``, ``parse_record``), ``spool`` (a rank's events, spooled for its node's agent to
 forward) and ``summary`` (figures about one run, derived from its events: pure functions).
 
-They import only slurmkit.untrusted and each other, so that a rank (slurmkit.train) and the
-config can use the ledger without importing the supervisor. Nothing is imported here: a rank
-imports only the module it needs.
+They import only slurmkit.untrusted, slurmkit.runfiles (the run directory's names) and each
+other, so that a rank (slurmkit.train) and the config can use the ledger without importing the
+supervisor. Nothing is imported here: a rank imports only the module it needs.
 """

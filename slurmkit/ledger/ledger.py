@@ -35,11 +35,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from slurmkit.ledger.events import check_read, encode, validate
+from slurmkit.runfiles import LEDGER_NAME
 from slurmkit.untrusted import UntrustedDataError, bounded_lines, parse_object
 
 log = logging.getLogger(__name__)
 
-LEDGER_NAME = "ledger.jsonl"
 # Events someone acts on as soon as they are written (a test waiting for pids, `status`, the
 # engineer tailing the file while node 0 decides): written at once, with what is held before them.
 URGENT = frozenset({"ranks_started", "failure", "decision", "exclusion", "requeue", "end",

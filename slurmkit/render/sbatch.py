@@ -18,6 +18,7 @@ from slurmkit.render.jobspec import JobSpec, exclude_expr
 from slurmkit.render.values import check_printable
 from slurmkit.resources import packaged
 from slurmkit.rundir import shell_check
+from slurmkit.runfiles import CONFIG_NAME, LOGS_DIR, SUBMITIT_DIR
 
 TEMPLATE_DIR = str(packaged("sbatch_templates"))  # shipped as package data (slurmkit/resources.py)
 AGENT_MODULE = "slurmkit.launch"
@@ -32,6 +33,9 @@ def _env(template_dir: str | None = None) -> jinja2.Environment:
     )
     env.filters["q"] = lambda v: shlex.quote(str(v))
     env.globals["trust_check"] = shell_check()  # setup.sh.j2, in both script kinds
+    # the run directory's names (slurmkit.runfiles), as the templates join them
+    env.globals["CONFIG_NAME"] = CONFIG_NAME
+    env.globals["LOGS_DIR"] = LOGS_DIR
     return env
 
 
@@ -181,7 +185,7 @@ def make_executor(spec: JobSpec, python: str | None = None, *, render_only: bool
     # Again here: a sweep places its JobSpec in the sweep directory after build_jobspec checked it.
     check_printable(spec, [("the Python interpreter", python)])
     kind = _RenderingExecutor if render_only else SlurmkitExecutor
-    ex = kind(folder=os.path.join(spec.run_dir, "submitit"), python=python)
+    ex = kind(folder=os.path.join(spec.run_dir, SUBMITIT_DIR), python=python)
     ex.update_parameters(**executor_parameters(spec))
     ex.nodes_per_step, ex.train_nodes = spec.nodes_per_step, spec.train_nodes
     ex.container = bool(spec.container_image)
@@ -203,7 +207,7 @@ def render_standalone(spec: JobSpec, script_path: str, python: str | None = None
     """
     py = python or sys.executable
     check_printable(spec, [("the Python interpreter", py), ("the script path", script_path)])
-    log_dir = None if spec.array else os.path.join(spec.run_dir, "logs")
+    log_dir = None if spec.array else os.path.join(spec.run_dir, LOGS_DIR)
     launch = launch_agents(log_dir, srun_args(spec),
                            shlex.join([py, "-u", "-m", AGENT_MODULE, spec.run_dir]), spec.nodes_per_step,
                            spec.train_nodes, bool(spec.container_image))

@@ -23,13 +23,12 @@ from slurmkit.ledger.names import ALLOCATION_START, CKPT_SAVED, END, REQUEUE, TR
 from slurmkit.ledger.summary import RunReport, summarize
 from slurmkit.report.breakdown import breakdown
 from slurmkit.report.model import Advice, Figures, advise
+from slurmkit.runfiles import CONFIG_NAME, LAYOUT_NAME, METRICS_NAME
 from slurmkit.untrusted import UntrustedDataError, bounded_lines, parse_object
 
-METRICS_NAME = "metrics.jsonl"
 METRICS_LINE_BYTES = 64 * 1024  # one step's metrics line is ~300 bytes
 # the fields the figures read as numbers (float(m[...])): anything else in them refuses the row
 METRICS_NUMBERS = ("loss", "tokens_per_s", "step_time_s", "ckpt_blocking_s", "mfu")
-CONFIG_NAME = "config.yaml"
 
 
 @dataclass(frozen=True)
@@ -246,7 +245,7 @@ def _layout_of(data: RunData) -> tuple[int, int]:
     """(GPUs per node, training nodes): the run's frozen layout.json, the answer its job and agents
     used; a run directory without one falls back to the same rule (job.gpus_per_node=0 is a CPU
     job, not "the cluster's GPUs")."""
-    from slurmkit.layout import LAYOUT_NAME, LayoutError, read_layout
+    from slurmkit.layout import LayoutError, read_layout
 
     if os.path.exists(os.path.join(data.run_dir, LAYOUT_NAME)):
         try:

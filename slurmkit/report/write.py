@@ -14,9 +14,8 @@ from collections.abc import Callable, Mapping
 from slurmkit.report import figures
 from slurmkit.report.html import SweepHead, run_page, sweep_page
 from slurmkit.report.run import RunData, load_run
+from slurmkit.runfiles import LEDGER_NAME, REPORT_NAME, SWEEP_NAME
 
-REPORT_NAME = "report.html"
-SWEEP_NAME = "sweep.json"
 
 
 def _put(path: str, content: bytes) -> None:
@@ -65,7 +64,7 @@ def write_sweep(sweep_dir: str, out: str | None = None, mtbf_h: float | None = N
     runs: list[RunData] = []
     waiting = []
     for v in sweep.variants:
-        if not os.path.isfile(os.path.join(v.run_dir, "ledger.jsonl")):
+        if not os.path.isfile(os.path.join(v.run_dir, LEDGER_NAME)):
             waiting.append(f"{v.index}: {' '.join(v.overrides) or 'defaults'}")
             continue  # not started yet: nothing to draw
         data = load_run(v.run_dir, mtbf_h)

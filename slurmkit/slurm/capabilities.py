@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from slurmkit.runfiles import CAPABILITIES_NAME
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.errors import SlurmCommandError, SlurmError
 from slurmkit.slurm.retry import Disposition, RetryPolicy, classify
@@ -50,8 +51,6 @@ from slurmkit.untrusted import parse_json
 log = logging.getLogger(__name__)
 
 SCHEMA = 1
-#: The run directory's copy, written at submit beside config.yaml.
-CAPABILITIES_NAME = "capabilities.json"
 CACHE_TTL_S = 3600.0
 CACHE_FILE_MODE = 0o600
 RUN_DIR_FILE_MODE = 0o644  # as config.yaml and layout.json: the job's user alone writes it

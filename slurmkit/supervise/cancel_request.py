@@ -21,11 +21,11 @@ import os
 from typing import Any
 
 from slurmkit.errors import ActionableError
+from slurmkit.runfiles import CANCEL_REQUEST_NAME
 from slurmkit.untrusted import UntrustedDataError, parse_object, read_regular
 
 log = logging.getLogger(__name__)
 
-CANCEL_REQUEST_NAME = "cancel_request.json"
 MAX_REQUEST_BYTES = 64 * 1024  # the canceller writes under 200 bytes
 _FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "job_id": (str, "string"), "by": (str, "string"), "time": ((int, float), "number")}

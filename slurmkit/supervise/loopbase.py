@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from slurmkit.config import SlurmkitConfig
 from slurmkit.errors import SlurmkitError
+from slurmkit.runfiles import REQUEUE_MARKS
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.supervise.channel import Channel, FailureNotice
 from slurmkit.failures.classes import FailureClass
@@ -36,7 +37,6 @@ log = logging.getLogger(__name__)
 FAILED = "failed"
 #: One empty marker file per requeue a failure caused (named by the attempt that requeued, so a
 #: successor deciding again adds none): their count is what supervisor.max_requeues limits.
-REQUEUE_MARKS = "requeues"
 #: How long node 0 keeps its store up at the end for agents that have not seen the end yet.
 #: One that comes later finds the store gone and node 0's done marker (succession.py).
 EXIT_WAIT_S = 10.0

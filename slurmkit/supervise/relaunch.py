@@ -33,6 +33,7 @@ from typing import Protocol
 
 from slurmkit.contract import GROUP_LOG_ENV
 from slurmkit.errors import SlurmkitError
+from slurmkit.runfiles import LOGS_DIR, SUBMITIT_DIR
 from slurmkit.supervise.channel import Channel, ChannelError, Rejoin
 
 log = logging.getLogger(__name__)
@@ -224,10 +225,10 @@ def step_env(env: Mapping[str, str], node_rank: int, relaunch: int) -> dict[str,
 def log_dir(run_dir: str, node_rank: int) -> str:
     """Where the batch script put this node's agent log (submitit's folder or RUN_DIR/logs):
     the relaunched agent's goes beside it, so that ``slurmkit logs --agent`` finds the newest."""
-    for d in ("submitit", "logs"):
+    for d in (SUBMITIT_DIR, LOGS_DIR):
         if glob.glob(os.path.join(run_dir, d, f"*_node{node_rank}_log.out")):
             return os.path.join(run_dir, d)
-    return os.path.join(run_dir, "logs")
+    return os.path.join(run_dir, LOGS_DIR)
 
 
 def srun_command(srun_prefix: Sequence[str], run_dir: str, node: str, output: str) -> list[str]:

@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 
+from slurmkit.runfiles import LOGS_DIR
 from slurmkit.slurm.client import SlurmClient, slurm_client
 from slurmkit.slurm.errors import SlurmError
 
@@ -72,8 +73,8 @@ def requeue_now(client: SlurmClient, job_id: str, exclude: tuple[str, ...] | lis
     with their own client instead.
     """
     job_id = job_ref(job_id, env)
-    os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
-    log_path = os.path.join(run_dir, "logs", f"release_{job_id}.log")
+    os.makedirs(os.path.join(run_dir, LOGS_DIR), exist_ok=True)
+    log_path = os.path.join(run_dir, LOGS_DIR, f"release_{job_id}.log")
     # Slurm takes ExcNodeList only while the job is pending: the helper sets it after the
     # requeue. Until it does, the job is not eligible (held ~120 s), so it cannot start there.
     argv = [sys.executable, "-m", "slurmkit.supervise.requeue", "release", job_id, log_path,

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from slurmkit.errors import ActionableError
+from slurmkit.runfiles import RDZV_DIR
 from slurmkit.untrusted import UntrustedDataError, parse_object
 
 log = logging.getLogger(__name__)
@@ -63,11 +64,11 @@ class SuccessionFileError(ActionableError):
 
 def claim_path(run_dir: str, attempt: str, generation: int = 0) -> str:
     name = f"{attempt}.successor" + (f".{int(generation)}" if generation else "")
-    return os.path.join(run_dir, "rdzv", name)
+    return os.path.join(run_dir, RDZV_DIR, name)
 
 
 def done_path(run_dir: str, attempt: str) -> str:
-    return os.path.join(run_dir, "rdzv", f"{attempt}.done")
+    return os.path.join(run_dir, RDZV_DIR, f"{attempt}.done")
 
 
 def _read_private(path: str) -> bytes | None:

@@ -40,6 +40,7 @@ from collections.abc import Mapping
 
 from slurmkit.errors import SubmissionError
 from slurmkit.ledger.names import SUCCESSOR
+from slurmkit.runfiles import SCRIPT_NAME, SUBMITIT_DIR
 from slurmkit.slurm.client import SlurmClient, slurm_client
 from slurmkit.slurm.errors import SlurmError
 from slurmkit.slurm.hostlist import compress_hostlist, expand_hostlist
@@ -51,9 +52,6 @@ log = logging.getLogger(__name__)
 PREDECESSOR_ENV = "SLURMKIT_PREDECESSOR"
 #: ``<job>-<restart count>``: the predecessor's attempt, whose done marker the successor reads.
 PREDECESSOR_ATTEMPT_ENV = "SLURMKIT_PREDECESSOR_ATTEMPT"
-#: The script of a job submitted as plain sbatch (slurmkit.submit, submit.emit=sbatch).
-STANDALONE_SCRIPT = "job.sbatch"
-
 #: Variables of this job's own steps that must not leak into the successor's environment (sbatch
 #: exports its caller's environment): Slurm sets its own for the new job, but not every one of
 #: them (SLURM_RESTART_COUNT is absent in a job never requeued), and a stale one would tell the
@@ -80,12 +78,12 @@ def successor_env(env: Mapping[str, str]) -> dict[str, str]:
 
 def batch_script(run_dir: str, job_id: str) -> tuple[str, str | None]:
     """The batch script this job runs, and submitit's pickle of it (None for plain sbatch)."""
-    sub = os.path.join(run_dir, "submitit")
+    sub = os.path.join(run_dir, SUBMITIT_DIR)
     script = os.path.join(sub, f"{job_id}_submission.sh")
     pickled = os.path.join(sub, f"{job_id}_submitted.pkl")
     if os.path.isfile(script) and os.path.isfile(pickled):
         return script, pickled
-    standalone = os.path.join(run_dir, STANDALONE_SCRIPT)
+    standalone = os.path.join(run_dir, SCRIPT_NAME)  # plain sbatch (submit.emit=sbatch)
     if os.path.isfile(standalone):
         return standalone, None
     raise SuccessorUnavailable(f"no batch script of job {job_id} in {run_dir} (looked for {script} and "
@@ -198,5 +196,5 @@ def successor_of(run_dir: str, job_id: str) -> str | None:
     return chain[1] if len(chain) > 1 else None
 
 
-__all__ = ["PREDECESSOR_ATTEMPT_ENV", "PREDECESSOR_ENV", "STANDALONE_SCRIPT", "SuccessorUnavailable", "batch_script", "submit_successor", "successor_chain", "successor_of",
+__all__ = ["PREDECESSOR_ATTEMPT_ENV", "PREDECESSOR_ENV", "SuccessorUnavailable", "batch_script", "submit_successor", "successor_chain", "successor_of",
            "successor_env"]

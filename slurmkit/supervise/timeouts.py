@@ -19,6 +19,7 @@ from collections.abc import Mapping
 
 from slurmkit.config.schema import SlurmkitConfig
 from slurmkit.errors import ConfigError
+from slurmkit.runfiles import NCCL_TRACE_DIR
 
 
 def failure_env(cfg: SlurmkitConfig, run_dir: str, base: Mapping[str, str]) -> dict[str, str]:
@@ -32,8 +33,8 @@ def failure_env(cfg: SlurmkitConfig, run_dir: str, base: Mapping[str, str]) -> d
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         # Where the flight recorder's dumps go, under both names: torch >= 2.7 reads
         # TORCH_FR_DUMP_TEMP_FILE, older releases the TORCH_NCCL_ one.
-        "TORCH_FR_DUMP_TEMP_FILE": os.path.join(run_dir, "nccl_trace", "rank_"),
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": os.path.join(run_dir, "nccl_trace", "rank_"),
+        "TORCH_FR_DUMP_TEMP_FILE": os.path.join(run_dir, NCCL_TRACE_DIR, "rank_"),
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": os.path.join(run_dir, NCCL_TRACE_DIR, "rank_"),
         "TORCH_NCCL_PROPAGATE_ERROR": "1",
         # The watchdog's own heartbeat: longer than a collective may legally take.
         "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(max(480, pg_timeout + 60)),

@@ -21,16 +21,16 @@ from concurrent.futures import ThreadPoolExecutor
 from slurmkit.config import config_hash, load_frozen
 from slurmkit.ledger.ledger import LEDGER_NAME, Ledger
 from slurmkit.render.jobspec import build_jobspec
+from slurmkit.runfiles import CONFIG_NAME, RUNNER_LOG
 from slurmkit.sweepdir import Variant, load_sweep
 
 log = logging.getLogger(__name__)
 
-RUNNER_LOG = "local_runner.log"
 
 
 def run_variant(v: Variant, submit_local: Callable[..., object]) -> bool:
     """Start one variant as a local job and wait for it; True when it completed."""
-    cfg = load_frozen(os.path.join(v.run_dir, "config.yaml"))
+    cfg = load_frozen(os.path.join(v.run_dir, CONFIG_NAME))
     spec = build_jobspec(cfg, v.run_dir, [])
     submitted = submit_local(spec)
     job = submitted.job  # type: ignore[attr-defined]

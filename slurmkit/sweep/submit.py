@@ -21,11 +21,11 @@ from slurmkit.config import SlurmkitConfig, config_hash
 from slurmkit.errors import SubmissionError
 from slurmkit.ledger.ledger import LEDGER_NAME, Ledger
 from slurmkit.render import JobSpec, render_standalone
+from slurmkit.runfiles import LOGS_DIR, RUNNER_LOG, SCRIPT_NAME
 from slurmkit.submit_checks import check_run_root, missing_dirs, remove_created
 from slurmkit.sweep.plan import PLACEHOLDER_DIR, SweepPlan, plan_sweep
 from slurmkit.sweepdir import Sweep, Variant, new_sweep_dir, variant_dir, write_sweep
 
-SCRIPT_NAME = "job.sbatch"
 
 
 @dataclass(frozen=True)
@@ -102,9 +102,9 @@ def print_sweep(console: Console, sweep: Sweep, plan: SweepPlan, executor: str) 
                       f"{escape(v.run_dir)}")
     if executor == "slurm":
         console.print(f"  follow          : squeue -j {sweep.job_id}; sacct -j {sweep.job_id}; "
-                      f"tail -f {escape(os.path.join(sweep.sweep_dir, '0', 'logs', 'rank0.log'))}")
+                      f"tail -f {escape(os.path.join(sweep.sweep_dir, '0', LOGS_DIR, 'rank0.log'))}")
     else:
-        console.print(f"  follow          : tail -f {escape(os.path.join(sweep.sweep_dir, 'local_runner.log'))}")
+        console.print(f"  follow          : tail -f {escape(os.path.join(sweep.sweep_dir, RUNNER_LOG))}")
 
 
 def wait_array(job_id: str, count: int, env: Mapping[str, str], timeout_s: float,

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from slurmkit.runfiles import FAULTS_DIR
 from slurmkit.train.signals import StopRequest, register_stack_dump
 
 # Installed before torch is imported (seconds on a shared file system, longer with thousands of
@@ -158,7 +159,7 @@ def run(env: Mapping[str, str], early_stop: StopRequest | None = None) -> int:
         torch.use_deterministic_algorithms(True, warn_only=not on_gpu)
     stop = early_stop or _EARLY_STOP or StopRequest().install()
     faults = FaultInjector(parse_faults(env.get("SLURMKIT_FAULT", "")), rank=rank,
-                           marker_dir=os.path.join(ctx.run_dir, "faults") if ctx.run_dir else None)
+                           marker_dir=os.path.join(ctx.run_dir, FAULTS_DIR) if ctx.run_dir else None)
     init_distributed(runtime, p)
     flightrec.serve(runtime.backend, env)  # the recorder's trace when a hang is examined
     store = None

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from omegaconf import OmegaConf
 
 from slurmkit.errors import ConfigError
+from slurmkit.runfiles import LEDGER_NAME, LOGS_DIR
 from slurmkit.train.heartbeat import LocalDirError, local_heartbeat_path
 
 
@@ -103,11 +104,11 @@ def spawn_ranks(config_path: str, run_dir: str, world_size: int, *,
             "SLURMKIT_CONFIG": config_path, "SLURMKIT_GENERATION": str(generation),
             "SLURMKIT_NODE": node_name if nodes == 1 else f"{node_name}-{rank // per_node}",
             "SLURMKIT_LEDGER": base.get("SLURMKIT_LEDGER",
-                                        os.path.join(run_dir, "ledger.jsonl")),
+                                        os.path.join(run_dir, LEDGER_NAME)),
             # Two ranks share a few cores here: one thread each avoids oversubscription.
             "OMP_NUM_THREADS": base.get("OMP_NUM_THREADS", "1"),
         }
-        log_path = os.path.join(run_dir, "logs", f"gen{generation}-rank{rank}.log")
+        log_path = os.path.join(run_dir, LOGS_DIR, f"gen{generation}-rank{rank}.log")
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
         with open(log_path, "wb") as log_file:
             procs.append(subprocess.Popen([python, "-m", "slurmkit.train"], env=rank_env,

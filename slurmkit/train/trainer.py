@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from slurmkit.errors import SlurmkitError
+from slurmkit.runfiles import FINAL_NAME, METRICS_NAME
 from slurmkit.train.config import ModelConfig, ParallelConfig, TrainConfig
 from slurmkit.train.data import MemmapTokens, ShardedLoader, SyntheticTokens, TokenSource
 from slurmkit.train.faults import FaultInjector
@@ -306,7 +307,7 @@ class Trainer:
             return
         if self.ctx.run_dir:
             record = {"step": step, "param_sha256": digest, "world_size": self.ctx.world_size}
-            path = os.path.join(self.ctx.run_dir, "final.json")
+            path = os.path.join(self.ctx.run_dir, FINAL_NAME)
             with open(path + ".tmp", "w", encoding="utf-8") as f:
                 json.dump(record, f)
             os.replace(path + ".tmp", path)
@@ -316,7 +317,7 @@ class Trainer:
     def _metrics_writer(self) -> MetricsWriter | None:
         if self.ctx.rank != 0 or not self.ctx.run_dir:
             return None
-        return MetricsWriter(os.path.join(self.ctx.run_dir, "metrics.jsonl"),
+        return MetricsWriter(os.path.join(self.ctx.run_dir, METRICS_NAME),
                              flush_interval_s=METRICS_FLUSH_INTERVAL_S)
 
     def _event(self, event: str, **fields: Any) -> None:

@@ -31,6 +31,7 @@ from slurmkit.ledger.names import END, SUBMITTED
 from testkit.chaos.invariants import Check, Verdict, lost_per_fault, verdict
 from testkit.chaos.menu import MENU
 from testkit.chaos.plan import RunPlan, draw_plan, replay_command
+from slurmkit.runfiles import LEDGER_NAME
 
 
 # testkit/chaos/campaign.py -> the repository root (testkit/ is a top-level package of it)
@@ -127,7 +128,7 @@ def run_one(plan: RunPlan, *, cluster, run_root: str, reference: str, step_delay
 def _job_of(run_dir: str) -> str:
     from slurmkit.ledger.ledger import read_ledger
 
-    for e in read_ledger(os.path.join(run_dir, "ledger.jsonl")):
+    for e in read_ledger(os.path.join(run_dir, LEDGER_NAME)):
         if e.get("event") == SUBMITTED and e.get("job_id"):
             return str(e["job_id"])
     return ""

@@ -27,6 +27,7 @@ from typing import Any
 from slurmkit.ledger.ledger import Ledger, read_ledger
 from slurmkit.ledger.names import (CKPT_FAILED, CKPT_SAVED, DECISION, FAILURE, FAULT_INJECTED, HEARTBEAT,
                                    RANKS_STARTED, REQUEUE, TRAIN_FINISHED, TRAIN_STARTED)
+from slurmkit.runfiles import CKPT_DIR, CONFIG_NAME, FAULTS_DIR, FINAL_NAME, LEDGER_NAME, SHARED_CKPT_DIR
 from slurmkit.supervise.successor import successor_chain, successor_of
 from testkit.chaos import nvme, procs
 from testkit.chaos.invariants import Injected, RunFacts
@@ -129,7 +130,7 @@ def external_losses(events: list[dict[str, Any]], downs: list[tuple[str, float]]
 def shared_steps(run_dir: str) -> tuple[int, ...]:
     """The steps the shared tier's directory holds (``step_NNNNNNNNNN``), ascending."""
     try:
-        names = os.listdir(os.path.join(run_dir, "ckpt", "shared"))
+        names = os.listdir(os.path.join(run_dir, CKPT_DIR, SHARED_CKPT_DIR))
     except OSError:
         return ()
     return tuple(sorted(int(n[5:]) for n in names if n.startswith("step_") and n[5:].isdigit()))
@@ -200,13 +201,13 @@ def reference_digest(cluster: Cluster, plan: RunPlan, run_root: str, *, step_del
                                              faults=False, heartbeat_timeout_s=heartbeat_timeout_s), run_root)
     state = wait_terminal(cluster, job, timeout_s)
     try:
-        with open(os.path.join(run_dir, "final.json")) as f:
+        with open(os.path.join(run_dir, FINAL_NAME)) as f:
             out = json.load(f)
     except (OSError, ValueError):
         out = {}
     if state != "COMPLETED" or out.get("step") != plan.steps:
         raise RuntimeError(f"the reference run {run_dir} ended {state} at step {out.get('step')}")
-    failures = [e for e in read_ledger(os.path.join(run_dir, "ledger.jsonl")) if e.get("event") == FAILURE]
+    failures = [e for e in read_ledger(os.path.join(run_dir, LEDGER_NAME)) if e.get("event") == FAILURE]
     for e in failures:
         cluster.say(f"  warning: the reference run (no fault injected) had a failure: {e.get('cls')} on "
                     f"{e.get('node')}: {e.get('evidence')}")
@@ -271,7 +272,7 @@ class Driver:
 
     # ------------------------------------------------------------------ observing
     def events(self) -> list[dict[str, Any]]:
-        return list(read_ledger(os.path.join(self.run_dir, "ledger.jsonl")))
+        return list(read_ledger(os.path.join(self.run_dir, LEDGER_NAME)))
 
     def over(self) -> bool:
         if time.monotonic() > self.deadline:
@@ -375,7 +376,7 @@ class Driver:
             fields["node"] = nodes[0]
         if ranks:
             fields["rank"] = ranks[0]
-        Ledger(os.path.join(self.run_dir, "ledger.jsonl"), source="chaos").append("fault_injected", kind=f.kind,
+        Ledger(os.path.join(self.run_dir, LEDGER_NAME), source="chaos").append("fault_injected", kind=f.kind,
                                                                                    **fields)
         self.cluster.say(f"  seed {self.plan.seed}: injected {f.describe()} at step {step} ({phase})")
 
@@ -569,7 +570,7 @@ class Driver:
         p = self.wait(f"rank {f.target}", lambda: self.ranks().get(f.target))
         now = self.step_of(f.target, p.pid)
         step = min(max(aim, now + 2), self.plan.steps)  # before_step(step) runs after step-1 is done
-        marker = os.path.join(self.run_dir, "faults", marker_name(f.target, step))
+        marker = os.path.join(self.run_dir, FAULTS_DIR, marker_name(f.target, step))
         os.unlink(marker)
         self.wait(f"the NCCL abort of rank {f.target} before step {step}", lambda: os.path.exists(marker))
         t = os.stat(marker).st_mtime
@@ -580,7 +581,7 @@ class Driver:
         spec = armed_spec(self.plan)
         if not spec:
             return
-        d = os.path.join(self.run_dir, "faults")
+        d = os.path.join(self.run_dir, FAULTS_DIR)
         os.makedirs(d, exist_ok=True)
         for item in spec.split(";"):
             _, rank, step, _ = item.split(":")
@@ -643,7 +644,7 @@ class Driver:
         leftover = self.leftover()
         final = None
         try:
-            with open(os.path.join(self.run_dir, "final.json")) as fh:
+            with open(os.path.join(self.run_dir, FINAL_NAME)) as fh:
                 final = json.load(fh)
         except (OSError, ValueError):
             pass
@@ -691,10 +692,10 @@ def facts_from_run_dir(run_dir: str, reference_sha: str, *, job_state: str) -> R
     """The facts of a finished run read back from its directory (``--recheck``): the faults
     from its ``fault_injected`` events, the killed nodes from its node_loss faults. What only
     the live driver saw (leftover processes, Slurm's node events) is left empty."""
-    events = list(read_ledger(os.path.join(run_dir, "ledger.jsonl")))
+    events = list(read_ledger(os.path.join(run_dir, LEDGER_NAME)))
     import yaml
 
-    with open(os.path.join(run_dir, "config.yaml")) as f:
+    with open(os.path.join(run_dir, CONFIG_NAME)) as f:
         train = yaml.safe_load(f)["train"]
     steps, interval = int(train["steps"]), int(train["ckpt_interval_steps"])
     injected = [Injected(str(e["kind"]), str(e.get("moment", "")), float(e.get("time", e["t"])),
@@ -705,7 +706,7 @@ def facts_from_run_dir(run_dir: str, reference_sha: str, *, job_state: str) -> R
     filled = frozenset(n for i in injected if i.kind == "nvme_full" for n in i.nodes)
     final = None
     try:
-        with open(os.path.join(run_dir, "final.json")) as f:
+        with open(os.path.join(run_dir, FINAL_NAME)) as f:
             final = json.load(f)
     except (OSError, ValueError):
         pass

@@ -23,6 +23,8 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from slurmkit.runfiles import CONFIG_NAME
+
 FILLER = ".chaos-nvme-filler"
 MIB = 1 << 20
 Runner = Callable[[list[str]], None]
@@ -40,7 +42,7 @@ def node_nvme_dir(run_dir: str, node: str, env: Mapping[str, str] | None = None)
 
     from slurmkit.store.tier import expand_env
 
-    with open(os.path.join(run_dir, "config.yaml")) as f:
+    with open(os.path.join(run_dir, CONFIG_NAME)) as f:
         uri = str(((yaml.safe_load(f) or {}).get("store") or {}).get("nvme_uri") or "")
     if not uri:
         raise ValueError(f"the run {run_dir} has no NVMe tier (store.nvme_uri is empty)")
@@ -84,7 +86,7 @@ def preflight_min_free(run_dir: str) -> int:
     1 GiB when the frozen config does not say)."""
     import yaml
 
-    with open(os.path.join(run_dir, "config.yaml")) as f:
+    with open(os.path.join(run_dir, CONFIG_NAME)) as f:
         health = (yaml.safe_load(f) or {}).get("health") or {}
     return int(float(health.get("nvme_min_free_gb", 1.0)) * (1 << 30))
 
