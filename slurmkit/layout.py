@@ -21,6 +21,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
+from slurmkit.atomic import atomic_write
 from slurmkit.errors import ActionableError, ConfigError
 from slurmkit.runfiles import CONFIG_NAME, LAYOUT_NAME
 from slurmkit.untrusted import UntrustedDataError, parse_json, read_regular
@@ -168,15 +169,8 @@ def write_layout(run_dir: str, layout: Layout) -> str:
     with open(os.path.join(run_dir, CONFIG_NAME), "rb") as f:
         frozen = Layout(**{**asdict(layout), "config_sha256": config_digest(f.read())})
     path = os.path.join(run_dir, LAYOUT_NAME)
-    tmp = f"{path}.tmp.{os.getpid()}"
     # 0644 whatever the umask: writable by the job's user only (slurmkit/rundir.py)
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FROZEN_FILE_MODE), "w") as f:
-        os.fchmod(f.fileno(), FROZEN_FILE_MODE)
-        json.dump(frozen.to_dict(), f, indent=1, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(frozen.to_dict(), indent=1, sort_keys=True) + "\n", mode=FROZEN_FILE_MODE)
     return path
 
 

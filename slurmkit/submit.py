@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.markup import escape
 
+from slurmkit.atomic import atomic_write
 from slurmkit.config import SlurmkitConfig, compose, config_hash, to_yaml
 from slurmkit.errors import ConfigError, SlurmkitError, SubmissionError, print_error
 from slurmkit.launch.local import Submitted, local_gpu_parameters, submit_local  # and re-exported
@@ -90,13 +91,8 @@ def freeze(cfg: SlurmkitConfig, run_dir: str, layout: Layout | None = None) -> N
     config's digest, so an agent never pairs one run's layout with another's config)."""
     os.makedirs(os.path.join(run_dir, LOGS_DIR), exist_ok=True)
     os.chmod(run_dir, RUN_DIR_MODE)  # (a sweep's variant directory too) slurmkit/rundir.py
-    path = os.path.join(run_dir, CONFIG_NAME)
-    with os.fdopen(os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FROZEN_FILE_MODE), "wb") as f:
-        os.fchmod(f.fileno(), FROZEN_FILE_MODE)  # whatever the umask (slurmkit/rundir.py)
-        f.write(frozen_text(cfg))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
+    # FROZEN_FILE_MODE whatever the umask (slurmkit/rundir.py)
+    atomic_write(os.path.join(run_dir, CONFIG_NAME), frozen_text(cfg), mode=FROZEN_FILE_MODE)
     write_layout(run_dir, resolve_layout(cfg) if layout is None else layout)
 
 

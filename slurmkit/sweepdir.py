@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from slurmkit.atomic import atomic_write
 from slurmkit.errors import ConfigError
 from slurmkit.rundir import RUN_DIR_MODE
 from slurmkit.runfiles import SWEEP_NAME
@@ -88,13 +89,7 @@ def new_sweep_dir(run_root: str, name: str, clock: Callable[[], float] = time.ti
 
 def write_sweep(sweep: Sweep) -> str:
     path = os.path.join(sweep.sweep_dir, SWEEP_NAME)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(sweep.to_json(), f, indent=1)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(sweep.to_json(), indent=1) + "\n", mode=None)
     return path
 
 

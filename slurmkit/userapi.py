@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from slurmkit import contract
+from slurmkit.atomic import atomic_write
 from slurmkit.contract import (
     CONFIG_ERROR_MARKER,
     EXIT_CHECKPOINTED_ON_SIGNAL,
@@ -89,35 +90,10 @@ def write_marker(run_dir: str, record: Mapping[str, Any]) -> str:
     if len(data) > MARKER_MAX_BYTES:  # cannot happen for the record report_checkpoint builds
         raise ReportError(f"a checkpoint marker of {len(data)} bytes", f"at most {MARKER_MAX_BYTES} bytes",
                           "pass a shorter path to report_checkpoint")
-    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-    try:
-        fd = os.open(tmp, flags, 0o644)
-    except FileExistsError:  # left by a killed process that had our pid: ours to replace
-        os.unlink(tmp)
-        fd = os.open(tmp, flags, 0o644)
-    try:
-        try:
-            os.fchmod(fd, 0o644)  # whatever the umask: the marker is read by node 0's agent (same user)
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:  # the rename itself durable; some file systems refuse a directory's fsync (still atomic)
-        dfd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
+    # 0644 whatever the umask: the marker is read by node 0's agent (same user). The temporary
+    # name is this writer's own (pid, thread): a leftover of a killed writer that had them (pids
+    # repeat in a container) is replaced, not left beside the marker.
+    atomic_write(path, data, mode=0o644, temp=f"{path}.tmp.{os.getpid()}.{threading.get_ident()}")
     return path
 
 

@@ -38,6 +38,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from slurmkit.atomic import atomic_write
 from slurmkit.errors import SlurmkitError
 from slurmkit.launch.context import NodeContext
 from slurmkit.listen import listen_socket
@@ -54,12 +55,7 @@ STORE_COMM = "slurmkit-store"  # the server's process name (/proc/PID/comm)
 
 
 def _publish(path: str, payload: dict[str, object]) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(payload, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(payload), mode=None)
 
 
 def _vm_data() -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 
+from slurmkit.atomic import atomic_write
 from slurmkit.report import figures
 from slurmkit.report.html import SweepHead, run_page, sweep_page
 from slurmkit.report.run import RunData, load_run
@@ -19,10 +20,7 @@ from slurmkit.runfiles import LEDGER_NAME, REPORT_NAME, SWEEP_NAME
 
 
 def _put(path: str, content: bytes) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(content)
-    os.replace(tmp, path)
+    atomic_write(path, content, mode=None)
 
 
 def run_pngs(data: RunData) -> dict[str, bytes | None]:

@@ -34,13 +34,13 @@ import json
 import logging
 import os
 import re
-import secrets
 import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from slurmkit.atomic import atomic_write
 from slurmkit.runfiles import CAPABILITIES_NAME
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.errors import SlurmCommandError, SlurmError
@@ -513,22 +513,7 @@ def _private_dir(path: str, uid: int) -> bool:
 def write_capabilities(path: str, caps: SiteCapabilities, mode: int = CACHE_FILE_MODE) -> None:
     """Write ``caps`` to ``path`` atomically (new temp file, fsync, rename), mode ``mode``
     whatever the umask. Raises OSError; callers treat a failed write as no cache."""
-    tmp = f"{path}.tmp.{os.getpid()}.{secrets.token_hex(4)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    try:
-        with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), mode)
-            json.dump(caps.to_dict(), f, indent=1, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write(path, json.dumps(caps.to_dict(), indent=1, sort_keys=True) + "\n", mode=mode)
 
 
 def site_capabilities(env: Mapping[str, str], *, runner: CommandRunner | None = None,

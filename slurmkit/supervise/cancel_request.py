@@ -20,6 +20,7 @@ import logging
 import os
 from typing import Any
 
+from slurmkit.atomic import atomic_write
 from slurmkit.errors import ActionableError
 from slurmkit.runfiles import CANCEL_REQUEST_NAME
 from slurmkit.untrusted import UntrustedDataError, parse_object, read_regular
@@ -42,10 +43,7 @@ def cancel_request_path(run_dir: str) -> str:
 def write_cancel_request(run_dir: str, *, job_id: str, by: str, time_s: float) -> str:
     """Write the request atomically (a reader sees all of it or nothing); returns its path."""
     path = cancel_request_path(run_dir)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"job_id": job_id, "by": by, "time": time_s}, f)
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps({"job_id": job_id, "by": by, "time": time_s}), mode=None)
     return path
 
 

@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from slurmkit.atomic import atomic_write
 from slurmkit.errors import ActionableError
 from slurmkit.runfiles import RDZV_DIR
 from slurmkit.untrusted import UntrustedDataError, parse_object
@@ -156,23 +157,12 @@ def write_done(run_dir: str, attempt: str, done: Done) -> None:
     logged, never raised: the decision maker is leaving, and a late agent without the marker
     still acts (as before the marker existed)."""
     path = done_path(run_dir, attempt)
-    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            os.write(fd, json.dumps({"outcome": done.outcome, "exit_code": done.exit_code, "node": done.node,
-                                     "node_rank": done.node_rank, "t": time.time()}).encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps({"outcome": done.outcome, "exit_code": done.exit_code, "node": done.node,
+                                       "node_rank": done.node_rank, "t": time.time()}), mode=0o600)
     except OSError as exc:
         log.error("could not leave the done marker %s: %s", path, exc)
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
 
 
 def clear_done(run_dir: str, attempt: str) -> None:

@@ -35,9 +35,9 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 from collections.abc import Mapping
 
+from slurmkit.atomic import atomic_write
 from slurmkit.errors import SubmissionError
 from slurmkit.ledger.names import SUCCESSOR
 from slurmkit.runfiles import SCRIPT_NAME, SUBMITIT_DIR
@@ -99,18 +99,10 @@ def _dependency(script: str, job_id: str) -> str:
 
 
 def _copy_whole(src: str, dst: str) -> None:
-    tmp = f"{dst}.tmp.{os.getpid()}"
-    try:
-        # 0600 whatever the umask: the copy is submitit's pickle, which the next allocation loads
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with open(src, "rb") as fi, os.fdopen(fd, "wb") as fo:
-            shutil.copyfileobj(fi, fo)
-            fo.flush()
-            os.fsync(fo.fileno())
-        os.replace(tmp, dst)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with open(src, "rb") as fi:
+        data = fi.read()
+    # 0600 whatever the umask: the copy is submitit's pickle, which the next allocation loads
+    atomic_write(dst, data, mode=0o600)
 
 
 def submit_successor(client: SlurmClient, job_id: str, exclude: tuple[str, ...] | list[str], *,

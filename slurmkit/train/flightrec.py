@@ -24,6 +24,8 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 
+from slurmkit.atomic import atomic_write
+
 PIPE_ENV = "SLURMKIT_FR_PIPE"
 FILE_ENV = "SLURMKIT_FR_FILE"
 
@@ -47,16 +49,7 @@ def dumper(backend: str) -> Callable[[], bytes] | None:
 def write_whole(path: str, data: bytes) -> None:
     """``data`` at ``path``, never a part of it: written beside it, then renamed."""
     os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, data, mode=0o600)
 
 
 def _serve(rfd: int, pipe: str, out: str, dump: Callable[[], bytes]) -> None:

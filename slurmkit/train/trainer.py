@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from slurmkit.atomic import atomic_write
 from slurmkit.errors import SlurmkitError
 from slurmkit.runfiles import FINAL_NAME, METRICS_NAME
 from slurmkit.train.config import ModelConfig, ParallelConfig, TrainConfig
@@ -307,10 +308,7 @@ class Trainer:
             return
         if self.ctx.run_dir:
             record = {"step": step, "param_sha256": digest, "world_size": self.ctx.world_size}
-            path = os.path.join(self.ctx.run_dir, FINAL_NAME)
-            with open(path + ".tmp", "w", encoding="utf-8") as f:
-                json.dump(record, f)
-            os.replace(path + ".tmp", path)
+            atomic_write(os.path.join(self.ctx.run_dir, FINAL_NAME), json.dumps(record), mode=None)
         self._event("train_finished", step=step, param_sha256=digest,
                     generation=self.ctx.generation)
 
