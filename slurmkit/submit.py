@@ -29,6 +29,7 @@ from rich.markup import escape
 from slurmkit.atomic import atomic_write
 from slurmkit.config import SlurmkitConfig, compose, config_hash, to_yaml
 from slurmkit.errors import ConfigError, SlurmkitError, SubmissionError, print_error
+from slurmkit.failures.programs import is_reference_trainer
 from slurmkit.launch.local import Submitted, local_gpu_parameters, submit_local  # and re-exported
 from slurmkit.layout import FROZEN_FILE_MODE, Layout, config_digest, resolve_layout, write_layout
 from slurmkit.rundir import RUN_DIR_MODE, make_submitit_dir, seal_pickles
@@ -74,7 +75,7 @@ def validate(cfg: SlurmkitConfig, layout: Layout | None = None) -> None:
     layout = resolve_layout(cfg) if layout is None else layout
     check_timeouts(cfg)
     check_store_backends(cfg.store)
-    if any("slurmkit.train" in part for part in cfg.job.command):
+    if is_reference_trainer(cfg.job.command):  # the trainer's memory plan: nothing for another program
         from slurmkit.train.planner import check_config
 
         check_config(cfg, layout=layout)

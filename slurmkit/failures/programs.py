@@ -1,16 +1,38 @@
-"""What a program's silence and its clean exit after a signal mean, by whether it is known to
-follow slurmkit's contract (to beat every step, to exit 95 when it leaves on a signal).
+"""Which program the job runs, and what its silence and its clean exit after a signal mean, by
+whether it is known to follow slurmkit's contract (to beat every step, to exit 95 when it leaves
+on a signal, to dump its stack on SIGUSR2).
 
-Pure functions of the config's choice and the job's command: the node agent reads the first
-(its rank monitor, slurmkit.launch.monitor), the supervisor the second (slurmkit.supervise.loopbase).
+One answer to "does job.command run slurmkit's reference trainer?" (:func:`is_reference_trainer`),
+asked by the node agent (its rank monitor, the hang stacks, the warm standby), the supervisor
+(exit 0 after a signal) and submit (the trainer's memory plan). Pure functions of the config's
+choice and the job's command.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-# Programs known to beat every step (slurmkit.train.heartbeat.Heartbeat), named as `-m` takes them.
-BEATING_MODULES = frozenset({"slurmkit.train"})
+#: The reference trainer, named as ``python -m`` takes it: the one program known to beat every step
+#: (slurmkit.train.heartbeat.Heartbeat), exit 95 on a signal and dump its stack on SIGUSR2.
+REFERENCE_TRAINER = "slurmkit.train"
+
+
+def is_reference_trainer(command: Sequence[str]) -> bool:
+    """Whether ``command`` runs the reference trainer: ``-m slurmkit.train`` among its
+    arguments (``python -m slurmkit.train ...``, ``python -u -m slurmkit.train``, under a
+    wrapper such as ``nsys profile python -m slurmkit.train``). A module that only starts with
+    the name (``slurmkit.train.planner``), a script, or the name as another program's argument
+    is not it."""
+    args = list(command)
+    return any(a == "-m" and b == REFERENCE_TRAINER for a, b in zip(args, args[1:], strict=False))
+
+
+def reference_trainer_args(argv: Sequence[str]) -> list[str] | None:
+    """The trainer's own arguments when ``argv`` is exactly ``<interpreter> -m slurmkit.train
+    ARGS`` (no interpreter option, no wrapper: what a warm standby can run in its own process);
+    None for any other command, the reference trainer started otherwise included."""
+    args = list(argv)
+    return args[3:] if len(args) >= 3 and is_reference_trainer(args[1:3]) else None
 
 
 def expects_heartbeats(require_heartbeat: str, command: Sequence[str]) -> bool:
@@ -23,8 +45,7 @@ def expects_heartbeats(require_heartbeat: str, command: Sequence[str]) -> bool:
     """
     if require_heartbeat != "auto":
         return require_heartbeat == "true"
-    args = list(command)
-    return any(a == "-m" and b in BEATING_MODULES for a, b in zip(args, args[1:], strict=False))
+    return is_reference_trainer(command)
 
 
 def exit0_is_completion(choice: str, command: Sequence[str]) -> bool:
@@ -36,5 +57,4 @@ def exit0_is_completion(choice: str, command: Sequence[str]) -> bool:
     program that had in fact finished costs one short allocation, where it exits 0 at once."""
     if choice != "auto":
         return choice == "completed"
-    args = list(command)
-    return any(a == "-m" and b in BEATING_MODULES for a, b in zip(args, args[1:], strict=False))
+    return is_reference_trainer(command)

@@ -46,7 +46,7 @@ from slurmkit.supervise.endwatch import EndWatch
 from slurmkit.ledger.ledger import LEDGER_NAME, Ledger
 from slurmkit.supervise.liveness import Beater
 from slurmkit.supervise.loop import Supervisor, Where
-from slurmkit.failures.programs import expects_heartbeats
+from slurmkit.failures.programs import expects_heartbeats, is_reference_trainer
 from slurmkit.launch.monitor import RankMonitor
 from slurmkit.supervise.relaunch import Relauncher, read_rejoin, srun_spawn, srun_spawn_many
 from slurmkit.slurm.capabilities import read_run_dir_copy
@@ -213,7 +213,7 @@ class NodeAgent:
                    for p in live]
         triggered = stackdump.trigger_nccl_dumps(targets)
         asked = stackdump.trigger_trace_dumps(targets)  # before the stacks: a stopped rank is continued there
-        stacks = stackdump.capture(targets, trainer=stackdump.runs_reference_trainer(self.cfg.job.command),
+        stacks = stackdump.capture(targets, trainer=is_reference_trainer(self.cfg.job.command),
                                    pyspy=stackdump.find_pyspy(self.env), proc_state=self.monitor.state_of)
         traces = stackdump.read_traces(asked)
         if triggered and dump:

@@ -63,7 +63,6 @@ NCCL_DUMP_WAIT_S = 5.0  # for the flight recorder's files after its pipes were w
 TRACE_WAIT_S = 5.0  # for the trainer's own flight-recorder traces (any backend)
 TRACE_BYTES = 32 * 1024 * 1024  # of one trace read back: 2,000 entries with their frames fit
 TRACE_DEPTH = 16  # torch's trace nests 5 deep (entries, an entry, its frames, a frame)
-TRAINER_MODULE = "slurmkit.train"
 
 
 @dataclass(frozen=True)
@@ -83,12 +82,6 @@ class RankStack:
     stopped: bool  # state T when looked at, before anything was sent
     source: str  # "faulthandler" | "py-spy" | "none"
     text: str  # the dump as the tool wrote it, or why there is none
-
-
-def runs_reference_trainer(command: Sequence[str]) -> bool:
-    """``... -m slurmkit.train ...``: the one program known to handle STACK_SIGNAL."""
-    args = list(command)
-    return any(a == "-m" and b == TRAINER_MODULE for a, b in zip(args, args[1:], strict=False))
 
 
 def catches(pid: int, sig: int) -> bool:

@@ -37,10 +37,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from slurmkit.failures.programs import REFERENCE_TRAINER, reference_trainer_args
+
 log = logging.getLogger(__name__)
 
 MODULE = "slurmkit.launch.standby"
-TRAINER = "slurmkit.train"
+TRAINER = REFERENCE_TRAINER
 PROTOCOL = 1
 MAX_MESSAGE_BYTES = 32 * 1024  # the delta of a rank's identity is ~1 KB; never block on the pipe
 WAITING_NAME = "skstandby"
@@ -63,10 +65,9 @@ def identity_name(name: str) -> bool:
 
 def trainer_args(argv: Sequence[str]) -> list[str] | None:
     """The trainer's own arguments when ``argv`` is ``<this python> -m slurmkit.train ...``
-    (a standby runs nothing else); None for any other program."""
-    if len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-m" and argv[2] == TRAINER:
-        return list(argv[3:])
-    return None
+    (a standby runs nothing else: slurmkit.failures.programs.reference_trainer_args, in this
+    interpreter); None for any other program."""
+    return reference_trainer_args(argv) if list(argv[:1]) == [sys.executable] else None
 
 
 def mismatch(started: Mapping[str, str], wanted: Mapping[str, str]) -> list[str]:

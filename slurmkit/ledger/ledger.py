@@ -35,6 +35,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from slurmkit.ledger.events import check_read, encode, validate
+from slurmkit.ledger.names import (ALLOCATION_START, CHECKPOINTED_ON_SIGNAL, CONFIG_WARNING, DECISION, END,
+                                   EXCLUSION, FAILURE, HEARTBEAT, LEDGER_WRITE_FAILED, RANK_DATA_REFUSED,
+                                   RANKS_STARTED, REQUEUE, SUCCESSOR, SUCCESSOR_REFUSED, TRAIN_FINISHED,
+                                   TRAIN_STOPPED)
 from slurmkit.runfiles import LEDGER_NAME
 from slurmkit.untrusted import UntrustedDataError, bounded_lines, parse_object
 
@@ -42,10 +46,10 @@ log = logging.getLogger(__name__)
 
 # Events someone acts on as soon as they are written (a test waiting for pids, `status`, the
 # engineer tailing the file while node 0 decides): written at once, with what is held before them.
-URGENT = frozenset({"ranks_started", "failure", "decision", "exclusion", "requeue", "end",
-                    "checkpointed_on_signal", "train_finished", "train_stopped",
-                    "ledger_write_failed", "config_warning", "allocation_start", "successor",
-                    "successor_refused"})
+URGENT = frozenset({RANKS_STARTED, FAILURE, DECISION, EXCLUSION, REQUEUE, END,
+                    CHECKPOINTED_ON_SIGNAL, TRAIN_FINISHED, TRAIN_STOPPED,
+                    LEDGER_WRITE_FAILED, CONFIG_WARNING, ALLOCATION_START, SUCCESSOR,
+                    SUCCESSOR_REFUSED})
 RECORD_START = b'{"t": '  # every record the ledger writes begins so (the time is its first key)
 LINE_BYTES = 4 * 1024 * 1024  # one record read back: a node's hang_stacks event is ~100 KiB
 REFUSALS_NAMED = 20  # refused lines named per read of a ledger (a flood is cut short)
@@ -197,12 +201,12 @@ class Ledger:
         """What a source refused, as ``rank_data_refused`` events of this writer: the file and why."""
         for note in notes:
             try:
-                validate("rank_data_refused", note)
-                record: dict[str, Any] = {"t": round(self._clock(), 6), "event": "rank_data_refused"}
+                validate(RANK_DATA_REFUSED, note)
+                record: dict[str, Any] = {"t": round(self._clock(), 6), "event": RANK_DATA_REFUSED}
                 if self.source:
                     record["source"] = self.source
                 record.update(note)
-                self._hold("rank_data_refused", encode(record))
+                self._hold(RANK_DATA_REFUSED, encode(record))
             except ValueError as exc:
                 self._report(f"slurmkit ledger: a refusal could not be recorded: {exc}")
                 continue
@@ -235,7 +239,7 @@ class Ledger:
         """Past the bound: the oldest heartbeat samples go first (the next sample supersedes
         them), then the oldest events. Every drop is counted (and reported at recovery)."""
         over = self._held_bytes - self.max_held_bytes
-        for only in ("heartbeat", None):
+        for only in (HEARTBEAT, None):
             keep: list[tuple[str, bytes]] = []
             for ev, line in self._held:
                 if over > 0 and only in (None, ev):
@@ -337,11 +341,11 @@ class Ledger:
         self._last_report = None
         self._report(f"slurmkit ledger: writing {self.path} works again after "
                      f"{fields['failures']} failure(s); {fields['dropped']} event(s) dropped")
-        record: dict[str, Any] = {"t": round(self._clock(), 6), "event": "ledger_write_failed"}
+        record: dict[str, Any] = {"t": round(self._clock(), 6), "event": LEDGER_WRITE_FAILED}
         if self.source:
             record["source"] = self.source
         record.update(fields)
-        self._hold("ledger_write_failed", encode(record))
+        self._hold(LEDGER_WRITE_FAILED, encode(record))
         self._flush_held()
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from omegaconf import OmegaConf
 
 from slurmkit.errors import ConfigError
+from slurmkit.failures.programs import REFERENCE_TRAINER
 from slurmkit.runfiles import LEDGER_NAME, LOGS_DIR
 from slurmkit.train.heartbeat import LocalDirError, local_heartbeat_path
 
@@ -111,7 +112,7 @@ def spawn_ranks(config_path: str, run_dir: str, world_size: int, *,
         log_path = os.path.join(run_dir, LOGS_DIR, f"gen{generation}-rank{rank}.log")
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
         with open(log_path, "wb") as log_file:
-            procs.append(subprocess.Popen([python, "-m", "slurmkit.train"], env=rank_env,
+            procs.append(subprocess.Popen([python, "-m", REFERENCE_TRAINER], env=rank_env,
                                           stdout=log_file, stderr=subprocess.STDOUT))
         logs.append(log_path)
     return LocalRun(procs, logs, run_dir)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from slurmkit.failures.programs import is_reference_trainer
 from slurmkit.launch.rendezvous import STORE_COMM
 from slurmkit.launch.standby import ADOPTED_PREFIX as STANDBY_RANK_PREFIX
 from slurmkit.launch.standby import MODULE as STANDBY_MODULE
@@ -85,7 +86,7 @@ def rank_of(p: Proc) -> int | None:
     if _standby(p):
         digits = p.comm[len(STANDBY_RANK_PREFIX):] if p.comm.startswith(STANDBY_RANK_PREFIX) else ""
         return int(digits) if digits.isdigit() else None
-    if "RANK" in p.env and "-m" in p.cmdline and "slurmkit.train" in p.cmdline:
+    if "RANK" in p.env and is_reference_trainer(p.cmdline):
         return int(p.env["RANK"])
     return None
 
