@@ -23,6 +23,10 @@ from slurmkit.failures.classes import CLASS_INFO, FailureClass
 from slurmkit.failures.classify import Evidence, root_cause
 from slurmkit.supervise.policy import Action, History, Limits, decide
 
+# Deadline tests of a few tenths of a second on real subprocesses: CI runs them in its
+# foreground stream, not beside the cluster's jobs at a low priority.
+pytestmark = pytest.mark.realtime
+
 # No "[seconds since boot]" stamp: the emulated line counts whatever this machine's uptime.
 XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=2811, GPU has fallen off the bus.\n"
 WAIT_T = Timeout(Verdict.WAIT, "answers", "wait")
