@@ -11,8 +11,10 @@ can connect to a TCPStore, so nothing here trusts a name or a value by itself:
 - every value read is validated (types, ranges, known node names) and a bad one raises
   :class:`ChannelError` with Detected/Requirement/Fix.
 
-The token file, the keys and the seals are in slurmkit.supervise.channelbase; the messages are
-here. Counters (``add``) cannot carry a MAC; their keys are as unguessable as the rest.
+The token file, the seals and the one table of the store's key families (ChannelCore.KEY_*,
+each with who writes it and who reads it) are in slurmkit.supervise.channelbase; the messages
+are here, and build every key from that table. Counters (``add``) cannot carry a MAC; their keys
+are as unguessable as the rest.
 
 Every message costs its reader O(1) round trips whatever the number of agents N (2,048 nodes
 means 2,048 readers of one store): an agent blocks on the generation's end key with one store
@@ -63,10 +65,11 @@ class Channel(ChannelCore):
 
     # -------------------------------------------------------------- rendezvous port of the ranks
     def post_port(self, gen: int, port: int) -> None:
-        self.store.set(self._gen(gen, "port"), self._seal(self._gen(gen, "port"), int(port)))
+        key = self._gen(gen, self.KEY_PORT)
+        self.store.set(key, self._seal(key, int(port)))
 
     def wait_port(self, gen: int, timeout_s: float) -> int:
-        key = self._gen(gen, "port")
+        key = self._gen(gen, self.KEY_PORT)
         self.store.wait([key], timedelta(seconds=timeout_s))
         port = self._open(key, self.store.get(key))
         if not isinstance(port, int) or not 0 < port < 65536:
@@ -89,17 +92,17 @@ class Channel(ChannelCore):
     # -------------------------------------------------------------- failure of a generation
     def post_failure(self, gen: int, node: str, rank: int, cls: FailureClass) -> None:
         """The first failure wins; later ones only add evidence."""
-        key = self._gen(gen, "fail")
+        key = self._gen(gen, self.KEY_FAIL)
         self._set_once(key, {"node": node, "rank": int(rank), "cls": cls.value})
-        self.store.add(self._gen(gen, "events"), 1)
-        self.store.set(self._gen(gen, "end"), "1")  # wakes every agent's EndWatch
+        self.store.add(self._gen(gen, self.KEY_EVENTS), 1)
+        self.store.set(self._gen(gen, self.KEY_END), "1")  # wakes every agent's EndWatch
 
     def wait_ended(self, gen: int, timeout_s: float) -> bool:
         """Block until ``gen``'s end key is set (a failure posted, or every slot finished): one
         store wait, woken by the post (slurmkit.supervise.endwatch). False when ``timeout_s``
         passed first; a store that does not answer raises (RuntimeError). The key is only a
         wake-up: what ended the generation is read from the failure and finish keys."""
-        key = self._gen(gen, "end")
+        key = self._gen(gen, self.KEY_END)
         try:
             self.store.wait([key], timedelta(seconds=timeout_s))
         except RuntimeError:  # DistStoreError on a timeout, DistNetworkError on a broken store
@@ -109,10 +112,10 @@ class Channel(ChannelCore):
     def changes(self, gen: int) -> int:
         """How many failures and finishes were posted in ``gen``: one counter (one round trip)
         that every agent polls, reading the failure and the finish counts only when it moved."""
-        return self._count(self._gen(gen, "events"))
+        return self._count(self._gen(gen, self.KEY_EVENTS))
 
     def failure(self, gen: int) -> FailureNotice | None:
-        key = self._gen(gen, "fail")
+        key = self._gen(gen, self.KEY_FAIL)
         raw = self._get(key)
         if raw is None:
             return None
@@ -128,7 +131,7 @@ class Channel(ChannelCore):
         self._set_once(key, [e.to_json() for e in evidence[:_MAX_EVIDENCE]])
 
     def _evidence_key(self, gen: int, node_rank: int) -> str:
-        return self._gen(gen, f"evidence/{int(node_rank)}")
+        return self._gen(gen, self.KEY_EVIDENCE, node=node_rank)
 
     def evidence(self, gen: int, node_rank: int) -> list[Evidence] | None:
         key = self._evidence_key(gen, node_rank)
@@ -183,10 +186,10 @@ class Channel(ChannelCore):
         return bool(self.store.check([self._evidence_key(gen, node_rank)]))
 
     def post_stopped(self, gen: int) -> None:
-        self.store.add(self._gen(gen, "stopped"), 1)
+        self.store.add(self._gen(gen, self.KEY_STOPPED), 1)
 
     def stopped(self, gen: int) -> int:
-        return self._count(self._gen(gen, "stopped"))
+        return self._count(self._gen(gen, self.KEY_STOPPED))
 
     # -------------------------------------------------------------- the end of a generation
     def post_finished(self, gen: int, kind: str, slots: int | None = None) -> None:
@@ -194,14 +197,14 @@ class Channel(ChannelCore):
         ``slots`` sets the generation's end key (waking every agent's EndWatch)."""
         if kind not in (COMPLETED, SIGNALLED):
             raise ValueError(kind)
-        self.store.add(self._gen(gen, kind), 1)
-        self.store.add(self._gen(gen, "events"), 1)
-        if slots is not None and int(self.store.add(self._gen(gen, "finished"), 1)) >= slots:
-            self.store.set(self._gen(gen, "end"), "1")
+        self.store.add(self._gen(gen, self.KEY_COMPLETED if kind == COMPLETED else self.KEY_SIGNALLED), 1)
+        self.store.add(self._gen(gen, self.KEY_EVENTS), 1)
+        if slots is not None and int(self.store.add(self._gen(gen, self.KEY_FINISHED), 1)) >= slots:
+            self.store.set(self._gen(gen, self.KEY_END), "1")
 
     def finished(self, gen: int) -> tuple[int, int]:
         """(slots that completed, slots that left on a signal) in ``gen``."""
-        return self._count(self._gen(gen, COMPLETED)), self._count(self._gen(gen, SIGNALLED))
+        return self._count(self._gen(gen, self.KEY_COMPLETED)), self._count(self._gen(gen, self.KEY_SIGNALLED))
 
     # -------------------------------------------------------------- a hang's stacks
     def stacks_taken(self, gen: int, expected: int, timeout_s: float) -> bool:
@@ -211,8 +214,8 @@ class Channel(ChannelCore):
         fail out of the collective they waited in, and their stacks then show the crash, not
         the wait (seen on the local cluster: two ranks blamed as 'outside' a collective in
         their exit handlers). True when all arrived in time; a lost agent costs the timeout."""
-        done = self._gen(gen, "stacks_all")
-        if int(self.store.add(self._gen(gen, "stacks"), 1)) >= expected:
+        done = self._gen(gen, self.KEY_STACKS_ALL)
+        if int(self.store.add(self._gen(gen, self.KEY_STACKS), 1)) >= expected:
             self.store.set(done, "1")
             return True
         try:
@@ -224,7 +227,7 @@ class Channel(ChannelCore):
     # -------------------------------------------------------------- the decision
     def post_decision(self, gen: int, d: Decision) -> None:
         """Set once: a second decider (a successor of node 0) never overwrites the first."""
-        key = self._gen(gen, "decision")
+        key = self._gen(gen, self.KEY_DECISION)
         self._set_once(key, {"action": d.action.value, "reason": d.reason, "exclude": list(d.exclude)})
 
     def wait_decision(self, gen: int, timeout_s: float) -> Decision | None:
@@ -232,7 +235,7 @@ class Channel(ChannelCore):
         polling), at most ``timeout_s``; None when it has not come by then. A wait that
         raises is told from a timeout by one check: a store that answers it merely timed out,
         one that does not raises (the caller's store-trouble path)."""
-        key = self._gen(gen, "decision")
+        key = self._gen(gen, self.KEY_DECISION)
         try:
             self.store.wait([key], timedelta(seconds=timeout_s))
         except RuntimeError:  # DistStoreError on a timeout, DistNetworkError on a broken store
@@ -254,7 +257,7 @@ class Channel(ChannelCore):
         return self._decision(key, value)
 
     def decision(self, gen: int) -> Decision | None:
-        key = self._gen(gen, "decision")
+        key = self._gen(gen, self.KEY_DECISION)
         raw = self._get(key)
         return None if raw is None else self._decision(key, raw)
 
@@ -296,7 +299,7 @@ class Channel(ChannelCore):
 
     # -------------------------------------------------------------- step-time windows
     def _window_key(self, node_rank: int) -> str:
-        return f"{self.prefix}/steps/{int(node_rank)}"
+        return self._key(self.KEY_STEPS, node=node_rank)
 
     def seed_step_windows(self, node_ranks: Sequence[int]) -> None:
         """Node 0, before any generation: every node's window key exists (empty: none yet), so
@@ -340,20 +343,20 @@ class Channel(ChannelCore):
     # -------------------------------------------------------------- pre-flight: clock and links
 
     def _tick_key(self, tick: int) -> str:
-        return f"{self.prefix}/clock/{int(tick)}"
+        return self._key(self.KEY_CLOCK_TICK, tick=tick)
 
     def post_clock_tick(self, tick: int, node0_time: float) -> None:
         """Node 0: tick ``tick`` (1, 2, ...) stamped with its wall-clock time, then the tick
         counter (so a reader that sees counter k knows tick k+1 was stamped after it looked)."""
         key = self._tick_key(tick)
         self.store.set(key, self._seal(key, float(node0_time)))
-        self.store.add(f"{self.prefix}/clock/seq", 1)
+        self.store.add(self._key(self.KEY_CLOCK_SEQ), 1)
         if tick > _CLOCK_KEEP:
             self.store.delete_key(self._tick_key(tick - _CLOCK_KEEP))
 
     def clock_seq(self) -> int:
         """The newest tick node 0 has posted (0: none yet)."""
-        return self._count(f"{self.prefix}/clock/seq")
+        return self._count(self._key(self.KEY_CLOCK_SEQ))
 
     def wait_clock_tick(self, tick: int, timeout_s: float) -> float | None:
         """Node 0's time in tick ``tick``, once posted (one store wait); None when it does not
@@ -375,19 +378,19 @@ class Channel(ChannelCore):
     def link_prefix(self, gen: int, a: int, b: int) -> str:
         """The store prefix under which train slots ``a`` and ``b`` build their 2-rank group of
         generation ``gen``'s bandwidth test (both derive it from the pair alone)."""
-        return self._gen(gen, f"link/{int(a)}-{int(b)}") + "/"
+        return self._gen(gen, self.KEY_LINK_PAIR, a=a, b=b)
 
     def _link_key(self, gen: int, slot: int) -> str:
-        return self._gen(gen, f"linkfig/{int(slot)}")
+        return self._gen(gen, self.KEY_LINK_FIGURES, slot=slot)
 
     def post_link_figure(self, gen: int, slot: int, figure: dict[str, Any]) -> None:
         """One train slot's link figures, then the count the judge polls."""
         key = self._link_key(gen, slot)
         self.store.set(key, self._seal(key, figure))
-        self.store.add(self._gen(gen, "linkfig/count"), 1)
+        self.store.add(self._gen(gen, self.KEY_LINK_COUNT), 1)
 
     def link_figures_posted(self, gen: int) -> int:
-        return self._count(self._gen(gen, "linkfig/count"))
+        return self._count(self._gen(gen, self.KEY_LINK_COUNT))
 
     def link_figures(self, gen: int, slots: Sequence[int], *, all_posted: bool) -> dict[int, dict[str, Any]]:
         """The posted link figures of ``slots``: one multi_get when ``all_posted``, else one
@@ -412,12 +415,12 @@ class Channel(ChannelCore):
         return out
 
     def post_link_verdict(self, gen: int, verdict: dict[str, Any]) -> None:
-        self._set_once(self._gen(gen, "linkverdict"), verdict)
+        self._set_once(self._gen(gen, self.KEY_LINK_VERDICT), verdict)
 
     def wait_link_verdict(self, gen: int, timeout_s: float) -> dict[str, Any] | None:
         """The judge's verdict on generation ``gen``'s links (one store wait), or None when it
         has not come within ``timeout_s``. The nodes it names are checked against the allocation."""
-        key = self._gen(gen, "linkverdict")
+        key = self._gen(gen, self.KEY_LINK_VERDICT)
         try:
             self.store.wait([key], timedelta(seconds=max(timeout_s, 0.001)))
         except RuntimeError:
@@ -437,7 +440,7 @@ class Channel(ChannelCore):
     # -------------------------------------------------------------- a relaunched agent's rejoin
     # (slurmkit.supervise.relaunch: node 0 relaunches a lost agent on a node Slurm calls healthy)
     def _rejoin_key(self, node_rank: int) -> str:
-        return f"{self.prefix}/rejoin/{int(node_rank)}"
+        return self._key(self.KEY_REJOIN, node=node_rank)
 
     def post_rejoin(self, node_rank: int, r: Rejoin) -> None:
         """Node 0, before it relaunches that node's agent: where the new agent joins. A plain set

@@ -1,4 +1,5 @@
-"""The channel's foundation: the per-run token, unguessable keys and signed values.
+"""The channel's foundation: the per-run token, unguessable keys (every family of them in one
+table, ChannelCore.KEY_*) and signed values.
 
 Anyone on the cluster network can connect to a TCPStore, so nothing the agents read from it is
 trusted by itself. Every key lives under one prefix per run attempt derived from a random per-run
@@ -36,6 +37,37 @@ _ABSENT = "\x00slurmkit:absent"
 class ChannelCore:
     """The keys, seals and store primitives every message of slurmkit.supervise.channel uses."""
 
+    # ------------------------------------------------- every key family of the store, once
+    # A key is <prefix>/<family>, ``prefix`` one per run attempt (an HMAC of the run token); the
+    # families after KEY_GENERATION are one generation's, below <prefix>/g<gen>/. Fields: {node} a
+    # node rank, {tick} a clock tick, {slot} a train slot, {a}-{b} a pair of train slots. Values:
+    # sealed (the token's HMAC of key and payload: _seal/_open), a counter (store.add: no MAC is
+    # possible, the key is as unguessable as the rest) or a plain flag or number.
+    #     family                         writer -> reader(s); value
+    KEY_ALIVE = "alive/{node}"         # its agent (node 0 seeds, resets) -> node 0, all for node 0's; plain count
+    KEY_ADDR = "addr/{node}"           # its agent at start -> the agents whose slot 0 it holds; sealed
+    KEY_STEPS = "steps/{node}"         # its agent per beat interval (node 0 seeds it "") -> node 0; sealed
+    KEY_REJOIN = "rejoin/{node}"       # node 0 before a relaunch -> that node's relaunched agent; sealed
+    KEY_CLOCK_TICK = "clock/{tick}"    # node 0's ticker -> every agent's clock pre-flight; sealed
+    KEY_CLOCK_SEQ = "clock/seq"        # node 0's ticker, after each tick -> every clock pre-flight; counter
+    KEY_EXIT = "exit"                  # every agent as it leaves -> node 0 (keeps the store up); counter
+    KEY_GENERATION = "g{gen}"          # the scope of the families below
+    KEY_PORT = "port"                  # the agent of train slot 0 -> every train node's agent; sealed
+    KEY_FAIL = "fail"                  # the first agent to see a failure (set once) -> every agent; sealed
+    KEY_EVIDENCE = "evidence/{node}"   # its agent (set once) -> node 0's decision; sealed
+    KEY_EVENTS = "events"              # every failure and finish post -> every agent's poll; counter
+    KEY_END = "end"                    # the failure post, or the last finish -> every agent's EndWatch; flag
+    KEY_COMPLETED = "completed"        # each slot whose ranks all completed -> every agent; counter
+    KEY_SIGNALLED = "signalled"        # each slot whose ranks left on a signal -> every agent; counter
+    KEY_FINISHED = "finished"          # each slot that finished either way -> the last finisher; counter
+    KEY_STOPPED = "stopped"            # each agent whose ranks were stopped -> node 0; counter
+    KEY_STACKS = "stacks"              # each agent with its ranks' stacks -> the last to arrive; counter
+    KEY_STACKS_ALL = "stacks_all"      # the last agent with its stacks -> every agent about to kill; flag
+    KEY_DECISION = "decision"          # node 0, or its successor (set once) -> every agent; sealed
+    KEY_LINK_PAIR = "link/{a}-{b}/"    # train slots a and b: their link test's 2-rank group keys below it
+    KEY_LINK_FIGURES = "linkfig/{slot}"  # that train slot's link test -> the judge (slot 0); sealed
+    KEY_LINK_COUNT = "linkfig/count"   # each train slot after its figures -> the judge; counter
+    KEY_LINK_VERDICT = "linkverdict"   # the judge (set once) -> every train slot's link check; sealed
 
     def __init__(self, store: Any, attempt: str, token: bytes, nodes: Sequence[str]) -> None:
         self.store = store
@@ -45,18 +77,23 @@ class ChannelCore:
         tag = hmac.new(token, f"attempt:{attempt}".encode(), hashlib.sha256).hexdigest()[:32]
         self.prefix = f"sk/{tag}"
 
-    # -------------------------------------------------------------- keys (the only place)
-    def _gen(self, gen: int, name: str) -> str:
-        return f"{self.prefix}/g{int(gen)}/{name}"
+    # -------------------------------------------------------------- keys, from the table only
+    def _key(self, family: str, **fields: int) -> str:
+        """The key of ``family`` (a KEY_ of the table) with its fields: <prefix>/<family>."""
+        return f"{self.prefix}/{family.format(**{name: int(v) for name, v in fields.items()})}"
+
+    def _gen(self, gen: int, family: str, **fields: int) -> str:
+        """The key of a generation's ``family``: <prefix>/g<gen>/<family>."""
+        return self._key(f"{self.KEY_GENERATION}/{family}", gen=gen, **fields)
 
     def _alive(self, node_rank: int) -> str:
-        return f"{self.prefix}/alive/{int(node_rank)}"
+        return self._key(self.KEY_ALIVE, node=node_rank)
 
     def _addr(self, node_rank: int) -> str:
-        return f"{self.prefix}/addr/{int(node_rank)}"
+        return self._key(self.KEY_ADDR, node=node_rank)
 
     def _exit(self) -> str:
-        return f"{self.prefix}/exit"
+        return self._key(self.KEY_EXIT)
 
     # -------------------------------------------------------------- signed values
     def _mac(self, key: str, payload: str) -> str:
