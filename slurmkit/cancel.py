@@ -34,7 +34,7 @@ from slurmkit.jobstates import JobPoller, JobRef, JobState
 from slurmkit.ledger.ledger import LEDGER_NAME, Ledger
 from slurmkit.ledger.names import CANCEL_REQUESTED, CHECKPOINTED_ON_SIGNAL, END, RANKS_STARTED
 from slurmkit.runview import RunWatcher, default_run_root, read_sweep, resolve
-from slurmkit.slurm.client import SlurmClient
+from slurmkit.slurm.client import INVALID_JOB, SlurmClient
 from slurmkit.slurm.errors import SlurmCommandError
 from slurmkit.status import make_client
 from slurmkit.supervise.cancel_request import cancel_request_path, write_cancel_request
@@ -153,9 +153,9 @@ class Canceller:
             try:
                 self._slurm().cancel(t.ref.job_id, signal="USR1")
             except SlurmCommandError as exc:
-                # Slurm 23.11+ refuses to signal a job with no step yet: its agents have not
+                # Slurm 24.11 (not 22.05) refuses to signal a job with no step yet: its agents have not
                 # started, so there is nothing to save; the caller cancels it outright.
-                if "Invalid job id specified" not in str(exc):
+                if INVALID_JOB not in exc.output:
                     raise
                 return False
         return True

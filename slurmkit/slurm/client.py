@@ -45,7 +45,8 @@ COMMAND_TIMEOUT_S = 30.0
 INTERACTIVE_TIMEOUT_S = 15.0
 
 _SUBMITTED = re.compile(r"^(\d+)(?:;(\S+))?$")
-_INVALID_JOB = "Invalid job id specified"
+#: What slurmctld answers for a job it does not know, and 24.11 (not 22.05) for a signal to a running job with no step yet.
+INVALID_JOB = "Invalid job id specified"
 
 
 class SlurmClient:
@@ -175,7 +176,7 @@ class SlurmClient:
         try:
             return parse_squeue(self._run(args).stdout)
         except SlurmCommandError as exc:
-            if job_ids and _INVALID_JOB in exc.output:
+            if job_ids and INVALID_JOB in exc.output:
                 return []  # all asked-for jobs are gone: an empty queue, not an error
             raise
 
@@ -267,7 +268,7 @@ class SlurmClient:
             try:
                 return self.job(job_id).state
             except SlurmCommandError as exc:
-                if source == "scontrol" or _INVALID_JOB not in exc.output:
+                if source == "scontrol" or INVALID_JOB not in exc.output:
                     raise
         runs = [r for r in self.sacct(job_id) if not r.is_step]
         if not runs:
