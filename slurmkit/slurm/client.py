@@ -45,7 +45,8 @@ COMMAND_TIMEOUT_S = 30.0
 INTERACTIVE_TIMEOUT_S = 15.0
 
 _SUBMITTED = re.compile(r"^(\d+)(?:;(\S+))?$")
-#: What slurmctld answers for a job it does not know, and 24.11 (not 22.05) for a signal to a running job with no step yet.
+#: What slurmctld answers for a job it does not know, and (24.11, not 22.05) for a signal to a
+#: running job with no step yet.
 INVALID_JOB = "Invalid job id specified"
 
 
