@@ -52,6 +52,92 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.cluster)
 
 
+SHARD_WEIGHTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shard_weights.json")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("slurmkit")
+    group.addoption("--shard", default="", metavar="K/N",
+                    help="run shard K of N: whole test files, spread over the shards by their "
+                         "seconds in tests/shard_weights.json (CI runs shards side by side, each "
+                         "on its own cluster or process)")
+    group.addoption("--shard-head", action="append", default=[], metavar="K:SECONDS",
+                    help="shard K starts SECONDS late (or has SECONDS of other work): it gets "
+                         "that much less of the files")
+
+
+def _shard_spec(config: pytest.Config) -> tuple[int, int, dict[int, float]] | None:
+    spec = str(config.getoption("--shard") or "")
+    if not spec:
+        return None
+    k, _, n = spec.partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise pytest.UsageError(f"--shard {spec!r}: Detected: not K/N with 1 <= K <= N. "
+                                "Requirement: e.g. --shard 1/2. Fix: pass --shard K/N")
+    head: dict[int, float] = {}
+    for item in config.getoption("--shard-head"):
+        hk, _, secs = str(item).partition(":")
+        try:
+            head[int(hk)] = float(secs)
+        except ValueError:
+            raise pytest.UsageError(f"--shard-head {item!r}: Detected: not K:SECONDS. "
+                                    "Requirement: e.g. --shard-head 2:300. Fix: pass K:SECONDS") from None
+    return int(k), int(n), head
+
+
+def shard_of_files(weights: dict[str, float], n: int, head: dict[int, float]) -> dict[str, int]:
+    """Whole files onto ``n`` shards (1-based), heaviest first onto the least loaded shard (a
+    shard's load starts at its head start): the same answer in every process given the same
+    files, so the shards of one run are complementary and together cover every file."""
+    load = {k: head.get(k, 0.0) for k in range(1, n + 1)}
+    out: dict[str, int] = {}
+    for f in sorted(weights, key=lambda f: (-weights[f], f)):
+        k = min(load, key=lambda k: (load[k], k))
+        out[f] = k
+        load[k] += weights[f]
+    return out
+
+
+class _Shards:
+    """``--shard K/N``: keep the tests of this shard's files, once -m and -k have selected (the
+    hook runs last, after the marks above and pytest's own deselection)."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        spec = _shard_spec(config)
+        if spec is None:
+            return
+        k, n, head = spec
+        try:
+            with open(SHARD_WEIGHTS) as f:
+                known = {str(p): float(s) for p, s in json.load(f).items()}
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            raise pytest.UsageError(f"--shard: Detected: {SHARD_WEIGHTS} unreadable ({exc}). Requirement: "
+                                    "a JSON object of test file -> seconds. Fix: restore it from git") from None
+        files: dict[str, list[pytest.Item]] = {}
+        for item in items:
+            files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+        # The files marked slurm_version go to shard 1: CI runs them there on Slurm 22.05 and
+        # again, whole, on its second cluster's Slurm 24.11 (-m slurm_version).
+        pinned = {f for f, its in files.items() if any(it.get_closest_marker("slurm_version") for it in its)}
+        # a file not in the table weighs a second a test (a unit test file; a new cluster test
+        # file goes into the table with its CI time)
+        weights = {f: known.get(f, float(len(its))) for f, its in files.items() if f not in pinned}
+        head = dict(head)
+        head[1] = head.get(1, 0.0) + sum(known.get(f, float(len(files[f]))) for f in pinned)
+        where = shard_of_files(weights, n, head)
+        where.update({f: 1 for f in pinned})
+        keep = [it for it in items if where[it.nodeid.split("::", 1)[0]] == k]
+        drop = [it for it in items if where[it.nodeid.split("::", 1)[0]] != k]
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = keep
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_Shards(), "slurmkit-shards")
+
+
 def load_cluster_env() -> dict[str, str] | None:
     path = os.path.join(CLUSTER_DIR, "env.json")
     if not os.path.exists(path):

@@ -26,7 +26,7 @@ from slurmkit.slurm.capabilities import (
 from slurmkit.slurm.runner import CommandResult
 from tests.integration.helpers import parse_submitted, slurm_env, submit_cli, submitter_uid, wait_terminal
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slurm_version]  # CI: on 22.05 and 24.11
 
 
 def slurm_conf_values(path: str) -> dict[str, str]:

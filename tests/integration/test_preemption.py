@@ -22,7 +22,7 @@ from tests.integration.faults import (
 )
 from tests.integration.helpers import slurm_env
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slurm_version]  # CI: on 22.05 and 24.11
 URGENT = "urgent"  # tools/local-cluster's preempting partition
 
 

@@ -26,7 +26,7 @@ from slurmkit.slurm import (
 )
 from testkit.fakeslurm import FakeSlurm
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slurm_version]  # CI: on 22.05 and 24.11
 
 WAIT_S = 180.0  # generous: other tests may hold the cluster's 4 nodes for a while
 
@@ -63,20 +63,32 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> No
         time.sleep(0.5)
 
 
+def _names(cluster_env: dict[str, str]) -> list[str]:
+    """The cluster's four nodes, by number: node1-node4, or node5-node8 on CI's second cluster
+    (tools/local-cluster up --first-node 5), read from slurm.conf's NodeName line."""
+    conf = Path(cluster_env["SLURM_CONF"]).read_text()
+    m = re.search(r"^NodeName=node\[(\d+)-(\d+)\]", conf, re.MULTILINE)
+    assert m, conf
+    first, last = int(m.group(1)), int(m.group(2))
+    assert last - first == 3, conf
+    return [f"node{i}" for i in range(first, last + 1)]
+
+
 def test_controller_nodes_partitions_config(client: SlurmClient,
                                             cluster_env: dict[str, str]) -> None:
     assert client.controller_reachable()
+    names = _names(cluster_env)
     nodes = {n.name: n for n in client.nodes()}
-    assert {"node1", "node2", "node3", "node4"} <= set(nodes)
-    for name in ("node1", "node2", "node3", "node4"):
+    assert set(names) <= set(nodes)
+    for name in names:
         assert nodes[name].gres == "gpu:4" and nodes[name].gpus == 4
         assert nodes[name].cpu_tot and nodes[name].real_memory_mb
         assert "debug" in nodes[name].partitions
     # The supervisor asks for its lost nodes only: one hostlist argument, those nodes back.
-    assert [n.name for n in client.nodes(["node2", "node4"])] == ["node2", "node4"]
+    assert [n.name for n in client.nodes([names[1], names[3]])] == [names[1], names[3]]
     assert client.nodes([]) == []
     (debug,) = [p for p in client.partitions() if p.name == "debug"]
-    assert {"node1", "node2", "node3", "node4"} <= set(debug.node_names)
+    assert set(names) <= set(debug.node_names)
     assert debug.state == "UP" and debug.default
     conf = client.config()
     slurm_conf = Path(cluster_env["SLURM_CONF"]).read_text()
@@ -144,21 +156,22 @@ def test_requeue_hold_release_now(client: SlurmClient, tmp_path: Path, jobs: lis
     assert runs[-1].by_uid is not None
 
 
-def test_update_exclude_on_pending_job(client: SlurmClient, tmp_path: Path,
-                                       jobs: list[str]) -> None:
+def test_update_exclude_on_pending_job(client: SlurmClient, tmp_path: Path, jobs: list[str],
+                                       cluster_env: dict[str, str]) -> None:
+    n1, _, n3, n4 = _names(cluster_env)
     script = write_script(tmp_path / "held.sh", "srun hostname", "--job-name=slurmkit-it-exc",
-                          "--hold", "--exclude=node4", f"--output={tmp_path}/%j.out")
+                          "--hold", f"--exclude={n4}", f"--output={tmp_path}/%j.out")
     job_id = client.submit(script)
     jobs.append(job_id)
-    assert client.job(job_id).excluded_nodes == ["node4"]
-    assert client.update_exclude(job_id, ["node3", "node4"]) == ["node3", "node4"]
+    assert client.job(job_id).excluded_nodes == [n4]
+    assert client.update_exclude(job_id, [n3, n4]) == [n3, n4]
     job = client.job(job_id)
-    assert job.exc_node_list == "node[3-4]" and job.held
+    assert job.exc_node_list == f"node[{n3[4:]}-{n4[4:]}]" and job.held
     client.release(job_id)
     client.wait_for_state(job_id, {"COMPLETED"}, WAIT_S, poll_s=0.5)
-    assert not {"node3", "node4"} & set(client.job(job_id).nodes)
+    assert not {n3, n4} & set(client.job(job_id).nodes)
     with pytest.raises(SlurmCommandError, match="Job has already finished"):
-        client.update_exclude(job_id, ["node1"])
+        client.update_exclude(job_id, [n1])
 
 
 def test_signal_then_cancel(client: SlurmClient, tmp_path: Path, jobs: list[str]) -> None:
@@ -184,7 +197,7 @@ def test_signal_then_cancel(client: SlurmClient, tmp_path: Path, jobs: list[str]
         time.sleep(1.0)
     assert client.job(job_id).state == "RUNNING"
     with pytest.raises(SlurmCommandError, match="Job is no longer pending execution"):
-        client.update_exclude(job_id, ["node4"])
+        client.update_exclude(job_id, [client.job(job_id).nodes[0]])
     client.cancel(job_id)
     client.wait_for_state(job_id, {"CANCELLED"}, 60, poll_s=0.5)
     client.wait_for_state(job_id, {"CANCELLED"}, 60, poll_s=0.5, source="sacct")

@@ -26,7 +26,7 @@ from tests.integration.faults import (
 )
 from tests.integration.helpers import slurm_env, submitter_uid
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slurm_version]  # CI: on 22.05 and 24.11
 
 
 def release_when_requeued(job: str, env: dict[str, str], timeout_s: float = 180) -> None:

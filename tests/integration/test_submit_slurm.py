@@ -16,7 +16,7 @@ from tests.integration.helpers import (
     wait_terminal,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slurm_version]  # CI: on 22.05 and 24.11
 ALLREDUCE = "job.command=[python,-m,slurmkit.examples.allreduce]"
 
 

@@ -31,7 +31,7 @@ from tests.integration.faults import (
 )
 from tests.integration.helpers import job_cgroup_tasks, parse_submitted, proctrack, slurm_env, user_env
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slurm_version]  # CI: on 22.05 and 24.11
 
 
 @pytest.fixture(scope="module")
