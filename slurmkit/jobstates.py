@@ -16,11 +16,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable
+import shutil
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from slurmkit.errors import ConfigError
-from slurmkit.slurm.client import SlurmClient
+from slurmkit.slurm.client import SlurmClient, slurm_client
 from slurmkit.slurm.errors import SlurmError
 from slurmkit.slurm.hostlist import expand_hostlist
 from slurmkit.slurm.records import TERMINAL_STATES
@@ -69,6 +70,13 @@ def _row_ids(job_id: str) -> list[str]:
         except ConfigError:
             return [job_id]
     return [job_id]
+
+
+def make_client(env: Mapping[str, str]) -> SlurmClient | None:
+    """The project's Slurm client when ``squeue`` is on PATH, else None (local runs only)."""
+    if shutil.which("squeue", path=env.get("PATH")) is None:
+        return None
+    return slurm_client(env, interactive=True)
 
 
 class JobPoller:

@@ -15,10 +15,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from slurmkit.jobstates import JobPoller, JobRef
-from slurmkit.logs import safe_line
-from slurmkit.runview import RunWatcher
-from slurmkit.status import clean, make_client
+from slurmkit.jobstates import JobPoller, JobRef, make_client
+from slurmkit.runview import RunWatcher, clean
+from slurmkit.untrusted import safe_line
 
 
 def _description(phase: str, state: str) -> str:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import yaml
+from rich.text import Text
 
 from slurmkit.errors import ConfigError
 from slurmkit.ledger.ledger import LEDGER_NAME, LINE_BYTES, parse_record
@@ -39,7 +40,7 @@ from slurmkit.ledger.names import (ALLOCATION_START, CANCEL_REQUESTED, CHECKPOIN
 from slurmkit.ledger.summary import RunReport, summarize
 from slurmkit.runfiles import CONFIG_NAME, METRICS_NAME, SWEEP_NAME
 from slurmkit.train.heartbeat import LocalDirError, local_heartbeat_path, read_heartbeat
-from slurmkit.untrusted import UntrustedDataError, parse_json, parse_object, read_regular
+from slurmkit.untrusted import UntrustedDataError, parse_json, parse_object, read_regular, safe_line
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +200,13 @@ def _get(raw: Mapping[str, Any], dotted: str) -> Any:
     for part in dotted.split("."):
         value = value.get(part) if isinstance(value, Mapping) else None
     return value
+
+
+def clean(value: object) -> Text:
+    """A table cell from untrusted text: no markup, and every non-printable character (C0/C1
+    controls, bidi overrides, line separators; tabs aside) shown escaped, as ``slurmkit logs``
+    shows it (\\x9b, \\u202e): a cell can neither drive the terminal nor read reversed."""
+    return Text(safe_line(str(value)))
 
 
 # ------------------------------------------------------------------ the view of one run

@@ -11,7 +11,9 @@ a report that cannot be shown. So every such read goes through here:
 - :func:`parse_json` takes bytes that must be UTF-8 JSON within a size, a nesting depth and an
   item count, with integers of at most :data:`MAX_INT_DIGITS` digits and finite floats only
   (Python's json refuses a 5,000-digit number with a bare ValueError, nests until a
-  RecursionError, and accepts ``NaN``, ``1e999`` and lone surrogates that fail later, when printed).
+  RecursionError, and accepts ``NaN``, ``1e999`` and lone surrogates that fail later, when printed);
+- :func:`safe_line` makes such text fit to print: every character that could drive a terminal or
+  make a line read reversed is shown escaped (``slurmkit logs``, ``status``, ``runs``).
 
 Every refusal is an :class:`UntrustedDataError` (a ValueError) that names what was read and why;
 callers skip that record, say so in their log or ledger, and go on.
@@ -184,3 +186,13 @@ def bounded_lines(f: BinaryIO, max_bytes: int) -> Iterator[bytes]:
             while (rest := f.readline(1 << 20)) and not rest.endswith(b"\n"):
                 pass
         yield line
+
+
+def _escape(c: str) -> str:
+    code = ord(c)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def safe_line(text: str) -> str:
+    """``text`` with every non-printable character but the tab escaped (\\x1b, \\x9b, \\u202e)."""
+    return "".join(c if c.isprintable() or c == "\t" else _escape(c) for c in text)

@@ -1,9 +1,9 @@
 """A job's node agents as local processes: submitit's local executor (``cluster.kind=local``).
 
-Here, beside the entry point it starts (slurmkit.launch.entry), rather than in slurmkit.submit:
-a sweep's local runner (``python -m slurmkit.sweep.local``, a process of its own) starts every
-variant with it, and the sweep package does not import slurmkit.submit, which imports the sweep
-package. slurmkit.submit re-exports all three names.
+Here, beside the entry point it starts (slurmkit.launch.entry), rather than in the submit verb
+(slurmkit.cli.submit): a sweep's local runner (``python -m slurmkit.sweep.local``, a process of
+its own) starts every variant with it, and the library never imports slurmkit.cli, which imports
+the sweep package. slurmkit.cli.submit re-exports all three names.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from slurmkit.sweepdir import Sweep, Variant, new_sweep_dir, variant_dir, write_
 
 @dataclass(frozen=True)
 class SingleRun:
-    """The steps of one run's submission that a sweep takes for each variant: slurmkit.submit's
+    """The steps of one run's submission that a sweep takes for each variant: slurmkit.cli.submit's
     own, which it passes in (submit imports the sweep package, never the reverse)."""
 
     resolve_cluster: Callable[[SlurmkitConfig, Mapping[str, str]], SlurmkitConfig]

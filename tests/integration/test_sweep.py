@@ -77,7 +77,7 @@ def test_two_by_two_sweep_is_one_array_and_a_task_recovers_alone(cluster_env, tm
     client = SlurmClient(SubprocessRunner(env=env))
 
     # submit's singleton hint, against the real queue: the array's tasks hold the name.
-    from slurmkit import submit
+    from slurmkit.cli import submit
     from slurmkit.sweep.plan import plan_sweep
 
     plan = plan_sweep([a for a in SWEEP if a != "-m"] + ["job.name=sweep-it"], env, submit.resolve_cluster,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from slurmkit.cancel import Canceller, Target, cancel, stop_local_runner
+from slurmkit.cli.cancel import Canceller, Target, cancel, stop_local_runner
 from slurmkit.jobstates import JobPoller, JobRef
 from slurmkit.ledger.ledger import LEDGER_NAME, read_ledger
 from slurmkit.slurm.client import SlurmClient

@@ -10,7 +10,7 @@ import os
 
 from rich.console import Console
 
-from slurmkit import plan, submit
+from slurmkit.cli import plan, submit
 from slurmkit.slurm.capabilities import CAPABILITIES_NAME, probe
 from tests.unit.test_capabilities import CONFIG_2205, CONFIG_2511, NODES_TYPED, site
 

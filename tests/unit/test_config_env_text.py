@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from slurmkit import submit
+from slurmkit.cli import submit
 from slurmkit.config import compose
 from slurmkit.config.compose import load_frozen, to_yaml
 from slurmkit.config.envtext import keep_env_text

@@ -281,7 +281,7 @@ def run_agent(run_dir: str, **env: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def frozen_run(tmp_path_factory: pytest.TempPathFactory) -> str:
     from slurmkit.config import compose
-    from slurmkit.submit import freeze
+    from slurmkit.cli.submit import freeze
     from slurmkit.submit_checks import make_run_dir
 
     base = tmp_path_factory.mktemp("agent")
@@ -312,7 +312,7 @@ def test_an_agent_without_a_node_local_directory_ends_with_93(tmp_path: Path) ->
     """/proc passes the root's writability check for root, yet nothing can be made in it: the
     squatted-directory fallback (mkdtemp) fails as well."""
     from slurmkit.config import compose
-    from slurmkit.submit import freeze
+    from slurmkit.cli.submit import freeze
     from slurmkit.submit_checks import make_run_dir
 
     run_dir = str(tmp_path / "root" / "tiny" / "run")

@@ -25,12 +25,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from slurmkit import logs, submit
+from slurmkit.cli import logs, submit
 from slurmkit.config import compose
 from slurmkit.progress import _description
 from slurmkit.render import build_jobspec, render_standalone, render_submitit_script
 from slurmkit.render.sbatch import script_lines, setup_lines
-from slurmkit.status import clean
+from slurmkit.runview import clean
 
 BASE = ["+exp=tiny", "cluster=local_slurm", "cluster.kind=slurm"]
 # Key shapes, split so that secret scanners do not flag this file.

@@ -164,7 +164,7 @@ def case_item14_exposed_submitit_pickle(base: Path) -> None:
 
 def frozen_run(base: Path) -> str:
     from slurmkit.config import compose
-    from slurmkit.submit import freeze
+    from slurmkit.cli.submit import freeze
     from slurmkit.submit_checks import make_run_dir
 
     run_dir = str(base / "root" / "tiny" / "run")
@@ -228,7 +228,7 @@ def test_submit_under_umask_002_leaves_a_private_folder_and_pickle(tmp_path: Pat
     """A real submit (local executor, the job's rank a plain `true`) under umask 002."""
     from rich.console import Console
 
-    from slurmkit import submit
+    from slurmkit.cli import submit
 
     runs = tmp_path / "runs"
     old = os.umask(0o002)

@@ -1,7 +1,7 @@
 """One-way layers for the control plane (issue 35): no import cycle among slurmkit's packages.
 
 A node of the graph is a top-level package of slurmkit (``slurmkit/supervise/``) or a top-level
-module (``slurmkit/submit.py``); ``slurmkit/__init__.py`` is the node ``slurmkit``. An edge A -> B
+module (``slurmkit/layout.py``); ``slurmkit/__init__.py`` is the node ``slurmkit``. An edge A -> B
 is any import, in any module of A, of any module of B: at module level, inside a function, under
 ``if TYPE_CHECKING:``, ``import x.y`` and ``from x import y`` alike, relative imports resolved.
 A function-level import defers the cost, not the dependency, so it counts.
@@ -29,7 +29,7 @@ TOP = ROOT.name
 @dataclass(frozen=True)
 class Import:
     where: str  # "slurmkit/sweep/local.py:52"
-    target: str  # the imported module, "slurmkit.submit"
+    target: str  # the imported module, "slurmkit.layout"
 
 
 # Back-edges that remain, each with the one module it may import and why it stays. An allowed
@@ -82,7 +82,7 @@ def _imports(path: Path) -> list[Import]:
                 module = base + (node.module.split(".") if node.module else [])
             else:
                 module = (node.module or "").split(".")
-            # ``from slurmkit import submit``: the module slurmkit.submit, not the package
+            # ``from slurmkit import layout``: the module slurmkit.layout, not the package
             targets = [module + [a.name] if _is_module(module + [a.name]) else module for a in node.names]
         for target in targets:
             if target[0] == TOP:
@@ -272,3 +272,35 @@ def test_the_checks_catch_a_cycle() -> None:
     assert cycles(made_up) == [["a", "b", "c"]]
     text = describe(["a", "b", "c"], made_up)
     assert "c -> a: slurmkit/c.py:3 imports slurmkit.a.x" in text and "e.g. a -> b -> c -> a" in text
+
+
+# The command line (slurmkit/cli/: the dispatcher and one module per verb) is the top layer: it
+# imports the library, the library never imports it. Besides cli itself only slurmkit/__main__.py
+# (``python -m slurmkit``) and the ``python -m slurmkit.VERB`` spellings at the root may: each of
+# those is a docstring and a run of slurmkit.cli.VERB, imported by nothing.
+CLI = "cli"
+
+
+def _python_m_spellings() -> set[str]:
+    """Top-level modules with a namesake in slurmkit/cli/: ``slurmkit/submit.py``, ..."""
+    return {p.stem for p in (ROOT / CLI).glob("*.py")
+            if p.stem != "__init__" and (ROOT / f"{p.stem}.py").is_file()}
+
+
+def test_the_library_never_imports_the_cli() -> None:
+    edges = package_edges()
+    spellings = _python_m_spellings()
+    assert {"submit", "status"} <= spellings, "slurmkit/submit.py and slurmkit/cli/submit.py: still there?"
+    bad = [f"{a} -> cli: {imp.where} imports {imp.target}"
+           for (a, b), imports in sorted(edges.items()) if b == CLI and a not in spellings | {"__main__"}
+           for imp in imports[:1]]
+    assert not bad, ("the library imports slurmkit.cli (move what it needs down, to a library or "
+                     "leaf module):\n" + "\n".join(bad))
+    for name in sorted(spellings):
+        targets = {imp.target for imp in _imports(ROOT / f"{name}.py")}
+        assert targets == {f"slurmkit.{CLI}.{name}"}, (f"slurmkit/{name}.py runs slurmkit.cli.{name} and "
+                                                      f"imports nothing else of slurmkit: {sorted(targets)}")
+    importers = [f"{imp.where} imports {imp.target}"
+                 for (a, b), imports in sorted(edges.items()) if b in spellings for imp in imports]
+    assert not importers, ("import the verb's own module (slurmkit.cli.VERB), not its `python -m` "
+                           "spelling:\n" + "\n".join(importers))

@@ -256,7 +256,7 @@ def test_the_run_directory_is_mounted_unless_a_mount_brings_it() -> None:
 def test_node_0_relaunches_into_the_same_named_container(tmp_path: Path) -> None:
     from slurmkit.config import compose
     from slurmkit.launch.agent import batch_srun_prefix
-    from slurmkit.submit import freeze
+    from slurmkit.cli.submit import freeze
 
     cfg = compose(["+exp=llama8b", "cluster=dgx_h100_container", "job.nodes=2"])
     run_dir = str(tmp_path / "run")

@@ -29,7 +29,7 @@ from slurmkit.ledger.ledger import Ledger
 from slurmkit.failures.stacks import StackPlace, read_stack
 from slurmkit.train.faults import DATA_STALL_LINE
 from slurmkit.train.signals import STACK_SIGNAL
-from slurmkit.submit import freeze
+from slurmkit.cli.submit import freeze
 from slurmkit.train.local import free_port
 
 RANK_PROGRAM = str(Path(__file__).resolve().parent / "hang_rank.py")

@@ -9,7 +9,7 @@ import os
 import pytest
 from rich.console import Console
 
-from slurmkit import submit
+from slurmkit.cli import submit
 from slurmkit.config import compose
 from slurmkit.layout import (
     LAYOUT_NAME,

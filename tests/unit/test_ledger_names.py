@@ -142,7 +142,7 @@ def test_every_literal_event_appended_is_known() -> None:
     found = literal_appends(_sources())
     # the scan itself: the writers it must see (an agent's ending, the CLI, the trainer's wrapper)
     where = {(w.split(":")[0], name) for w, name in found}
-    assert {("slurmkit/supervise/endings.py", "decision"), ("slurmkit/submit.py", "submitted"),
+    assert {("slurmkit/supervise/endings.py", "decision"), ("slurmkit/cli/submit.py", "submitted"),
             ("slurmkit/train/trainer.py", "train_started"),
             ("testkit/chaos/driver.py", "fault_injected")} <= where, sorted(where)
     assert len(found) >= 50

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from slurmkit import logs
+from slurmkit.cli import logs
 from slurmkit.errors import ConfigError
+from slurmkit.untrusted import safe_line
 from tests.unit.watch_runs import FakeRun
 
 
 def test_control_characters_are_shown_not_sent() -> None:
-    assert logs.safe_line("ok\tfine \x1b[2J\x1b]0;owned\x07\r") == "ok\tfine \\x1b[2J\\x1b]0;owned\\x07\\x0d"
+    assert safe_line("ok\tfine \x1b[2J\x1b]0;owned\x07\r") == "ok\tfine \\x1b[2J\\x1b]0;owned\\x07\\x0d"
 
 
 def test_last_lines_reads_backwards(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from slurmkit import submit
+from slurmkit.cli import submit
 from slurmkit.config import compose
 from slurmkit.errors import ConfigError
 from slurmkit.failures.programs import (REFERENCE_TRAINER, exit0_is_completion, expects_heartbeats,

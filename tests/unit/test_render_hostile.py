@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from slurmkit import submit
+from slurmkit.cli import submit
 from slurmkit.render import build_jobspec, render_standalone, render_submitit_script
 from slurmkit.config import compose
 

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
+from slurmkit.cli.submit import freeze, frozen_text
 from slurmkit.config import compose
 from slurmkit.contract import CONFIG_SHA256, EXIT_NO_REQUEUE
 from slurmkit.layout import config_digest
 from slurmkit.render import build_jobspec, render_standalone, render_submitit_script
 from slurmkit.rundir import RunDirError, check_config_digest, check_run_dir
-from slurmkit.submit import freeze, frozen_text
 from slurmkit.submit_checks import make_run_dir
 
 NOBODY = 65534

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from slurmkit import runs
+from slurmkit.cli import runs
 from tests.unit.watch_runs import FakeRun, run_with_one_crash
 
 

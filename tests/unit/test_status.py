@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from slurmkit import status
+from slurmkit.cli import status
 from slurmkit.jobstates import JobPoller
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.retry import RetryPolicy

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from slurmkit import status
+from slurmkit.cli import status
 from slurmkit.ledger.ledger import LEDGER_NAME
 from slurmkit.runview import stragglers_of
 from tests.unit.watch_runs import FakeRun

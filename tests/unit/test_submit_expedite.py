@@ -10,11 +10,11 @@ import io
 import pytest
 from rich.console import Console
 
+from slurmkit.cli.submit import Submitted, submit_with_site
 from slurmkit.config import compose
 from slurmkit.errors import SubmissionError
 from slurmkit.render import build_jobspec, render_standalone, render_submitit_script
 from slurmkit.slurm.capabilities import SiteCapabilities
-from slurmkit.submit import Submitted, submit_with_site
 
 SPEC = build_jobspec(compose(["+exp=tiny", "cluster=local_slurm"]), "/shared/runs/x/1", [])
 EXPEDITE = SiteCapabilities(probed_at=0.0, version="25.11.0", expedited_requeue=True)

@@ -5,7 +5,7 @@ import sys
 
 
 def test_submit_imports_no_torch() -> None:
-    code = ("import sys, slurmkit.submit, slurmkit.launch.entry; "
+    code = ("import sys, slurmkit.cli.submit, slurmkit.launch.entry; "
             "from slurmkit.store import StoreConfig; "
             "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')); "
             "assert not bad, bad[:5]")

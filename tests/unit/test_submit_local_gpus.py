@@ -7,7 +7,7 @@ import os
 
 import submitit
 
-from slurmkit.submit import local_gpu_parameters
+from slurmkit.cli.submit import local_gpu_parameters
 
 
 def test_cpu_job_leaves_submitit_defaults() -> None:

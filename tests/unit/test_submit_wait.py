@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from slurmkit.submit import Submitted, wait_job
+from slurmkit.cli.submit import Submitted, wait_job
 from tests.unit.test_slurm_client import FakeTime
 
 # Prints PENDING for the first 9 calls, then COMPLETED (SACCT_FIELDS order, --parsable2).

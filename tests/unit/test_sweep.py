@@ -11,7 +11,7 @@ import sys
 import pytest
 from rich.console import Console
 
-from slurmkit import submit
+from slurmkit.cli import submit
 from slurmkit.config import load_frozen
 from slurmkit.errors import ConfigError, SlurmkitError
 from slurmkit.launch.context import node_context, task_run_dir

@@ -9,7 +9,7 @@ import sys
 import pytest
 from rich.console import Console
 
-from slurmkit import plan
+from slurmkit.cli import plan
 from slurmkit.config.compose import compose
 from slurmkit.errors import ConfigError
 from slurmkit.train.planner import check_config

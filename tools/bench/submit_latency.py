@@ -9,7 +9,7 @@ Both variants submit the same job to the running local Slurm cluster (tools/loca
 
 Runs alternate A B A B ... so drift on a shared machine hits both. Every job is cancelled as
 soon as its id is known, so the cluster never runs the ~30 s trainer. When the overhead is over
-the target, the import-time profile of ``slurmkit.submit`` is printed (what dominates start-up).
+the target, the import-time profile of ``slurmkit.cli.submit`` is printed (what dominates start-up).
 
     python tools/bench/submit_latency.py [--runs 7] [--cluster-env /tmp/slurmkit-cluster/env.json]
 
@@ -120,8 +120,8 @@ def wait_gone(job_ids: list[str], env: Mapping[str, str], deadline_s: float = 60
 
 
 def import_profile(env: Mapping[str, str], cwd: str, top: int = 12) -> list[tuple[int, str]]:
-    """(cumulative microseconds, module) of the slowest imports of ``slurmkit.submit``."""
-    res = subprocess.run([sys.executable, "-X", "importtime", "-c", "import slurmkit.submit"],
+    """(cumulative microseconds, module) of the slowest imports of ``slurmkit.cli.submit``."""
+    res = subprocess.run([sys.executable, "-X", "importtime", "-c", "import slurmkit.cli.submit"],
                          env=dict(env), cwd=cwd, capture_output=True, text=True, timeout=LINE_TIMEOUT_S)
     rows: list[tuple[int, str]] = []
     for line in res.stderr.splitlines():
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "within" if overhead <= TARGET_OVERHEAD_S else "OVER"
         print(f"overhead {overhead:.3f} s ({verdict} the {TARGET_OVERHEAD_S} s target), ratio {ratio:.1f}x")
         if args.profile or overhead > TARGET_OVERHEAD_S:
-            print("\nslowest imports of `import slurmkit.submit` (cumulative, python -X importtime):")
+            print("\nslowest imports of `import slurmkit.cli.submit` (cumulative, python -X importtime):")
             for us, mod in import_profile(env, tmp):
                 print(f"  {us / 1e6:7.3f} s  {mod.strip()}")
     print(f"RESULT submit_median_s={m_ours:.4f} sbatch_median_s={m_base:.4f} "

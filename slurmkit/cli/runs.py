@@ -21,12 +21,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from slurmkit.cli.status import state_text, step_text
 from slurmkit.errors import ConfigError
-from slurmkit.jobstates import JobPoller, JobRef, JobState
+from slurmkit.jobstates import JobPoller, JobRef, JobState, make_client
 from slurmkit.ledger.ledger import LEDGER_NAME
 from slurmkit.runfiles import CONFIG_NAME, SWEEP_NAME
-from slurmkit.runview import RunView, build_view, default_run_root, find_dirs, ledger_edges, read_sweep
-from slurmkit.status import clean, make_client, state_text, step_text
+from slurmkit.runview import RunView, build_view, clean, default_run_root, find_dirs, ledger_edges, read_sweep
 
 
 def _mtime(path: str) -> float:

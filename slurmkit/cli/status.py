@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,32 +27,17 @@ from rich.table import Table
 from rich.text import Text
 
 from slurmkit.errors import ConfigError
-from slurmkit.jobstates import UNKNOWN, JobPoller, JobRef, JobState
-from slurmkit.logs import safe_line
+from slurmkit.jobstates import UNKNOWN, JobPoller, JobRef, JobState, make_client
 from slurmkit.runview import (
     RunView,
     RunWatcher,
     Variant,
+    clean,
     default_run_root,
     find_dirs,
     read_sweep,
     resolve,
 )
-from slurmkit.slurm.client import SlurmClient, slurm_client
-
-
-def clean(value: object) -> Text:
-    """A table cell from untrusted text: no markup, and every non-printable character (C0/C1
-    controls, bidi overrides, line separators; tabs aside) shown escaped, as ``slurmkit logs``
-    shows it (\\x9b, \\u202e): a cell can neither drive the terminal nor read reversed."""
-    return Text(safe_line(str(value)))
-
-
-def make_client(env: Mapping[str, str]) -> SlurmClient | None:
-    """The project's Slurm client when ``squeue`` is on PATH, else None (local runs only)."""
-    if shutil.which("squeue", path=env.get("PATH")) is None:
-        return None
-    return slurm_client(env, interactive=True)
 
 
 # ------------------------------------------------------------------ formatting

@@ -107,7 +107,7 @@ def site_table(caps: SiteCapabilities) -> Table:
 def probe_site(env: Mapping[str, str]) -> SiteCapabilities | None:
     """The site's capabilities, or None when no Slurm controller answers here."""
     from slurmkit.slurm.capabilities import site_capabilities
-    from slurmkit.submit import slurm_reachable
+    from slurmkit.cli.submit import slurm_reachable
 
     return site_capabilities(env) if slurm_reachable(env) else None
 
@@ -130,6 +130,9 @@ def main(argv: list[str] | None = None, console: Console | None = None,
          site: Callable[[Mapping[str, str]], SiteCapabilities | None] = probe_site) -> int:
     overrides = list(sys.argv[1:] if argv is None else argv)
     console = console or Console()
+    if any(a in ("-h", "--help") for a in overrides):
+        console.print(__doc__ or "", markup=False, highlight=False, soft_wrap=True)
+        return 0
     env = os.environ if env is None else env
     try:
         cfg = compose(overrides)

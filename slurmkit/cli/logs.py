@@ -33,18 +33,9 @@ from slurmkit.errors import ConfigError
 from slurmkit.ledger.names import ALLOCATION_START
 from slurmkit.runfiles import LOGS_DIR, SUBMITIT_DIR
 from slurmkit.runview import RunWatcher, is_run_dir
+from slurmkit.untrusted import safe_line
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
-
-
-def _escape(c: str) -> str:
-    code = ord(c)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
-
-
-def safe_line(text: str) -> str:
-    """``text`` with every non-printable character but the tab escaped (\\x1b, \\x9b, \\u202e)."""
-    return "".join(c if c.isprintable() or c == "\t" else _escape(c) for c in text)
 
 
 def rank_log(run_dir: str, rank: int) -> str:

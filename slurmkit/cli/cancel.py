@@ -30,13 +30,12 @@ from rich.console import Console
 from rich.text import Text
 
 from slurmkit.errors import ConfigError
-from slurmkit.jobstates import JobPoller, JobRef, JobState
+from slurmkit.jobstates import JobPoller, JobRef, JobState, make_client
 from slurmkit.ledger.ledger import LEDGER_NAME, Ledger
 from slurmkit.ledger.names import CANCEL_REQUESTED, CHECKPOINTED_ON_SIGNAL, END, RANKS_STARTED
 from slurmkit.runview import RunWatcher, default_run_root, read_sweep, resolve
 from slurmkit.slurm.client import INVALID_JOB, SlurmClient
 from slurmkit.slurm.errors import SlurmCommandError
-from slurmkit.status import make_client
 from slurmkit.supervise.cancel_request import cancel_request_path, write_cancel_request
 from slurmkit.supervise.successor import successor_chain
 
