@@ -811,7 +811,7 @@ def sample_intervals(run_dir: str, names: tuple[str, ...]) -> tuple[float, float
     and the others' (NodeAgent.sample_interval_s, which grows with N), on this run directory."""
     from slurmkit.launch.agent import NodeAgent
     from slurmkit.launch.context import NodeContext
-    from slurmkit.submit import freeze
+    from slurmkit.cli.submit import freeze
 
     cfg = _config(len(names) - 1)
     freeze(cfg, run_dir)
@@ -843,7 +843,7 @@ def rank_envs(run_dir: str, names: tuple[str, ...], k: int) -> list[dict[str, st
     (config.yaml, layout.json) as submit freezes it."""
     from slurmkit.launch.agent import NodeAgent
     from slurmkit.launch.context import NodeContext
-    from slurmkit.submit import freeze
+    from slurmkit.cli.submit import freeze
 
     cfg = _config(len(names) - 1)
     freeze(cfg, run_dir)  # again: the same files
