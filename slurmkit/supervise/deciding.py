@@ -1,44 +1,78 @@
-"""Node 0's part of the supervisor: which agents are lost, the evidence, the decision, and the
-caps a requeue is checked against (a part of slurmkit.supervise.loop.Supervisor)."""
+"""Node 0's decider: which agents are lost, the evidence, the decision and the failure history
+(a part of slurmkit.supervise.loop.Supervisor, held only by node 0's).
+
+The decision itself is the pure ``slurmkit.supervise.policy.decide``; the decider gathers what
+it decides on (every agent's evidence, what Slurm said about the lost ones, whether a lost
+agent's node is healthy), keeps the history it returns, relaunches a lost agent where that is
+the better way (slurmkit.supervise.relaunch), and checks a requeue against the caps
+(slurmkit.supervise.exits.caps) before it says so.
+"""
 
 from __future__ import annotations
 
 import logging
-import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
-from slurmkit.slurm.errors import SlurmError
-from slurmkit.slurm.hostlist import expand_hostlist
-from slurmkit.supervise.cancel_request import read_cancel_request
-from slurmkit.supervise.channel import ChannelError
+from slurmkit.config import SlurmkitConfig
 from slurmkit.failures.classes import FailureClass
 from slurmkit.failures.classify import Evidence, Failure, bad_nodes, root_cause
-from slurmkit.supervise.policy import Action, Decision, after_warning, decide, requeue_refusal
-from slurmkit.supervise.requeue import job_ref
-from slurmkit.supervise.slurmview import DECISION_RETRY, DECISION_TIMEOUT_S, node_health
-from slurmkit.supervise.liveness import Lost, slurm_says_dead
-from slurmkit.supervise.loopbase import PLANNED_REQUEUE, REQUEUE_MARKS, SupervisorBase
+from slurmkit.slurm.client import SlurmClient
+from slurmkit.supervise.cancel_request import read_cancel_request
+from slurmkit.supervise.channel import Channel, ChannelError
+from slurmkit.supervise.exits.caps import RequeueCaps
+from slurmkit.supervise.liveness import Liveness, Lost, client_node_states, slurm_says_dead
+from slurmkit.supervise.policy import Action, Decision, History, Limits, after_warning, decide
 from slurmkit.supervise.relaunch import Relauncher
+from slurmkit.supervise.shared import PLANNED_REQUEUE, Ledger, Node, Slots, Where
+from slurmkit.supervise.slurmview import SlurmdProbe, node_health
 from slurmkit.supervise.stepsended import StepsEnded
+from slurmkit.supervise.straggler_move import StragglerActions
 from slurmkit.supervise.timeouts import liveness_deadline_s
 
 log = logging.getLogger(__name__)
 
 
-class Deciding(SupervisorBase):
-    """Node 0: lost agents, the evidence, the decision, the requeue caps."""
+class Decider:
+    """Node 0: lost agents, the evidence, the decision; owns the failure history and liveness.
 
-    #: Node 0 with Slurm: relaunches a lost agent on a healthy node (set by the agent's entry point).
-    relauncher: Relauncher | None = None
-    #: Node 0 in a batch script: the agents' srun steps it says ended (set by the agent's entry point).
-    steps_ended: StepsEnded | None = None
+    ``slots`` is the loop's own (a lost spare leaves it here); ``node``, ``ledger`` and
+    ``probe_slurmd`` are the supervisor's, handed on again when the supervisor's are replaced."""
+
+    def __init__(self, cfg: SlurmkitConfig, where: Where, channel: Channel, node: Node, ledger: Ledger,
+                 slots: Slots, caps: RequeueCaps, straggler_actions: StragglerActions, *,
+                 slurm: SlurmClient | None, run_dir: str, ckpt_step: Callable[[], int | None],
+                 probe_slurmd: SlurmdProbe, beat_interval_s: float, clock: Callable[[], float],
+                 sleep: Callable[[float], None]) -> None:
+        self.cfg, self.where, self.channel, self.node, self.ledger = cfg, where, channel, node, ledger
+        self.slots, self.caps, self.straggler_actions = slots, caps, straggler_actions
+        self.slurm, self.run_dir, self._ckpt_step, self.probe_slurmd = slurm, run_dir, ckpt_step, probe_slurmd
+        self.beat_interval_s, self.clock, self.sleep = beat_interval_s, clock, sleep
+        sup = cfg.supervisor
+        self.limits = Limits(sup.max_restarts, sup.max_restarts_without_progress)
+        self.history = History()
+        self.liveness = Liveness({nr: n for nr, n in enumerate(where.nodes) if nr != where.node_rank},
+                                 beat_interval_s=beat_interval_s, floor_s=sup.node_timeout_s,
+                                 first_beat_s=sup.startup_timeout_s,
+                                 node_states=client_node_states(slurm) if slurm is not None else None,
+                                 clock=clock)
+        self._lost: dict[int, Lost] = {}  # agents found lost, with how
+        #: Relaunches a lost agent on a healthy node (Slurm; set by the agent's entry point).
+        self.relauncher: Relauncher | None = None
+        #: In a batch script: the agents' srun steps it says ended (set by the agent's entry point).
+        self.steps_ended: StepsEnded | None = None
+
+    @property
+    def lost_count(self) -> int:
+        """How many agents were found lost (not waited for at the end)."""
+        return len(self._lost)
 
     # ------------------------------------------------------------------ liveness (node 0)
     def lost_agents(self) -> list[Lost]:
         """Agents (train nodes and spares) confirmed lost since the last call: silent (liveness),
         or in an srun step the batch script says ended with a non-zero code (stepsended)."""
-        members = {*self.node_map, *self.spares}  # a set: this runs every poll, over N agents
+        members = {*self.slots.node_map, *self.slots.spares}  # a set: runs every poll, over N agents
         watched = [nr for nr, name in enumerate(self.where.nodes)
                    if nr != 0 and nr not in self._lost and name in members]
         self.liveness.observe(self.channel.beats(watched))
@@ -60,8 +94,8 @@ class Deciding(SupervisorBase):
     def check_peers(self, gen: int) -> None:
         for x in self.lost_agents():
             name = self.where.nodes[x.node_rank]
-            if name in self.spares:  # a lost spare ends nothing; it is no longer a spare
-                self.spares.remove(name)
+            if name in self.slots.spares:  # a lost spare ends nothing; it is no longer a spare
+                self.slots.spares.remove(name)
                 self.ledger.append("spare_lost", node=name, why=x.why, silent_s=round(x.silent_s, 1))
                 continue
             said = (f"silent for {x.silent_s:.1f} s ({x.why})" if x.silent_s > 0
@@ -113,7 +147,8 @@ class Deciding(SupervisorBase):
                                          f"agent on {name} did not answer the stop request"))
         return evidence, sorted(set(lost))
 
-    def node0_decide(self, gen: int, participants: list[int]) -> Decision:
+    def decision(self, gen: int, participants: list[int]) -> Decision:
+        """The decision on generation ``gen`` (``participants``: the node ranks of its slots)."""
         evidence, lost = self.gather_evidence(gen, participants)
         evidence += self.straggler_actions.evidence(gen)  # a straggler node 0 stopped it to move
         # What Slurm said about them came with the liveness confirmation: never asked again here.
@@ -135,7 +170,7 @@ class Deciding(SupervisorBase):
                            **({"stack": failure.stack, "in_collective": failure.in_collective}
                               if failure.stack else {}))
         self.straggler_actions.decided(gen, failure)
-        spares = [n for n in self.spares if n not in lost]
+        spares = [n for n in self.slots.spares if n not in lost]
         kept = self.agents_lost_on_healthy_nodes(gen, evidence, lost)
         can_requeue = (self.cfg.job.requeue and self.slurm is not None
                        and (warned is None or read_cancel_request(self.run_dir) is None))
@@ -149,10 +184,10 @@ class Deciding(SupervisorBase):
             decision = Decision(Action.STOP, decision.reason + "; no Slurm to requeue with (local mode)")
         if decision.action == Action.REQUEUE:
             planned = failure.cls in PLANNED_REQUEUE
-            refusal = self.requeue_refused(gen, decision.exclude, failure=not planned)
+            refusal = self.caps.refused(self.ledger, gen, decision.exclude, failure=not planned)
             if refusal is not None:
                 return Decision(Action.STOP, f"{decision.reason}; requeue refused: {refusal}", decision.exclude)
-            self._failure_requeue = not planned
+            self.caps.failure_pending = not planned
         return decision
 
     def agents_lost_on_healthy_nodes(self, gen: int, evidence: list[Evidence], lost: list[str]) -> list[str]:
@@ -200,16 +235,16 @@ class Deciding(SupervisorBase):
         agents of the others). Spares then take the dead nodes' slots in the same decision and
         the kept nodes' agents are relaunched into the slots as they are after it; without a
         spare for each dead node (a requeue) nothing is relaunched."""
-        r = self.relauncher
+        r, rank_of = self.relauncher, self.slots.rank_of
         if (r is None or not kept or failure.cls != FailureClass.NODE_LOSS
                 or bad_nodes(evidence) or self.node.signal_kind is not None
                 or self.history.restarts >= self.limits.max_restarts
-                or any(n not in self.node_map for n in lost)):
+                or any(n not in self.slots.node_map for n in lost)):
             return None
         dead = [n for n in lost if n not in kept]
         moved: Decision | None = None
         after = self.history
-        node_map, spares_after = list(self.node_map), list(spares)
+        node_map, spares_after = list(self.slots.node_map), list(spares)
         if dead:
             if failure.node not in dead:  # the step's dead node is what failed, not its kept peers
                 failure = replace(failure, node=dead[0])
@@ -217,22 +252,22 @@ class Deciding(SupervisorBase):
                                   bad_nodes=bad_nodes(evidence))
             if moved.action != Action.REPLACE_NODE:
                 return None
-            for name in moved.exclude:  # as apply_replacement will do it
+            for name in moved.exclude:  # as Slots.replace will do it
                 if name in node_map:
                     node_map[node_map.index(name)] = spares_after.pop(0)
         used = [n for n in kept if r.left(n) == 0]
         for name in used:
-            self.ledger.append("agent_relaunch_failed", node=name, node_rank=self._rank_of[name], generation=gen + 1,
+            self.ledger.append("agent_relaunch_failed", node=name, node_rank=rank_of[name], generation=gen + 1,
                                why=f"supervisor.agent_relaunches={r.limit}: its relaunches in this allocation are "
                                    "used up")
         if used:
             return None
-        result = r.relaunch(self.channel, self.where.attempt, gen + 1, [self._rank_of[n] for n in node_map],
-                            [self._rank_of[n] for n in spares_after], [(n, self._rank_of[n]) for n in kept])
+        result = r.relaunch(self.channel, self.where.attempt, gen + 1, [rank_of[n] for n in node_map],
+                            [rank_of[n] for n in spares_after], [(n, rank_of[n]) for n in kept])
         if not result.ok:
             log.warning("relaunch of the agent on %s failed: %s", ",".join(kept), result.why)
             for name in kept:
-                self.ledger.append("agent_relaunch_failed", node=name, node_rank=self._rank_of[name],
+                self.ledger.append("agent_relaunch_failed", node=name, node_rank=rank_of[name],
                                    generation=gen + 1, relaunch=r.used(name),
                                    why=f"{result.why}: a spare takes its slot, else the job requeues keeping it")
             return None
@@ -252,52 +287,3 @@ class Deciding(SupervisorBase):
         where = f"{failure.cls.value} on rank {failure.rank} ({failure.node}): {failure.evidence}"
         return Decision(Action.RESTART, f"{where}; agent relaunched on {names} (node kept): "
                         f"restart {self.history.restarts} in the allocation")
-
-    # ------------------------------------------------------------------ requeue caps (node 0)
-    def failure_requeues(self) -> int:
-        """Earlier requeues of this run that a failure caused (this attempt's own not counted)."""
-        try:
-            names = os.listdir(os.path.join(self.run_dir, REQUEUE_MARKS))
-        except OSError:
-            return 0
-        mine = f"failure.{self.where.attempt}"
-        return sum(1 for n in names if n.startswith("failure.") and n != mine)
-
-    def _mark_failure_requeue(self) -> None:
-        marks = os.path.join(self.run_dir, REQUEUE_MARKS)
-        os.makedirs(marks, exist_ok=True)
-        with open(os.path.join(marks, f"failure.{self.where.attempt}"), "a"):
-            pass
-
-    def requeue_refused(self, gen: int, exclude: tuple[str, ...], *, failure: bool) -> str | None:
-        """Why this requeue must stop the run instead (Detected/Requirement/Fix), or None.
-
-        A failure's requeue counts against supervisor.max_requeues; one that excludes nodes is
-        checked against the partition, with one bounded query of the job (its partition and
-        ExcNodeList) and of the partitions: decisions are rare. Slurm not answering checks
-        nothing (the requeue goes ahead: a slow controller must not stop a run)."""
-        max_requeues = self.cfg.supervisor.max_requeues
-        done = self.failure_requeues() if failure else 0
-        partition: str | None = None
-        members: list[str] | None = None
-        excluded = list(exclude)
-        if exclude and self.slurm is not None and done < max_requeues:
-            try:
-                client = self.slurm.bounded(DECISION_RETRY, DECISION_TIMEOUT_S)
-                info = client.job(job_ref(self.where.job_id, self.env))
-                excluded = sorted({*info.excluded_nodes, *exclude})
-                partition = info.partition
-                for p in client.partitions():
-                    if p.name == partition and p.nodes and p.nodes.upper() != "ALL":
-                        members = expand_hostlist(p.nodes)
-            except SlurmError as exc:
-                log.warning("could not check the requeue against the partition: %s", exc)
-        why = requeue_refusal(failure_requeues=done if failure else None, max_requeues=max_requeues,
-                              excluded=excluded, partition=partition, partition_nodes=members,
-                              needed=len(self.where.nodes))
-        if why is not None:
-            self.ledger.append("requeue_refused", reason=why, generation=gen, failure_requeues=done,
-                               max_requeues=max_requeues, excluded=excluded, partition=partition,
-                               partition_nodes=len(members) if members is not None else None,
-                               needed=len(self.where.nodes))
-        return why

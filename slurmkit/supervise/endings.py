@@ -1,67 +1,68 @@
-"""How a generation's end is carried out on every node: the decision applied (restart, a spare,
-a requeue, a stop), the end after a signal, node 0's loss and its successor, this agent's own
-failure, and leaving together (a part of slurmkit.supervise.loop.Supervisor)."""
+"""The ways out of an allocation, on every node (a part of slurmkit.supervise.loop.Supervisor):
+a decision that ends it carried out (a requeue in place or as a successor job, a stop), the end
+after a signal (a time limit's or a preemption's requeue, a cancel), node 0's loss and its
+successor, this agent's own failure, and leaving together. Every Slurm call goes through the
+client it is given; the Slurm side of each way out is in slurmkit.supervise.exits."""
 
 from __future__ import annotations
 
 import logging
 import sys
 import time
+from collections.abc import Callable, Mapping
 
 from slurmkit import EXIT_NO_REQUEUE
+from slurmkit.config import SlurmkitConfig
+from slurmkit.failures.classes import FailureClass
+from slurmkit.failures.classify import Evidence
+from slurmkit.slurm.capabilities import read_run_dir_copy
+from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.errors import SlurmError
 from slurmkit.store.config import run_identity
 from slurmkit.supervise.cancel_request import read_cancel_request
-from slurmkit.supervise.channel import Rejoin
-from slurmkit.failures.classes import FailureClass
-from slurmkit.failures.classify import Evidence
-from slurmkit.supervise.policy import Action, Decision, State
-from slurmkit.supervise.preemption import requeue_after_preemption
-from slurmkit.slurm.capabilities import read_run_dir_copy
-from slurmkit.supervise.requeue import job_ref, refused_by_slurm, requeue_now, requeued_already
-from slurmkit.supervise.successor import SuccessorUnavailable, submit_successor
+from slurmkit.supervise.channel import Channel
+from slurmkit.supervise.exits.caps import RequeueCaps
 from slurmkit.supervise.liveness import slurm_says_dead
-from slurmkit.supervise.slurmview import DECISION_RETRY, DECISION_TIMEOUT_S, node_health
+from slurmkit.supervise.policy import Action, Decision, State, StateMachine
+from slurmkit.supervise.preemption import requeue_after_preemption
+from slurmkit.supervise.requeue import job_ref, refused_by_slurm, requeue_now, requeued_already
+from slurmkit.supervise.shared import EXIT_WAIT_S, Ledger, Node, Where
+from slurmkit.supervise.slurmview import DECISION_RETRY, DECISION_TIMEOUT_S, SlurmdProbe, node_health
 from slurmkit.supervise.succession import Claim, Done, Watched, read_done, succeed, write_done
-from slurmkit.supervise.deciding import Deciding
-from slurmkit.supervise.loopbase import EXIT_WAIT_S
+from slurmkit.supervise.successor import SuccessorUnavailable, submit_successor
 from slurmkit.supervise.timeouts import liveness_deadline_s
 
 log = logging.getLogger(__name__)
 
 
-class Endings(Deciding):
-    """Every node: a decision applied, a signal's end, node 0's loss, this agent's failure, leaving."""
+class Endings:
+    """Every node's ways out; node 0's, or its successor's, go through Slurm.
 
-    #: The generation ``run`` starts with: 0, or the one a relaunched agent rejoins.
-    first_generation = 0
-    #: The successor job this agent handed the run to (slurmkit.supervise.successor), if any.
-    handed_to: str | None = None
+    ``sm`` is the loop's state machine (an end is a transition too) and ``caps`` the requeue
+    caps node 0's decider shares; ``node``, ``ledger`` and ``probe_slurmd`` are the
+    supervisor's, handed on again when the supervisor's are replaced."""
 
-    def rejoin(self, r: Rejoin) -> None:
-        """This agent was relaunched by node 0 (slurmkit.supervise.relaunch): it takes its old slot
-        from generation ``r.generation`` on, with the slots and spares as node 0 has them now."""
-        self.node_map = [self.where.nodes[nr] for nr in r.slots]
-        self.spares = [self.where.nodes[nr] for nr in r.spares]
-        self.first_generation = self.gen = r.generation
-        log.warning("relaunched agent (relaunch %d) rejoins attempt %s at generation %d in slot %d",
-                    r.relaunch, r.attempt, r.generation, r.slot)
+    def __init__(self, cfg: SlurmkitConfig, where: Where, channel: Channel, node: Node, ledger: Ledger,
+                 sm: StateMachine, caps: RequeueCaps, *, slurm: SlurmClient | None, run_dir: str,
+                 env: Mapping[str, str], ckpt_step: Callable[[], int | None], probe_slurmd: SlurmdProbe,
+                 beat_interval_s: float, clock: Callable[[], float], sleep: Callable[[float], None]) -> None:
+        self.cfg, self.where, self.channel, self.node, self.ledger = cfg, where, channel, node, ledger
+        self.sm, self.caps, self.slurm, self.run_dir, self.env = sm, caps, slurm, run_dir, env
+        self._ckpt_step, self.probe_slurmd = ckpt_step, probe_slurmd
+        self.beat_interval_s, self.clock, self.sleep = beat_interval_s, clock, sleep
+        #: The successor job this agent handed the run to (slurmkit.supervise.successor), if any.
+        self.handed_to: str | None = None
 
-    # ------------------------------------------------------------------ applying (every node)
-    def apply_replacement(self, bad: tuple[str, ...]) -> None:
-        for name in bad:
-            if name in self.node_map:
-                spare = self.spares.pop(0)
-                self.node_map[self.node_map.index(name)] = spare
-            if name in self.spares:
-                self.spares.remove(name)
+    @property
+    def is_node0(self) -> bool:
+        return self.where.node_rank == 0
 
-    def requeue(self, reason: str, exclude: tuple[str, ...]) -> int:
+    # ------------------------------------------------------------------ requeueing (node 0, or its successor)
+    def requeue(self, gen: int, reason: str, exclude: tuple[str, ...]) -> int:
         """Node 0: requeue this job without the bad nodes and make it eligible at once. Returns
         the agent's exit code: 0, or 93 when Slurm refused the requeue (said, never a crash)."""
         self.ledger.append("requeue", job_id=self.where.job_id, reason=reason, exclude=list(exclude))
-        if self._failure_requeue:
-            self._mark_failure_requeue()
+        self.caps.mark_if_failure()
         if self.slurm is None:
             return 0
         if self._as_successor(exclude):
@@ -77,7 +78,7 @@ class Endings(Deciding):
                     return 0
             except SuccessorUnavailable as exc:
                 self.ledger.append("successor_refused", reason=str(exc), fallback="in_place",
-                                   generation=self.gen)
+                                   generation=gen)
                 print(f"slurmkit supervisor: no successor job ({exc}): requeueing in place instead",
                       file=sys.stderr, flush=True)
         try:
@@ -85,7 +86,7 @@ class Endings(Deciding):
         except SlurmError as exc:
             run_id = run_identity(self.cfg.store, {**self.env, "SLURMKIT_RUN_DIR": self.run_dir})
             why = refused_by_slurm(self.where.job_id, exc, run_id)
-            self.ledger.append("requeue_refused", reason=why, generation=self.gen)
+            self.ledger.append("requeue_refused", reason=why, generation=gen)
             print(f"slurmkit supervisor: stopping, exit {EXIT_NO_REQUEUE} (not requeued): {why}",
                   file=sys.stderr, flush=True)
             self.ledger.append("end", status="stopped", exit_code=EXIT_NO_REQUEUE, reason=why)
@@ -104,26 +105,14 @@ class Endings(Deciding):
         caps = read_run_dir_copy(self.run_dir)
         return caps is not None and caps.proctrack == "cgroup"
 
-    def apply_decision(self, d: Decision, gen: int) -> int | None:
-        self.decisions.append((gen, d))
-        if self.is_node0:
-            self.ledger.append("decision", generation=gen, action=d.action.value, reason=d.reason,
-                               exclude=list(d.exclude), **self.straggler_actions.decision_fields(gen))
-        if d.action == Action.RESTART:
-            self.sm.to(State.RESTARTING, d.reason)
-            return None
-        if d.action == Action.REPLACE_NODE:
-            self.sm.to(State.REPLACING, d.reason)
-            self.apply_replacement(d.exclude)
-            if self.is_node0:
-                self.ledger.append("exclusion", nodes=list(d.exclude), how="spare", train_nodes=self.node_map)
-            return None
+    def leave_on(self, d: Decision, gen: int) -> int:
+        """A decision that ends this allocation (a requeue or a stop) carried out: the exit code."""
         if d.action == Action.REQUEUE:
             self.sm.to(State.REQUEUEING, d.reason)
             if self.is_node0:
                 if d.exclude:
                     self.ledger.append("exclusion", nodes=list(d.exclude), how="requeue")
-                return self.requeue(d.reason, d.exclude)
+                return self.requeue(gen, d.reason, d.exclude)
             return 0
         self.sm.to(State.STOPPED, d.reason)
         print(f"slurmkit supervisor: stopping, exit {EXIT_NO_REQUEUE} (do not requeue): {d.reason}",
@@ -143,14 +132,14 @@ class Endings(Deciding):
         if kind == "time_limit" and self.cfg.job.requeue and self.slurm is not None:
             self.sm.to(State.REQUEUEING, "time limit")
             if self.is_node0:
-                return self.requeue("time limit warning: final checkpoint saved", ())
+                return self.requeue(gen, "time limit warning: final checkpoint saved", ())
             return 0
         if kind == "preemption" and self.is_node0 and self.cfg.job.requeue and self.slurm is not None:
             # a job that ends inside GraceTime is not requeued by Slurm: requeue it now
             why = requeue_after_preemption(self.slurm, self.where.job_id)
             if why is not None:
                 self.sm.to(State.REQUEUEING, "preempted")
-                return self.requeue(why, ())
+                return self.requeue(gen, why, ())
         # scancel, an admin or PreemptMode=CANCEL: the SIGTERM ends the run. Local: nothing to requeue.
         self.sm.to(State.COMPLETED, "left on signal")
         if self.is_node0:
@@ -217,7 +206,7 @@ class Endings(Deciding):
         exclude = [] if self._node0_healthy(gen, node0) else [node0]
         reason = f"node_loss of node 0 ({node0}): {why}; " + (
             "requeue without it" if exclude else "requeue keeping it (its agent died, the node is healthy)")
-        refusal = self.requeue_refused(gen, tuple(exclude), failure=True)
+        refusal = self.caps.refused(self.ledger, gen, tuple(exclude), failure=True)
         if refusal is not None:
             code = self.stop_unrequeued(gen, f"{reason}; requeue refused: {refusal}", exclude)
             self._leave_done(State.STOPPED.value, code)
@@ -227,8 +216,8 @@ class Endings(Deciding):
         self.ledger.append("decision", generation=gen, action=Action.REQUEUE.value, reason=reason, exclude=exclude)
         if exclude:
             self.ledger.append("exclusion", nodes=exclude, how="requeue")
-        self._failure_requeue = True
-        code = self.requeue(reason, tuple(exclude))
+        self.caps.failure_pending = True
+        code = self.requeue(gen, reason, tuple(exclude))
         self._leave_done(State.REQUEUEING.value if code == 0 else State.STOPPED.value, code)
         if self.handed_to is not None:
             self._end_for_successor()
@@ -288,7 +277,7 @@ class Endings(Deciding):
         return EXIT_NO_REQUEUE
 
     # ------------------------------------------------------------------ this agent failing
-    def agent_error(self, exc: BaseException) -> int:
+    def agent_error(self, exc: BaseException, gen: int, *, owes_evidence: bool) -> int:
         """This agent itself failed (an exception in slurmkit, not in a rank: a full disk under
         the run root, a store reply it could not read): its ranks are stopped, never orphaned,
         and it says so before leaving, so that node 0 decides at once instead of waiting for its
@@ -296,7 +285,7 @@ class Endings(Deciding):
         holds the store: when it fails the followers would take that for node 0's loss and
         exclude a healthy node, so it requeues itself, keeping every node. Exit code: 0 after a
         requeue, 93 when a cap refused one, 1 else."""
-        me, gen = self.where.node_name, self.gen
+        me = self.where.node_name
         detail = f"agent on {me} failed: {type(exc).__name__}: {exc}"[:500]
         log.error("%s", detail, exc_info=exc)
         print(f"slurmkit agent: {detail}", file=sys.stderr, flush=True)
@@ -315,7 +304,7 @@ class Endings(Deciding):
         try:
             # A spare (or a retired node) runs no rank of this generation: its loss fails nothing
             # (node 0 finds it silent and drops it from the spares).
-            if self._stopped_gen != gen and me in self.node_map:
+            if owes_evidence:
                 ev = Evidence(time.time(), me, -1, "agent_error", FailureClass.NODE_LOSS, detail)
                 self.channel.post_evidence(gen, self.where.node_rank, [*evidence, ev])
                 self.channel.post_failure(gen, me, -1, FailureClass.NODE_LOSS)
@@ -333,7 +322,7 @@ class Endings(Deciding):
             self.ledger.append("end", status="stopped", exit_code=1, reason=reason)
             self._leave_done(State.STOPPED.value, 1)
             return 1
-        refusal = self.requeue_refused(gen, (), failure=True)
+        refusal = self.caps.refused(self.ledger, gen, (), failure=True)
         if refusal is not None:
             code = self.stop_unrequeued(gen, f"{reason}; requeue refused: {refusal}", [])
             self._leave_done(State.STOPPED.value, code)
@@ -341,12 +330,12 @@ class Endings(Deciding):
         self.ledger.append("node_kept", node=self.where.node_name, generation=gen,
                            why=f"node 0's own agent failed ({detail}): the node is not to blame: not excluded")
         self.ledger.append("decision", generation=gen, action=Action.REQUEUE.value, reason=reason, exclude=[])
-        self._failure_requeue = True
-        code = self.requeue(reason, ())
+        self.caps.failure_pending = True
+        code = self.requeue(gen, reason, ())
         self._leave_done(State.REQUEUEING.value if code == 0 else State.STOPPED.value, code)
         return code
 
-    def finish(self, code: int) -> int:
+    def finish(self, code: int, lost: int) -> int:
         """Leave together: node 0 keeps the store alive until every agent has read what it needs,
         and leaves its done marker first, for an agent later than that."""
         if self.is_node0:
@@ -357,7 +346,7 @@ class Endings(Deciding):
                 # Every agent still alive, not only the train nodes: a spare or a retired node that
                 # has not seen the end yet would take the closed store for node 0's loss and requeue.
                 deadline = self.clock() + EXIT_WAIT_S
-                while n < len(self.where.nodes) - len(self._lost) and self.clock() < deadline:
+                while n < len(self.where.nodes) - lost and self.clock() < deadline:
                     self.sleep(0.1)
                     n = self.channel.exited()
         except (RuntimeError, OSError):  # node 0 already gone: nothing left to sync

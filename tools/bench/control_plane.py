@@ -95,6 +95,7 @@ from slurmkit.ledger.ledger import LEDGER_NAME, Ledger  # noqa: E402
 from slurmkit.launch.fdlimit import raise_fd_limit, store_fds_needed  # noqa: E402
 from slurmkit.supervise.endwatch import EndWatch  # noqa: E402
 from slurmkit.supervise.liveness import Beater  # noqa: E402
+from slurmkit.supervise.deciding import Decider  # noqa: E402
 from slurmkit.supervise.loop import Supervisor, Where  # noqa: E402
 from testkit.fakeslurm import FakeSlurm  # noqa: E402
 from slurmkit.train.heartbeat import Heartbeat  # noqa: E402
@@ -287,11 +288,10 @@ class SimNode:
         return []
 
 
-class TimedSupervisor(Supervisor):
-    """The real loop; these overrides only record when things happened."""
+class TimedDecider(Decider):
+    """Node 0's real decider; these overrides only record when things happened."""
 
     sink: Sink
-    _cpu_saw: float | None = None
 
     def lost_agents(self) -> Any:
         lost = super().lost_agents()
@@ -299,24 +299,32 @@ class TimedSupervisor(Supervisor):
             self.sink.put(("lost", time.monotonic(), getattr(x, "node_rank", x)))
         return lost
 
+    def gather_evidence(self, gen: int, participants: list[int]) -> Any:
+        out = super().gather_evidence(gen, participants)
+        self._gathered = time.monotonic()
+        return out
+
+    def decision(self, gen: int, participants: list[int]) -> Any:
+        t0, calls0 = time.monotonic(), self.channel.store.calls
+        d = super().decision(gen, participants)
+        self.channel.post_decision(gen, d)  # what run_generation does next (set once: not twice)
+        self.sink.put(("decide", gen, t0, self._gathered, time.monotonic(), self.channel.store.calls - calls0))
+        return d
+
+
+class TimedSupervisor(Supervisor):
+    """The real loop; these overrides only record when things happened (node 0's decider: TimedDecider)."""
+
+    decider_type = TimedDecider
+    sink: Sink
+    _cpu_saw: float | None = None
+
     def watch(self, gen: int, has_ranks: bool) -> Any:
         out = super().watch(gen, has_ranks)
         if out.kind == "failed":
             self._cpu_saw = time.thread_time()
             self.sink.put(("saw", gen, self.where.node_rank, time.monotonic()))
         return out
-
-    def gather_evidence(self, gen: int, participants: list[int]) -> Any:
-        out = super().gather_evidence(gen, participants)
-        self._gathered = time.monotonic()
-        return out
-
-    def node0_decide(self, gen: int, participants: list[int]) -> Any:
-        t0, calls0 = time.monotonic(), self.channel.store.calls
-        d = super().node0_decide(gen, participants)
-        self.channel.post_decision(gen, d)  # what run_generation does next (set once: not twice)
-        self.sink.put(("decide", gen, t0, self._gathered, time.monotonic(), self.channel.store.calls - calls0))
-        return d
 
     def wait_decision(self, gen: int) -> Any:
         d = super().wait_decision(gen)
@@ -411,6 +419,8 @@ class Agents:
                             end_watch=EndWatch(lambda: Channel(self.ends[nr], ATTEMPT, spec.token, spec.names))
                             if spec.push else None, beater=self.beaters[nr] if spec.push else None)
         s.sink = self.sink
+        if isinstance(s.decider, TimedDecider):  # node 0
+            s.decider.sink = self.sink
         try:
             s.run()
         except Exception as exc:  # noqa: BLE001 - reported to the bench, which stops
