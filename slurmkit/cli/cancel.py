@@ -37,7 +37,7 @@ from slurmkit.runview import RunWatcher, default_run_root, read_sweep, resolve
 from slurmkit.slurm.client import INVALID_JOB, SlurmClient
 from slurmkit.slurm.errors import SlurmCommandError
 from slurmkit.supervise.cancel_request import cancel_request_path, write_cancel_request
-from slurmkit.supervise.successor import successor_chain
+from slurmkit.supervise.exits.successor import successor_chain
 
 
 @dataclass(frozen=True)
@@ -220,7 +220,7 @@ def cancel(ts: list[Target], canceller: Canceller, *, checkpoint: bool, timeout_
 
 
 def handed_over(t: Target) -> list[Target]:
-    """The successor jobs the run went on in after ``t``'s job (supervise/successor.py), newest
+    """The successor jobs the run went on in after ``t``'s job (supervise/exits/successor.py), newest
     last; none for a local job."""
     if t.ref.executor != "slurm":
         return []

@@ -228,7 +228,7 @@ def wait_job(s: Submitted, env: Mapping[str, str], timeout_s: float, *,
     from slurmkit.slurm.records import TERMINAL_STATES
 
     client = slurm_client(env, clock=clock, sleep=sleep)
-    from slurmkit.supervise.successor import successor_of
+    from slurmkit.supervise.exits.successor import successor_of
 
     job_id, deadline = s.job_id, clock() + (timeout_s or 10 ** 9)
     while True:

@@ -195,7 +195,7 @@ class SupervisorConfig:
     max_restarts: int = 5  # restarts inside one allocation before requeueing
     max_restarts_without_progress: int = 3  # then stop with exit code 93
     max_requeues: int = 20  # requeues after failures (time-limit ones not counted), then exit 93
-    # How the job requeues itself (slurmkit/supervise/successor.py): "successor" (it submits the
+    # How the job requeues itself (slurmkit/supervise/exits/successor.py): "successor" (it submits the
     # job that takes over, excluding the bad nodes, and ends), "in_place" (scontrol requeue; with
     # nodes to exclude, requeuehold and a helper outside the job), "auto" (successor when nodes
     # are excluded or the site tracks processes in cgroups, where no helper outlives the job).

@@ -63,7 +63,7 @@ EVENTS: dict[str, EventSpec] = {
     # --- node agents (the supervisor)
     names.ALLOCATION_START: _spec("", "job_id:str attempt:str restart_count:int nodes:list "
                                       "train_nodes:list spares:list executor:str predecessor:str"),
-    # what ended a requeued job's previous attempt (slurmkit.supervise.previous), at its next start
+    # what ended a requeued job's previous attempt (slurmkit.supervise.exits.previous), at its next start
     names.PREVIOUS_ATTEMPT: _spec("attempt:str handled_by:str outcome:str",
                                   "nodes:list ended:num queued_s:num held_s:num failed_node:str"),
     names.CONFIG_WARNING: _spec("message:str"),
@@ -81,7 +81,7 @@ EVENTS: dict[str, EventSpec] = {
     names.DECISION: _spec("action:str", "generation:int reason:str exclude:list straggler:dict"),
     names.EXCLUSION: _spec("nodes:list how:str", "train_nodes:list"),
     names.REQUEUE: _spec("reason:str", "job_id:str exclude:list"),
-    # the requeue as a successor job (slurmkit.supervise.successor): the run goes on in job_id
+    # the requeue as a successor job (slurmkit.supervise.exits.successor): the run goes on in job_id
     names.SUCCESSOR: _spec("job_id:str predecessor:str", "exclude:list reason:str"),
     names.SUCCESSOR_REFUSED: _spec("reason:str", "fallback:str generation:int"),
     names.CHECKPOINTED_ON_SIGNAL: _spec("", "generation:int signal:str? step:int?"),

@@ -24,12 +24,12 @@ from slurmkit.supervise.channel import Channel
 from slurmkit.supervise.exits.caps import RequeueCaps
 from slurmkit.supervise.liveness import slurm_says_dead
 from slurmkit.supervise.policy import Action, Decision, State, StateMachine
-from slurmkit.supervise.preemption import requeue_after_preemption
-from slurmkit.supervise.requeue import job_ref, refused_by_slurm, requeue_now, requeued_already
+from slurmkit.supervise.exits.preemption import requeue_after_preemption
+from slurmkit.supervise.exits.requeue import job_ref, refused_by_slurm, requeue_now, requeued_already
 from slurmkit.supervise.shared import EXIT_WAIT_S, Ledger, Node, Where
 from slurmkit.supervise.slurmview import DECISION_RETRY, DECISION_TIMEOUT_S, SlurmdProbe, node_health
-from slurmkit.supervise.succession import Claim, Done, Watched, read_done, succeed, write_done
-from slurmkit.supervise.successor import SuccessorUnavailable, submit_successor
+from slurmkit.supervise.exits.succession import Claim, Done, Watched, read_done, succeed, write_done
+from slurmkit.supervise.exits.successor import SuccessorUnavailable, submit_successor
 from slurmkit.supervise.timeouts import liveness_deadline_s
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class Endings:
         self.sm, self.caps, self.slurm, self.run_dir, self.env = sm, caps, slurm, run_dir, env
         self._ckpt_step, self.probe_slurmd = ckpt_step, probe_slurmd
         self.beat_interval_s, self.clock, self.sleep = beat_interval_s, clock, sleep
-        #: The successor job this agent handed the run to (slurmkit.supervise.successor), if any.
+        #: The successor job this agent handed the run to (slurmkit.supervise.exits.successor), if any.
         self.handed_to: str | None = None
 
     @property
@@ -152,7 +152,7 @@ class Endings:
     def after_node0_loss(self, gen: int, why: str) -> int:
         """Node 0 (store, decider, batch host) is gone. Every surviving agent stops its ranks; the
         successor (node rank 1, or the next surviving one; another one if it dies in turn:
-        slurmkit.supervise.succession) records the failure and requeues the job without node 0,
+        slurmkit.supervise.exits.succession) records the failure and requeues the job without node 0,
         so the job never sits RUNNING with nothing running (with --no-kill Slurm would keep it
         so, even with a spare: the batch script died with node 0). Without Slurm it stops.
 

@@ -145,7 +145,7 @@ def decide(failure: Failure, history: History, ckpt_step: int | None, limits: Li
     agent it cannot run this allocation's next generation: a spare takes its slot, else the job
     requeues with the node kept. Before this is called, node 0 first tries to relaunch such an
     agent inside the allocation, in its own slot (slurmkit.supervise.relaunch, from
-    ``Deciding.relaunch_kept``: a restart, with no call here); what reaches this function is
+    ``Decider.relaunch_kept``: a restart, with no call here); what reaches this function is
     the case where that was not possible or failed.
 
     A ``straggler`` (node 0 stopped the generation at a checkpoint to move a slow node out:

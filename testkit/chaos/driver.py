@@ -28,7 +28,7 @@ from slurmkit.ledger.ledger import Ledger, read_ledger
 from slurmkit.ledger.names import (CKPT_FAILED, CKPT_SAVED, DECISION, FAILURE, FAULT_INJECTED, HEARTBEAT,
                                    RANKS_STARTED, REQUEUE, TRAIN_FINISHED, TRAIN_STARTED)
 from slurmkit.runfiles import CKPT_DIR, CONFIG_NAME, FAULTS_DIR, FINAL_NAME, LEDGER_NAME, SHARED_CKPT_DIR
-from slurmkit.supervise.successor import successor_chain, successor_of
+from slurmkit.supervise.exits.successor import successor_chain, successor_of
 from testkit.chaos import nvme, procs
 from testkit.chaos.invariants import Injected, RunFacts
 from testkit.chaos.menu import AFTER_SAVE, item
@@ -229,7 +229,7 @@ def settled(state: str, terminal_since: float | None, now: float) -> bool:
 
 def wait_terminal(cluster: Cluster, job_id: str, timeout_s: float, run_dir: str | None = None) -> str:
     """The settled state of ``job_id``; with ``run_dir``, of the run's last job (one that handed
-    the run to a successor job is followed to it: slurmkit.supervise.successor)."""
+    the run to a successor job is followed to it: slurmkit.supervise.exits.successor)."""
     deadline = time.monotonic() + timeout_s
     state, since = "UNKNOWN", None
     while time.monotonic() < deadline:

@@ -44,7 +44,7 @@ from slurmkit.failures.classes import CLASS_INFO, FailureClass
 from slurmkit.ledger.names import (ALLOCATION_START, CHECKPOINTED_ON_SIGNAL, CKPT_DURABLE, CKPT_FAILED,
                                    CKPT_SAVED, DECISION, END, EXCLUSION, FAILURE, HEARTBEAT, RANKS_STARTED,
                                    REQUEUE, TRAIN_STARTED)
-from slurmkit.supervise.previous import BY_SLURM
+from slurmkit.supervise.exits.previous import BY_SLURM
 from testkit.chaos.menu import BY_NAME
 
 Event = Mapping[str, Any]
@@ -281,7 +281,7 @@ def _outcome_problem(d: Event, later: Sequence[Event]) -> str | None:
         return None
     if action == "requeue" and str(d.get("reason", "")).startswith(BY_SLURM):
         # Slurm requeued the job itself (a NODE_FAIL, a preemption): recorded by the next
-        # allocation's agent right before its start (slurmkit.supervise.previous).
+        # allocation's agent right before its start (slurmkit.supervise.exits.previous).
         if not any(e.get("event") == ALLOCATION_START for e in later):
             return f"decision requeue {d.get('reason')} but no new allocation started"
         return None

@@ -104,7 +104,7 @@ def diagnose(run_dir: str, job_id: str, env: Mapping[str, str]) -> str:
             "event", "source", "generation", "step", "cls", "rank", "node", "action", "reason",
             "old", "new", "why", "status", "exit_code", "tier", "evidence")}
         out.append(json.dumps(keep)[:400])
-    from slurmkit.supervise.successor import successor_chain
+    from slurmkit.supervise.exits.successor import successor_chain
 
     jobs = successor_chain(run_dir, job_id)  # the run handed over to a successor job: its rows too
     res = subprocess.run(["sacct", "-j", ",".join(jobs), "-n", "-P", "--duplicates",
@@ -207,7 +207,7 @@ T = TypeVar("T")
 
 def current_job(run_dir: str, job: str) -> str:
     """The job the run is in now: ``job``, or the newest successor it handed the run to."""
-    from slurmkit.supervise.successor import successor_chain
+    from slurmkit.supervise.exits.successor import successor_chain
 
     return successor_chain(run_dir, job)[-1]
 

@@ -116,8 +116,8 @@ def slurm_env(cluster_env: Mapping[str, str]) -> dict[str, str]:
 def wait_terminal(job_id: str, env: Mapping[str, str], timeout_s: float = 300,
                   run_dir: str | None = None) -> str:
     """The terminal state of ``job_id``; with ``run_dir``, of the last job of the run (a job that
-    handed the run over to a successor job is followed to it: slurmkit.supervise.successor)."""
-    from slurmkit.supervise.successor import successor_of
+    handed the run over to a successor job is followed to it: slurmkit.supervise.exits.successor)."""
+    from slurmkit.supervise.exits.successor import successor_of
 
     client = SlurmClient(SubprocessRunner(env=env))
     deadline = time.monotonic() + timeout_s

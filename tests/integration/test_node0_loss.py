@@ -46,7 +46,7 @@ def _wait_requeued(job: str, env, since: float, run_dir: str) -> tuple[float, st
     with nothing running (with --no-kill Slurm itself would leave it so)."""
     from slurmkit.slurm.client import SlurmClient
     from slurmkit.slurm.runner import SubprocessRunner
-    from slurmkit.supervise.successor import successor_of
+    from slurmkit.supervise.exits.successor import successor_of
 
     client = SlurmClient(SubprocessRunner(env=env))
     deadline = time.monotonic() + 3 * ACT_WITHIN_S

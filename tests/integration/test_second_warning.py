@@ -110,7 +110,7 @@ def test_a_second_warning_after_a_restart_checkpoints_and_requeues_again(env, re
 
     first, second, third = parts = allocations(run_dir)  # exactly three allocations
     # each requeue: the same job again (restart count + 1) or, where the cluster tracks job
-    # processes in cgroups, a successor job that names this one (supervise/successor.py)
+    # processes in cgroups, a successor job that names this one (supervise/exits/successor.py)
     for before, after in zip(parts, parts[1:]):
         a, b = before[0], after[0]
         assert (b["job_id"], b["restart_count"]) == (a["job_id"], a["restart_count"] + 1) or \

@@ -2,7 +2,7 @@
 
 Nothing of the job survives to act (node 0's agent, the batch script and every rank were on
 it), so Slurm ends the run NODE_FAIL and, the job being --requeue, requeues it itself. The next
-allocation's node 0 must tell the ledger what happened (slurmkit/supervise/previous.py): the
+allocation's node 0 must tell the ledger what happened (slurmkit/supervise/exits/previous.py): the
 previous attempt handled by Slurm, its state and node, a node_loss failure and Slurm's requeue
 decision; and, where sacct has the FailedNode field (Slurm 23.02+: the 24.11 cluster; 22.05 has
 none and refuses to be asked), the node Slurm blamed. Training then resumes from the last
@@ -41,7 +41,7 @@ def release_when_requeued(job: str, env: dict[str, str], timeout_s: float = 180)
             break
         assert time.monotonic() < deadline, f"Slurm did not requeue job {job} within {timeout_s:.0f} s: {info.state}"
         time.sleep(0.5)
-    # As slurmkit's own release does (supervise/requeue.py): the new launch credential must not
+    # As slurmkit's own release does (supervise/exits/requeue.py): the new launch credential must not
     # date from the second the old one was revoked in, so the wall clock turns over first.
     time.sleep(max(math.floor(time.time()) + 2 - time.time(), 0.0))
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True,

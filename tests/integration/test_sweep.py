@@ -18,7 +18,7 @@ from slurmkit.config import load_frozen
 from slurmkit.slurm import ACTIVE_STATES
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.runner import SubprocessRunner
-from slurmkit.supervise.requeue import release_when_pending
+from slurmkit.supervise.exits.requeue import release_when_pending
 from slurmkit.sweep import load_sweep
 from tests.integration.faults import events, final, mark_fault, rank_pid, wait_for_step
 from tests.integration.helpers import read_ledger, slurm_env, submit_cli, submitter

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from slurmkit.supervise.requeue import release_when_pending
+from slurmkit.supervise.exits.requeue import release_when_pending
 from tests.integration.faults import (
     _client, diagnose, events, final, finish, kill_node, mark_fault, restore_node, submit,
 )

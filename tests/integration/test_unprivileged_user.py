@@ -24,7 +24,7 @@ import pytest
 
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.runner import SubprocessRunner
-from slurmkit.supervise.successor import successor_chain
+from slurmkit.supervise.exits.successor import successor_chain
 from testkit.chaos import procs
 from tests.integration.faults import (
     COMMON, INTERVAL, diagnose, events, final, finish, kill_node, mark_fault, restore_node, wait_for_step,

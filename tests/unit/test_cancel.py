@@ -160,7 +160,7 @@ def test_a_local_sweep_runner_is_stopped_only_while_it_is_that_runner(tmp_path: 
 
 
 def test_a_handover_that_raced_the_cancel_is_cancelled_too(tmp_path: Path) -> None:
-    """Node 0 had submitted a successor job (supervise/successor.py) just before the user's
+    """Node 0 had submitted a successor job (supervise/exits/successor.py) just before the user's
     cancel reached the old job: the run must not go on in the successor."""
     fake, run, target = _setup(tmp_path, start=True)
     script = tmp_path / "job.sh"

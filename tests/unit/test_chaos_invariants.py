@@ -156,7 +156,7 @@ def test_a_requeue_decision_without_a_new_allocation_is_inconsistent() -> None:
 
 def slurm_handled_node_loss() -> list[dict]:
     """The node loss of good_ledger handled by Slurm alone (its NODE_FAIL requeue; the agents
-    died before deciding), as the next allocation's agent records it (slurmkit.supervise.previous)."""
+    died before deciding), as the next allocation's agent records it (slurmkit.supervise.exits.previous)."""
     events = [e for e in good_ledger() if not (T0 + 40 <= e["t"] < T0 + 50)]
     at = next(i for i, e in enumerate(events) if e["event"] == "allocation_start" and e["t"] > T0 + 40)
     events[at:at] = [ev(49.8, "previous_attempt", attempt="5-0", handled_by="slurm", outcome="NODE_FAIL"),

@@ -30,7 +30,8 @@ from slurmkit.errors import ConfigError
 from slurmkit.launch.ranks import MAX_LINE_BYTES, _tee
 from slurmkit.layout import LAYOUT_NAME, Layout, LayoutError, read_layout, write_layout
 from slurmkit.slurm.capabilities import CAPABILITIES_NAME, read_run_dir_copy
-from slurmkit.supervise import cancel_request, succession
+from slurmkit.supervise import cancel_request
+from slurmkit.supervise.exits import succession
 from slurmkit.sweepdir import SWEEP_NAME, Sweep, Variant, load_sweep, variant_dir, write_sweep
 
 T = TypeVar("T")

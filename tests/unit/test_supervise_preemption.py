@@ -1,5 +1,5 @@
 """A SIGTERM that is Slurm's preemption of a requeueable job is answered with a requeue
-(slurmkit/supervise/preemption.py): a job that checkpoints and ends inside GraceTime is never
+(slurmkit/supervise/exits/preemption.py): a job that checkpoints and ends inside GraceTime is never
 requeued by Slurm itself (seen on the local cluster: it ended COMPLETED). The fake controller
 (22.05's text formats) behind the real client; the loop in the one-process cluster."""
 
@@ -13,7 +13,7 @@ from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.retry import RetryPolicy
 from slurmkit.contract import EXIT_CHECKPOINTED_ON_SIGNAL
 from slurmkit.supervise.policy import Action
-from slurmkit.supervise.preemption import requeue_after_preemption
+from slurmkit.supervise.exits.preemption import requeue_after_preemption
 from testkit.fakeslurm import FakeSlurm
 from tests.unit.test_supervise_loop import Cluster, Script
 

@@ -1,4 +1,4 @@
-"""What ended a requeued job's previous attempt (slurmkit/supervise/previous.py): the fake
+"""What ended a requeued job's previous attempt (slurmkit/supervise/exits/previous.py): the fake
 Slurm controller (22.05's text formats) behind the real client, real done markers."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 from slurmkit.ledger.events import validate
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.retry import RetryPolicy
-from slurmkit.supervise.previous import previous_attempt, record_previous
-from slurmkit.supervise.succession import Done, write_done
+from slurmkit.supervise.exits.previous import previous_attempt, record_previous
+from slurmkit.supervise.exits.succession import Done, write_done
 from testkit.fakeslurm import FakeSlurm
 
 T0 = 1_700_000_000.0
@@ -101,7 +101,7 @@ def test_slurm_unreachable_leaves_what_it_could_not_ask_unknown(tmp_path: Path) 
 
 
 def test_a_successor_jobs_first_allocation_reports_its_predecessors_last_attempt(tmp_path: Path) -> None:
-    """A run handed to a successor job (supervise/successor.py) starts with restart count 0;
+    """A run handed to a successor job (supervise/exits/successor.py) starts with restart count 0;
     its previous attempt is the predecessor's, named by the handover's environment."""
     now = [T0]
     fake = FakeSlurm({"debug": "node[1-4]"}, clock=lambda: now[0])

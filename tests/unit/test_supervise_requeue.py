@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.unit.test_supervise_slurm_client import Time, _client, _running_job
-from slurmkit.supervise.requeue import release_when_pending, requeue_now
+from slurmkit.supervise.exits.requeue import release_when_pending, requeue_now
 from testkit.fakeslurm import FakeSlurm
 
 

@@ -17,7 +17,7 @@ import slurmkit.slurm
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.retry import RetryPolicy
 from slurmkit.failures.classes import FailureClass
-from slurmkit.supervise.requeue import POLL_MAX_S, release_when_pending, requeue_now
+from slurmkit.supervise.exits.requeue import POLL_MAX_S, release_when_pending, requeue_now
 from slurmkit.supervise.slurmview import DECISION_RETRY, kill_wait_warning, node_evidence
 from testkit.fakeslurm import FakeSlurm
 
@@ -111,7 +111,7 @@ def test_requeue_goes_through_the_client_after_the_helper_detached(tmp_path: Pat
                 run_dir=str(tmp_path), start_helper=start_helper)
     (argv, state_then), = started
     assert state_then == "RUNNING"
-    assert argv[1:] == ["-m", "slurmkit.supervise.requeue", "release", job_id,
+    assert argv[1:] == ["-m", "slurmkit.supervise.exits.requeue", "release", job_id,
                         str(tmp_path / "logs" / f"release_{job_id}.log"), "node2"]
     # Held: it cannot start again (on node2) before the helper has excluded node2.
     assert fake.calls[-1] == ["scontrol", "requeuehold", job_id]
@@ -183,7 +183,7 @@ def test_the_fake_is_not_part_of_the_slurm_package_and_no_product_module_imports
                  if IMPORTS_TESTING.search(p.read_text())]
     assert offenders == []
     # Importing the public package does not drag the fake in either.
-    code = ("import sys, slurmkit.slurm, slurmkit.supervise.requeue; "
+    code = ("import sys, slurmkit.slurm, slurmkit.supervise.exits.requeue; "
             "print('fakeslurm' in str(list(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

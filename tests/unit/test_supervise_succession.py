@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from slurmkit.slurm.client import SlurmClient
-from slurmkit.supervise.succession import claim_path, elect, read_claim
+from slurmkit.supervise.exits.succession import claim_path, elect, read_claim
 from testkit.fakeslurm import FakeSlurm
 from tests.unit.test_supervise_loop import Cluster, DyingStore, Script
 

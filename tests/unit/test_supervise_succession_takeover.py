@@ -1,6 +1,6 @@
 """Node 0's succession when the successor itself dies, and node 0's done marker.
 
-The protocol on a recorded clock (slurmkit.supervise.succession.succeed): a claim that stops
+The protocol on a recorded clock (slurmkit.supervise.exits.succession.succeed): a claim that stops
 moving is taken over by the node rank above its claimant; one that moves is not; planted files
 are refused. Then the loop in one process (scripted agents over one real in-process store and
 the fake Slurm, the harness of test_supervise_loop): the successor dies after claiming and the
@@ -22,7 +22,7 @@ import pytest
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.retry import RetryPolicy
 from slurmkit.supervise import endings, loop
-from slurmkit.supervise.succession import (Claim, Done, Watched, claim_path, done_path, read_claim, read_done,
+from slurmkit.supervise.exits.succession import (Claim, Done, Watched, claim_path, done_path, read_claim, read_done,
                                            succeed, write_done)
 from testkit.fakeslurm import FakeSlurm
 from testkit.fakeslurm.jobs import FakeJob

@@ -1,4 +1,4 @@
-"""The requeue as a successor job (slurmkit.supervise.successor) on the fake controller: what is
+"""The requeue as a successor job (slurmkit.supervise.exits.successor) on the fake controller: what is
 submitted, with which options and environment, and that a failure leaves nothing behind. The
 real handover (a node lost, the successor excluding it) is in
 tests/integration/test_faults.py::test_node_loss_without_a_spare_requeues_without_the_node."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmkit.supervise.successor import (
+from slurmkit.supervise.exits.successor import (
     PREDECESSOR_ATTEMPT_ENV, PREDECESSOR_ENV, SuccessorUnavailable, submit_successor, successor_env, successor_of,
 )
 from testkit.fakeslurm import FakeSlurm

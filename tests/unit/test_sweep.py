@@ -16,7 +16,7 @@ from slurmkit.config import load_frozen
 from slurmkit.errors import ConfigError, SlurmkitError
 from slurmkit.launch.context import node_context, task_run_dir
 from slurmkit.render import render_standalone
-from slurmkit.supervise.requeue import job_ref
+from slurmkit.supervise.exits.requeue import job_ref
 from slurmkit.sweep import expand, load_sweep, split_multirun
 from slurmkit.sweep.plan import plan_sweep
 

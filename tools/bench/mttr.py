@@ -183,7 +183,7 @@ class Cluster:
 
     def cancel(self, job: str, run_dir: str = "") -> None:
         """Cancel ``job`` and the successor jobs the run was handed to (a requeue that excludes
-        a node hands the run to a new job: slurmkit.supervise.successor)."""
+        a node hands the run to a new job: slurmkit.supervise.exits.successor)."""
         for one in chain(job, run_dir):
             self.run(["scancel", one], timeout_s=60)
 
@@ -215,7 +215,7 @@ class Cluster:
 
 def chain(job: str, run_dir: str) -> list[str]:
     """``job`` and every job the run went on in after it (the ledger's successor events)."""
-    from slurmkit.supervise.successor import successor_chain
+    from slurmkit.supervise.exits.successor import successor_chain
 
     if not job:
         return []

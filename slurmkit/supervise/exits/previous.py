@@ -5,9 +5,9 @@ NODE_FAIL requeue while no agent could act, a preemption with PreemptMode=REQUEU
 ``scontrol requeue``) leaves nothing in the ledger: the run's report said "failures: none" and
 the hours between the two allocations went unexplained. So node 0, once per allocation of a
 requeued job (``SLURM_RESTART_COUNT`` > 0), or of a successor job (``SLURMKIT_PREDECESSOR_ATTEMPT``,
-supervise/successor.py: then the predecessor's last attempt is the previous one), asks:
+supervise/exits/successor.py: then the predecessor's last attempt is the previous one), asks:
 
-* the previous attempt's done marker (``rdzv/<job>-<n-1>.done``, supervise/succession.py): its
+* the previous attempt's done marker (``rdzv/<job>-<n-1>.done``, supervise/exits/succession.py): its
   decision maker left one when slurmkit ended the attempt itself;
 * ``scontrol show job``: when this attempt was queued (SubmitTime is the requeue), eligible and
   started: ``queued_s`` and ``held_s``;
@@ -36,7 +36,7 @@ from slurmkit.slurm.errors import SlurmError
 from slurmkit.failures.classes import FailureClass
 from slurmkit.supervise.liveness import slurm_says_dead
 from slurmkit.supervise.slurmview import DECISION_RETRY, DECISION_TIMEOUT_S
-from slurmkit.supervise.succession import read_done
+from slurmkit.supervise.exits.succession import read_done
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ from slurmkit.runfiles import SCRIPT_NAME, SUBMITIT_DIR
 from slurmkit.slurm.client import SlurmClient, slurm_client
 from slurmkit.slurm.errors import SlurmError
 from slurmkit.slurm.hostlist import compress_hostlist, expand_hostlist
-from slurmkit.supervise.requeue import last_line
+from slurmkit.supervise.exits.requeue import last_line
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def submit_successor(client: SlurmClient, job_id: str, exclude: tuple[str, ...] 
     ``client`` makes the queries and updates; ``sbatch`` (default: a client whose environment
     is :func:`successor_env` of ``env``) submits. Raises SuccessorUnavailable, with no successor
     left behind, when any step fails. ``attempt`` (``<job>-<restart count>``) goes to the
-    successor, which reports how that attempt ended (supervise/previous.py).
+    successor, which reports how that attempt ended (supervise/exits/previous.py).
     """
     if env.get("SLURM_ARRAY_TASK_ID"):
         raise SuccessorUnavailable("a sweep's array task is requeued in place (its script is the array's)")

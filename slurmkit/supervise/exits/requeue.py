@@ -77,7 +77,7 @@ def requeue_now(client: SlurmClient, job_id: str, exclude: tuple[str, ...] | lis
     log_path = os.path.join(run_dir, LOGS_DIR, f"release_{job_id}.log")
     # Slurm takes ExcNodeList only while the job is pending: the helper sets it after the
     # requeue. Until it does, the job is not eligible (held ~120 s), so it cannot start there.
-    argv = [sys.executable, "-m", "slurmkit.supervise.requeue", "release", job_id, log_path,
+    argv = [sys.executable, "-m", "slurmkit.supervise.exits.requeue", "release", job_id, log_path,
             *exclude]
     # Requeue only once the helper has left this job's process tree: the requeue kills the tree.
     if not start_helper(argv, env):
@@ -184,7 +184,7 @@ def _detach(log_path: str) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[0] != "release":
-        print("usage: python -m slurmkit.supervise.requeue release JOB_ID LOG [EXCLUDE_NODE...]",
+        print("usage: python -m slurmkit.supervise.exits.requeue release JOB_ID LOG [EXCLUDE_NODE...]",
               file=sys.stderr)
         return 2
     _detach(argv[2])
