@@ -120,11 +120,11 @@ class _Shards:
         # The files marked slurm_version go to shard 1: CI runs them there on Slurm 22.05 and
         # again, whole, on its second cluster's Slurm 24.11 (-m slurm_version).
         pinned = {f for f, its in files.items() if any(it.get_closest_marker("slurm_version") for it in its)}
-        # a file not in the table weighs a second a test (a unit test file; a new cluster test
-        # file goes into the table with its CI time)
-        weights = {f: known.get(f, float(len(its))) for f, its in files.items() if f not in pinned}
+        # a file not in the table weighs a tenth of a second a test (a unit test file; a new
+        # cluster test file goes into the table with its CI time)
+        weights = {f: known.get(f, 0.1 * len(its)) for f, its in files.items() if f not in pinned}
         head = dict(head)
-        head[1] = head.get(1, 0.0) + sum(known.get(f, float(len(files[f]))) for f in pinned)
+        head[1] = head.get(1, 0.0) + sum(known.get(f, 0.1 * len(files[f])) for f in pinned)
         where = shard_of_files(weights, n, head)
         where.update({f: 1 for f in pinned})
         keep = [it for it in items if where[it.nodeid.split("::", 1)[0]] == k]

@@ -14,11 +14,12 @@ from tests.integration.helpers import parse_submitted, read_ledger, submit_cli, 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LOCAL_CLUSTER = os.path.join(REPO, "tools", "local-cluster")
 
-# Small, deterministic and slow enough to hit mid-flight: 40 steps, a checkpoint every 10. One
-# sequence of 32 tokens per rank: four ranks of the 5 M-parameter model share two CPU cores in CI,
-# and at tiny's own batch (4 x 128) the step's compute, not the 0.25 s delay, set the run's length.
+# Small, deterministic and slow enough to hit mid-flight: 40 steps, a checkpoint every 10, the
+# 0.25 s delay setting the pace. The 0.1 M-parameter model (conf/model/micro.yaml) and one
+# sequence of 32 tokens per rank: what is tested is the control plane, and four ranks of tiny's
+# 5 M parameters spent ~0.3 s of CPU a step each, most of CI's CPU (the machine has two cores).
 STEPS, INTERVAL = 40, 10
-COMMON = ["+exp=tiny", f"train.steps={STEPS}", f"train.ckpt_interval_steps={INTERVAL}",
+COMMON = ["+exp=tiny", "model=micro", f"train.steps={STEPS}", f"train.ckpt_interval_steps={INTERVAL}",
           "train.micro_batch=1", "train.seq_len=32",
           "+job.env.SLURMKIT_STEP_DELAY_S=0.25", "supervisor.heartbeat_timeout_s=8"]
 

@@ -61,7 +61,7 @@ def test_nodes_failing_preflight_are_replaced_before_training(env, tmp_path) -> 
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
     try:
         fill(str(mount / "filler"))
-        job, run_dir = submit(["+exp=tiny", "job.name=h-preflight", "job.nodes=1", f"train.steps={STEPS}",
+        job, run_dir = submit(["+exp=tiny", "model=micro", "job.name=h-preflight", "job.nodes=1", f"train.steps={STEPS}",
                                "train.ckpt_interval_steps=3", "supervisor.spare_nodes=2",
                                f"store.nvme_uri={nvme}", f"health.kernel_log={klog}/$SLURMKIT_NODE.log",
                                f"job.exclude=[{','.join(others)}]" if others else "job.exclude=[]"],
@@ -109,7 +109,7 @@ def test_a_node_whose_clock_is_off_is_replaced_and_the_links_are_measured(env, t
     pre-flight and the spare takes its slot. Both generations' link tests run between the two
     train nodes (two nodes: measured, never judged) and their figures are in the ledger."""
     first, skewed, spare, *others = cluster_nodes(env)
-    job, run_dir = submit(["+exp=tiny", "job.name=h-clock", "job.nodes=2", "job.ranks_per_node=1",
+    job, run_dir = submit(["+exp=tiny", "model=micro", "job.name=h-clock", "job.nodes=2", "job.ranks_per_node=1",
                            f"train.steps={STEPS}", "train.ckpt_interval_steps=3", "supervisor.spare_nodes=1",
                            "health.kernel_log=", f'+job.env.SLURMKIT_TEST_CLOCK_OFFSET_S="{skewed}:5"',
                            f"job.exclude=[{','.join(others)}]" if others else "job.exclude=[]"],

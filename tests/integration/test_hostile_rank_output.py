@@ -36,7 +36,7 @@ STEPS, HOLD_S = 12, 1.2  # each garbage beat outlives two of the agent's polls (
 
 def test_a_rank_that_writes_garbage_into_its_heartbeat_and_spool_completes(cluster_env, tmp_path) -> None:
     env = slurm_env(cluster_env)
-    job, run_dir = submit(["+exp=tiny", "job.name=hostile-rank", "job.nodes=2", "job.ranks_per_node=1",
+    job, run_dir = submit(["+exp=tiny", "model=micro", "job.name=hostile-rank", "job.nodes=2", "job.ranks_per_node=1",
                            f"job.command=[python,{PROGRAM},'{STEPS}','{HOLD_S}']",
                            "supervisor.heartbeat_timeout_s=30"], env, str(tmp_path))
     state = finish(job, env, timeout_s=300, run_dir=run_dir)
@@ -89,7 +89,7 @@ def test_a_node_local_directory_another_user_took_first_leaves_the_job_running(c
         if os.stat(squatted).st_uid == uid:
             pytest.skip("the job runs as this test's own user: nobody else can squat its directory here")
         env["SLURMKIT_NODE_LOCAL_DIR"] = root  # the job inherits the submitter's environment
-        job, run_dir = submit(["+exp=tiny", "job.name=squatted-shm", "job.nodes=2", "job.ranks_per_node=1",
+        job, run_dir = submit(["+exp=tiny", "model=micro", "job.name=squatted-shm", "job.nodes=2", "job.ranks_per_node=1",
                                f"job.command=[python,{PROGRAM},'4','0.2']"], env, str(tmp_path))
         state = finish(job, env, timeout_s=300, run_dir=run_dir)
         why = diagnose(run_dir, job, env)

@@ -31,7 +31,7 @@ STEPS, INTERVAL, EVERY = 28, 4, 4  # saves at 4, 8, ..., 28; the shared tier get
 STORE = ["store=tiered", "store.nvme_uri=$SLURMKIT_RUN_DIR/ckpt/nvme",
          "store.lustre_uri=$SLURMKIT_RUN_DIR/ckpt/shared", "store.object_uri=",
          f"store.lustre_every_saves={EVERY}", "store.stagger_s=0"]
-COMMON = ["+exp=tiny", f"train.steps={STEPS}", f"train.ckpt_interval_steps={INTERVAL}",
+COMMON = ["+exp=tiny", "model=micro", f"train.steps={STEPS}", f"train.ckpt_interval_steps={INTERVAL}",
           "supervisor.heartbeat_timeout_s=8", *STORE]
 DELAY = "+job.env.SLURMKIT_STEP_DELAY_S=0.5"
 NVME_ONLY = 20  # the 5th save: committed on NVMe, never promoted

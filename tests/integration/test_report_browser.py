@@ -26,7 +26,7 @@ from tests.integration.helpers import slurm_env, wait_terminal
 
 pytestmark = pytest.mark.integration
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ARGS = ["+exp=tiny", "train.steps=20", "train.ckpt_interval_steps=5", "train.micro_batch=1", "train.seq_len=32",
+ARGS = ["+exp=tiny", "model=micro", "train.steps=20", "train.ckpt_interval_steps=5", "train.micro_batch=1", "train.seq_len=32",
         "+job.env.SLURMKIT_STEP_DELAY_S=0.25", "parallel.pg_timeout_s=60",
         "supervisor.heartbeat_timeout_s=8", "supervisor.spare_nodes=1", "job.name=report-faults"]
 FAULTS = [("crash", "rank_crash", 3), ("hang", "hang", 1), ("node_loss", "node_loss", -1)]

@@ -26,7 +26,7 @@ from tests.integration.helpers import read_ledger, slurm_env, submit_cli, submit
 pytestmark = pytest.mark.integration
 
 # lr x steps; one node per variant so that the four tasks fit the four-node cluster together.
-SWEEP = ["-m", "+exp=tiny", "job.nodes=1", "train.lr=1e-3,3e-3", "train.steps=20,40",
+SWEEP = ["-m", "+exp=tiny", "model=micro", "job.nodes=1", "train.lr=1e-3,3e-3", "train.steps=20,40",
          "train.ckpt_interval_steps=10", "train.micro_batch=1", "train.seq_len=32",
          "+job.env.SLURMKIT_STEP_DELAY_S=0.25",
          "supervisor.heartbeat_timeout_s=8"]
@@ -145,7 +145,7 @@ def test_two_by_two_sweep_is_one_array_and_a_task_recovers_alone(cluster_env, tm
 def test_local_executor_runs_every_variant(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
     env["PATH"] = os.path.dirname(sys.executable)  # no sbatch: cluster=auto picks local
-    res = submit_cli(["-m", "+exp=tiny", "job.nodes=1", "job.name=sweep-local", "train.steps=4,6",
+    res = submit_cli(["-m", "+exp=tiny", "model=micro", "job.nodes=1", "job.name=sweep-local", "train.steps=4,6",
                       "train.ckpt_interval_steps=2", "submit.array_parallelism=2",
                       f"submit.run_root={tmp_path}"], env, str(tmp_path))
     assert res.returncode == 0, res.stdout + res.stderr

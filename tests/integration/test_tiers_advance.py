@@ -78,7 +78,7 @@ def test_shared_and_object_tiers_advance_after_a_spare_and_a_requeue_onto_other_
     run_id = f"tiers-{uuid.uuid4().hex[:10]}"
     object_uri = f"s3://{env['SLURMKIT_S3_BUCKET']}/{run_id}"
     shared_dir = str(tmp_path / "shared")
-    args = ["+exp=tiny", f"train.steps={STEPS}", f"train.ckpt_interval_steps={INTERVAL}",
+    args = ["+exp=tiny", "model=micro", f"train.steps={STEPS}", f"train.ckpt_interval_steps={INTERVAL}",
             "train.micro_batch=1", "train.seq_len=32", "+job.env.SLURMKIT_STEP_DELAY_S=0.25",
             "supervisor.heartbeat_timeout_s=30", "supervisor.spare_nodes=1",
             "store=tiered", f"store.run_id={run_id}",

@@ -26,7 +26,7 @@ from tests.integration.helpers import parse_submitted, read_ledger, slurm_env, s
 
 pytestmark = pytest.mark.integration
 # A busy test machine can starve an agent for seconds: no node-loss verdicts here.
-SLOW_TINY = ["+exp=tiny", "+job.env.SLURMKIT_STEP_DELAY_S=0.3", "train.steps=40",
+SLOW_TINY = ["+exp=tiny", "model=micro", "+job.env.SLURMKIT_STEP_DELAY_S=0.3", "train.steps=40",
              "supervisor.node_timeout_s=20"]
 STEP = re.compile(r"step\s+│\s+(\d+)/40")
 
