@@ -22,14 +22,14 @@ from slurmkit.store.config import run_identity
 from slurmkit.supervise.cancel_request import read_cancel_request
 from slurmkit.supervise.channel import Channel
 from slurmkit.supervise.exits.caps import RequeueCaps
-from slurmkit.supervise.liveness import slurm_says_dead
-from slurmkit.supervise.policy import Action, Decision, State, StateMachine
 from slurmkit.supervise.exits.preemption import requeue_after_preemption
 from slurmkit.supervise.exits.requeue import job_ref, refused_by_slurm, requeue_now, requeued_already
-from slurmkit.supervise.shared import EXIT_WAIT_S, Ledger, Node, Where
-from slurmkit.supervise.slurmview import DECISION_RETRY, DECISION_TIMEOUT_S, SlurmdProbe, node_health
 from slurmkit.supervise.exits.succession import Claim, Done, Watched, read_done, succeed, write_done
 from slurmkit.supervise.exits.successor import SuccessorUnavailable, submit_successor
+from slurmkit.supervise.liveness import slurm_says_dead
+from slurmkit.supervise.policy import Action, Decision, State, StateMachine
+from slurmkit.supervise.shared import EXIT_WAIT_S, Ledger, Node, Where
+from slurmkit.supervise.slurmview import DECISION_RETRY, DECISION_TIMEOUT_S, SlurmdProbe, node_health
 from slurmkit.supervise.timeouts import liveness_deadline_s
 
 log = logging.getLogger(__name__)
@@ -302,8 +302,9 @@ class Endings:
         if self.is_node0:
             return self._node0_agent_error(gen, detail)
         try:
-            # A spare (or a retired node) runs no rank of this generation: its loss fails nothing
-            # (node 0 finds it silent and drops it from the spares).
+            # Not owed by a spare (or a retired node), which runs no rank of this generation: its
+            # loss fails nothing (node 0 finds it silent and drops it from the spares); nor by an
+            # agent that posted its evidence for this generation already.
             if owes_evidence:
                 ev = Evidence(time.time(), me, -1, "agent_error", FailureClass.NODE_LOSS, detail)
                 self.channel.post_evidence(gen, self.where.node_rank, [*evidence, ev])

@@ -39,9 +39,11 @@ from slurmkit.supervise.deciding import Decider
 from slurmkit.supervise.endings import Endings
 from slurmkit.supervise.endwatch import EndWatch
 from slurmkit.supervise.exits.caps import RequeueCaps
+from slurmkit.supervise.exits.previous import previous_attempt, record_previous
+from slurmkit.supervise.exits.succession import clear_done
+from slurmkit.supervise.exits.successor import PREDECESSOR_ATTEMPT_ENV, PREDECESSOR_ENV
 from slurmkit.supervise.liveness import Beater, Liveness, Lost
 from slurmkit.supervise.policy import Action, Decision, History, State, StateMachine
-from slurmkit.supervise.exits.previous import previous_attempt, record_previous
 from slurmkit.supervise.relaunch import Relauncher
 from slurmkit.supervise.shared import (EXIT_WAIT_S, FAILED, REQUEUE_MARKS, STACKS_BARRIER_S, HandedOn, Ledger,
                                        Node, Node0Lost, Outcome, Slots, StoreTrouble, Where)
@@ -49,8 +51,6 @@ from slurmkit.supervise.slurmview import SlurmdProbe, slurmd_answers
 from slurmkit.supervise.stepsended import StepsEnded
 from slurmkit.supervise.straggler_move import StragglerActions
 from slurmkit.supervise.stragglers import StragglerDetector
-from slurmkit.supervise.exits.succession import clear_done
-from slurmkit.supervise.exits.successor import PREDECESSOR_ATTEMPT_ENV, PREDECESSOR_ENV
 from slurmkit.supervise.timeouts import beat_interval_s, liveness_deadline_s
 
 log = logging.getLogger(__name__)

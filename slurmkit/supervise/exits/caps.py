@@ -17,8 +17,8 @@ from slurmkit.runfiles import REQUEUE_MARKS
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.errors import SlurmError
 from slurmkit.slurm.hostlist import expand_hostlist
-from slurmkit.supervise.policy import requeue_refusal
 from slurmkit.supervise.exits.requeue import job_ref
+from slurmkit.supervise.policy import requeue_refusal
 from slurmkit.supervise.slurmview import DECISION_RETRY, DECISION_TIMEOUT_S
 
 log = logging.getLogger(__name__)
