@@ -32,6 +32,9 @@ from slurmkit.train.signals import STACK_SIGNAL
 from slurmkit.cli.submit import freeze
 from slurmkit.train.local import free_port
 
+# A hang is called after heartbeat_timeout_s (2-6 s) of wall clock: a rank starved of CPU on a
+# loaded machine looks hung too, so CI runs these beside the cluster tests, not at nice 10.
+pytestmark = pytest.mark.realtime
 RANK_PROGRAM = str(Path(__file__).resolve().parent / "hang_rank.py")
 
 
