@@ -275,7 +275,7 @@ def _job(events: Iterable[Mapping[str, Any]]) -> tuple[str | None, str | None]:
             executor = str(e.get("executor") or "") or executor
         elif (e.get("event") == SUCCESSOR or (e.get("event") == ALLOCATION_START and e.get("predecessor"))) \
                 and e.get("job_id") is not None:
-            job_id = str(e["job_id"])  # the run went on in the job this one submitted (successor.py)
+            job_id = str(e["job_id"])  # the run went on in the job this one submitted (supervise/exits/successor.py)
         elif e.get("event") == ALLOCATION_START and job_id is None and e.get("job_id") is not None:
             job_id = str(e["job_id"])
             executor = str(e.get("executor") or "") or executor
