@@ -3,7 +3,8 @@ slurmkit and under torchrun's elastic agent (the ft_launcher baseline, pointed a
 not exist, must be reported unavailable with its reason, never measured).
 
 No timing thresholds: the figures only have to exist and be positive, and the jobs it used must
-be gone afterwards. The torchrun run adds about a minute (start, 13 steps, restart, resume).
+be gone afterwards. The torchrun run adds about a minute (start, 13 steps, restart, resume). Both on the micro model:
+what is measured is the restart, not the step's compute.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def test_mttr_bench_measures_a_rank_crash(cluster_env, tmp_path) -> None:
     env = {**slurm_env(cluster_env), "TMPDIR": str(tmp_path)}
     no_ft = tmp_path / "no-such-dir" / "ft_launcher"
     res = subprocess.run([sys.executable, BENCH, "--classes", "crash", "--baselines", "torchrun,ft",
-                          "--ft-launcher", str(no_ft), "--skip-goodput", "--cluster-env", str(env_path)],
+                          "--ft-launcher", str(no_ft), "--skip-goodput", "--model", "micro", "--cluster-env", str(env_path)],
                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=660)
     assert res.returncode == 0, res.stdout + res.stderr
     lines = [ln for ln in res.stdout.splitlines() if ln.strip()]

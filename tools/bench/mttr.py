@@ -841,6 +841,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--cold", action="store_true",
                     help="slurmkit without warm standby ranks (supervisor.warm_standby=false): every "
                          "restart starts Python and imports torch again, as before the standbys")
+    ap.add_argument("--model", default="tiny",
+                    help="the reference trainer's model for every run, slurmkit's and the baselines' "
+                         "(conf/model/; default tiny: 5 M parameters; micro, 0.1 M, for a smoke "
+                         "test, where the step's compute should not set the run's length)")
     ap.add_argument("--repeats", type=int, default=1, help="runs per class and variant (default 1)")
     ap.add_argument("--goodput-minutes", type=float, default=10.0,
                     help="length of the goodput run in minutes (default 10)")
@@ -865,6 +869,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if not re.fullmatch(r"[a-z0-9_]+", args.model):
+        ap_error = f"--model {args.model!r}: Detected: not a model name. Requirement: a file of conf/model/. Fix: --model tiny"
+        raise SystemExit(ap_error)
+    COMMON.append(f"model={args.model}")
     if args.cold:
         COMMON.append("supervisor.warm_standby=false")
     c = Cluster(load_env(args.cluster_env))
