@@ -1,5 +1,5 @@
 """Print the table of choice fields (allowed values, default) from the schema, as docs/config.md
-holds it; ``--write`` replaces the table in docs/config.md. tests/unit/test_config_docs.py
+holds it; ``--write`` replaces the table in docs/config.md. tests/unit/config/test_docs.py
 fails when the two differ.
 
     .venv/bin/python tools/config_choices.py [--write]

@@ -1,7 +1,7 @@
 """Structured-config dataclasses: the schema, and the one place every default lives.
 
 conf/<group>/*.yaml hold presets (a cluster, an experiment, a store layout) that differ from
-these defaults; a group's default.yaml restates none of them (tests/unit/test_config_defaults.py,
+these defaults; a group's default.yaml restates none of them (tests/unit/config/test_defaults.py,
 docs/config.md). Each component validates its own fields in ``__post_init__`` (which
 OmegaConf.to_object runs), so the rest of the code only ever sees checked, typed objects, never
 a DictConfig. A field that holds one of a fixed set of words is listed in its class's

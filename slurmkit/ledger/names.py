@@ -3,7 +3,7 @@ string literals in every reader, where a typo silently matches nothing).
 
 Readers compare with these (``e.get("event") == FAILURE``); the schema
 (slurmkit/ledger/events.py: each event's fields) is keyed by them, and ALL is the set of
-names it knows (tests/unit/test_ledger_names.py: ALL is EVENTS' keys, and every literal name
+names it knows (tests/unit/ledger/test_names.py: ALL is EVENTS' keys, and every literal name
 passed to a ledger's append anywhere in slurmkit/ and testkit/ is one of them). A new event is
 a constant here and its fields in events.py.
 """

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from tests.integration.store_workers import join_gloo, leave_gloo
-from tests.unit.store_hostile import (
+from tests.unit.store.hostile_steps import (
     OpenAudit,
     byte_item_pickle,
     garbage_record,

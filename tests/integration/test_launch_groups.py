@@ -17,7 +17,7 @@ Terminated"); without --no-kill it ends the whole step once the node is DOWN, an
 see an I/O error end it either way. Then node 0 relaunches that agent again
 (supervisor.agent_relaunches=2 here): the test accepts both. The decision that relaunches the
 healthy agents of a step in the same decision that gives the dead node's slot to a spare is
-tested in tests/unit/test_supervise_relaunch.py.
+tested in tests/unit/supervise/test_relaunch.py.
 """
 
 from __future__ import annotations

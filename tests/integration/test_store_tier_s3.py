@@ -8,7 +8,7 @@ import pytest
 
 from slurmkit.store.tier import FsspecTier, make_tier
 from testkit.s3server import S3Server
-from tests.unit.store_tier_suite import TierSuite
+from tests.unit.store.tier_suite import TierSuite
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,7 @@ from slurmkit.layout import Layout
 from slurmkit.topology import RankPlan, TopologyConfig, rank_env
 from slurmkit.train.config import TrainConfig
 from slurmkit.train.parallel import select_runtime
-from tests.unit.topology_trees import plans_of
+from tests.unit.topology.trees import plans_of
 
 SLURM_ALL_EIGHT = {"SLURM_JOB_ID": "7", CUDA_VISIBLE_DEVICES: "0,1,2,3,4,5,6,7"}
 

@@ -155,7 +155,7 @@ def test_write_layout_replaces_atomically_and_binds_the_config(frozen: str) -> N
 def test_the_report_prices_the_gpus_the_layout_says(tmp_path) -> None:
     """The report was a fourth place with its own rule (job.gpus_per_node=0 read as "all 8")."""
     from slurmkit.report.run import load_run
-    from tests.unit.test_report import write_run
+    from tests.unit.report.test_run_report import write_run
 
     cfg = {"job": {"name": "c", "nodes": 2, "gpus_per_node": 0},
            "cluster": {"gpu_hour_cost": 2.5, "gpus_per_node": 8}, "train": {"ckpt_interval_steps": 10}}

@@ -13,7 +13,7 @@ The worker runs from ``worker.py`` in a temporary directory (py-spy's header quo
 command line).
 
 ``trainer.rank<N>.faulthandler.txt`` are the reference trainer's own dumps (``$SLURMKIT_STACK_FILE``)
-from tests/unit/test_launch_hang_stacks.py under a real NodeAgent: rank 1 in a ``data_stall``
+from tests/unit/launch/test_hang_stacks.py under a real NodeAgent: rank 1 in a ``data_stall``
 fault (SIGSTOPped, continued, dumped), rank 0 in the gradient all-reduce of its DDP comm hook.
 """
 

@@ -1,0 +1,147 @@
+"""Heartbeats are optional for programs that do not beat (supervisor.require_heartbeat): a
+plain DDP script is not killed as a hang after startup_timeout_s; it is judged from its first
+beat on, and a stopped rank is still found by its process state."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from slurmkit.config import compose
+from slurmkit.errors import ConfigError
+from slurmkit.failures.classes import FailureClass
+from slurmkit.failures.programs import expects_heartbeats
+from slurmkit.launch.monitor import RankMonitor
+from tests.unit.launch.test_contract_slurm_env import agent
+from tests.unit.launch.test_monitor import Clock, add, beater
+
+TRAIN = ["python", "-m", "slurmkit.train"]
+DDP_SCRIPT = ["python", "examples/ddp/main.py", "--epochs", "3"]
+
+
+def monitor(clock: Clock, states: dict[int, str], *, require: bool) -> RankMonitor:
+    return RankMonitor("node1", 1, heartbeat_timeout_s=60.0, startup_timeout_s=20.0, require_heartbeat=require,
+                       wall=clock.wall, mono=clock.mono, proc_state=lambda pid: states.get(pid, "S"))
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def test_a_program_that_never_beats_is_no_hang_by_the_clock(tmp_path, clock: Clock) -> None:
+    mon = monitor(clock, {}, require=False)
+    add(mon, tmp_path, 0)
+    for t in (19.0, 21.0, 3600.0, 86_400.0):  # far past startup_timeout_s=20
+        clock.t = t
+        mon.poll()
+    assert mon.triggered is None and mon.evidence == []
+
+
+def test_required_beats_still_time_out_at_startup(tmp_path, clock: Clock) -> None:
+    mon = monitor(clock, {}, require=True)
+    add(mon, tmp_path, 0)
+    clock.t = 21.0
+    mon.poll()
+    assert mon.triggered is not None and mon.triggered.cls == FailureClass.HANG
+    assert "no heartbeat" in mon.triggered.detail
+
+
+def test_after_its_first_beat_the_heartbeat_timeout_applies(tmp_path, clock: Clock) -> None:
+    mon = monitor(clock, {}, require=False)
+    add(mon, tmp_path, 0)
+    clock.t = 500.0
+    mon.poll()
+    beater(tmp_path, clock, 0).beat(7)
+    mon.poll()
+    clock.t = 559.0
+    mon.poll()
+    assert mon.triggered is None
+    clock.t = 561.0
+    mon.poll()
+    assert mon.triggered is not None and mon.triggered.cls == FailureClass.HANG
+    assert "after step 7" in mon.triggered.detail
+
+
+def test_a_stopped_rank_without_beats_is_a_hang_by_its_state(tmp_path, clock: Clock) -> None:
+    states: dict[int, str] = {}
+    mon = monitor(clock, states, require=False)
+    add(mon, tmp_path, 0)
+    add(mon, tmp_path, 1)
+    states[1000] = "T"  # rank 0 stopped (its pid is 1000 in these helpers)
+    clock.t = 10.0
+    mon.poll()
+    states[1000] = "S"  # resumed (a debugger let go): the stop does not add up
+    clock.t = 50.0
+    mon.poll()
+    states[1000] = "T"
+    clock.t = 100.0
+    mon.poll()
+    clock.t = 159.0
+    mon.poll()
+    assert mon.triggered is None
+    clock.t = 161.0
+    mon.poll()
+    assert mon.triggered is not None and mon.triggered.rank == 0 and mon.triggered.cls == FailureClass.HANG
+    assert "state T" in mon.triggered.detail
+    assert [e.rank for e in mon.evidence] == [0]  # the running peer is never blamed
+
+
+@pytest.mark.parametrize("bad", [{"generation": 1, "time": 1.0}, {"generation": 1, "step": "x", "time": 1.0},
+                                 {"generation": 1, "step": 3, "time": "soon"}, {"generation": 1, "step": 3}])
+def test_a_malformed_beat_from_a_user_program_is_no_beat(tmp_path, clock: Clock, bad: dict) -> None:
+    mon = monitor(clock, {}, require=False)
+    add(mon, tmp_path, 0)
+    (tmp_path / "rank0.json").write_text(json.dumps(bad))
+    clock.t = 1000.0
+    assert mon.poll() == {}  # and the agent did not raise
+    assert mon.triggered is None
+
+
+@pytest.mark.parametrize(("setting", "command", "want"), [
+    ("auto", TRAIN, True), ("auto", [*TRAIN, "train.steps=5"], True), ("auto", DDP_SCRIPT, False),
+    ("auto", ["python", "-m", "slurmkit.examples.allreduce"], False), ("auto", ["torchrun", "x.py"], False),
+    ("true", DDP_SCRIPT, True), ("false", TRAIN, False),
+])
+def test_expects_heartbeats(setting: str, command: list[str], want: bool) -> None:
+    assert expects_heartbeats(setting, command) is want
+
+
+@pytest.mark.parametrize(("override", "want"), [([], "auto"), (["supervisor.require_heartbeat=true"], "true"),
+                                                (["supervisor.require_heartbeat=False"], "false"),
+                                                (["supervisor.require_heartbeat=auto"], "auto")])
+def test_config_field(override: list[str], want: str) -> None:
+    assert compose(["+exp=tiny", *override]).supervisor.require_heartbeat == want
+
+
+def test_config_field_refuses_other_values() -> None:
+    with pytest.raises(ConfigError, match="require_heartbeat"):
+        compose(["+exp=tiny", "supervisor.require_heartbeat=sometimes"])
+
+
+def _verdict_after_startup(node) -> object:
+    """Start a real rank that never beats; poll until the startup timeout has passed (a condition
+    on the clock, not a fixed sleep) and a few polls more; the verdict (None: no hang)."""
+    node.start(gen=0, slot=0, port=29512, master_addr="127.0.0.1")
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 <= node.cfg.supervisor.startup_timeout_s:
+            node.poll(0)
+        for _ in range(3):
+            node.poll(0)
+        return node.monitor.triggered
+    finally:
+        node.stop()
+
+
+@pytest.mark.parametrize(("setting", "hang"), [("auto", False), ("true", True)])
+def test_the_agent_lets_a_real_program_without_beats_run(tmp_path, setting: str, hang: bool) -> None:
+    (tmp_path / "run").mkdir()
+    node = agent(tmp_path, 0, ["job.command=[python,-c,'import time; time.sleep(120)']",
+                               "supervisor.startup_timeout_s=0.05", f"supervisor.require_heartbeat={setting}"])
+    verdict = _verdict_after_startup(node)
+    assert (verdict is not None) is hang
+    if hang:
+        assert verdict.cls == FailureClass.HANG and "no heartbeat" in verdict.detail
