@@ -226,6 +226,10 @@ class SupervisorConfig:
     # one idle import per rank, and none in its first minute). Other programs always start cold.
     warm_standby: bool = True
     warm_standby_after_s: float = 60.0
+    # With warm_standby: the ranks are forked from one process per node that imported the
+    # trainer once (slurmkit.launch.forkserver), every generation, instead of a standby per rank
+    # importing it again; per-rank standbys where it cannot fork (CUDA loaded before the fork).
+    fork_ranks: bool = True
 
     def __post_init__(self) -> None:
         if self.enabled is False:

@@ -28,7 +28,7 @@ from slurmkit.health.preflight import Peers, node_preflight
 from slurmkit.health.result import Verdict
 from slurmkit.launch.context import GROUP_LOG_ENV, NodeContext, group_log, node_context, redirect_output
 from slurmkit.launch.fdlimit import raise_fd_limit, store_fds_needed
-from slurmkit.launch import stackdump, standby, tether
+from slurmkit.launch import forkserver, stackdump, standby, tether
 from slurmkit.launch.ranks import RankProcess, spawn_rank, stop_ranks, watch_rank
 from slurmkit.launch.rendezvous import connect
 from slurmkit.launch.steptimes import StepTimes
@@ -125,6 +125,9 @@ class NodeAgent:
         # Warm standbys (slurmkit.launch.standby) by local rank: the next generation's ranks,
         # already imported; the clock time this generation's ranks started (when to prepare them).
         self.standbys: dict[int, standby.Standby] = {}
+        # The fork server (slurmkit.launch.forkserver): one process per node that imported the
+        # trainer and forks its ranks, every generation; standbys only where it cannot fork.
+        self.forks: forkserver.ForkServer | None = None
         self._started_at: float | None = None
         self.step_times: StepTimes | None = None  # this generation's step-time samples (stragglers)
         self._last_sample = self.clock()
@@ -254,7 +257,9 @@ class NodeAgent:
             # like this rank's progress to anyone reading the file before the rank writes it.
             _remove_quietly(env["SLURMKIT_HEARTBEAT_FILE"])
             path = os.path.join(self.run_dir, LOGS_DIR, f"rank{rank}.log")
-            p = self._adopt(lr, prefix, env, argv, rank, path, monitor)
+            p = self._fork(prefix, env, argv, rank, lr, path, monitor, plans)
+            if p is None:
+                p = self._adopt(lr, prefix, env, argv, rank, path, monitor)
             warm.append(p is not None)
             if p is None:
                 p = spawn_rank(self._tethered([*prefix, *argv]), env, rank=rank, local_rank=lr, log_path=path,
@@ -305,16 +310,28 @@ class NodeAgent:
                 and standby.trainer_args(rank_command(self.cfg.job.command)) is not None)
 
     def warm_up(self, gen: int = 0, slot: int | None = None, plans: list[object] | None = None) -> None:
-        """Start a standby for every local rank that has none (slurmkit.launch.standby), with
-        this node's environment for ``gen`` (its identity is handed over when it is used). At
-        the agent's start they import while the agents meet; then once a generation has trained
-        ``supervisor.warm_standby_after_s``, for the next one."""
+        """At the agent's start: the fork server (``supervisor.fork_ranks``), which imports while
+        the agents meet and forks every generation's ranks. Else, or once it said it cannot
+        fork, a standby for every local rank that has none (slurmkit.launch.standby), with this
+        node's environment for ``gen`` (its identity is handed over when it is used): at the
+        start, and once a generation has trained ``supervisor.warm_standby_after_s``, for the
+        next one."""
         if not self._standby_wanted():
             return
         if slot is None:
             slot = min(self.ctx.node_rank, self.train_nodes - 1)
         if plans is None:
             plans = self._plans()
+        if self.forks is None and gen == 0 and self.cfg.supervisor.fork_ranks:
+            _, env = self._launch(gen, 0, slot, 0, None, plans)
+            if threading.current_thread() is threading.main_thread():  # tied to the agent's main thread
+                try:
+                    self.forks = forkserver.ForkServer.start(env, cwd=self.run_dir, parent=os.getpid())
+                    return
+                except OSError as exc:
+                    log.warning("no fork server: %s; warm standbys instead", exc)
+        if self._forking():
+            return
         for lr in range(self.ranks_per_node):
             if lr in self.standbys:
                 continue
@@ -325,6 +342,42 @@ class NodeAgent:
             except OSError as exc:  # no standby is no failure: the rank starts cold
                 log.warning("no warm standby for local rank %d: %s", lr, exc)
                 return
+
+    def _forking(self) -> bool:
+        """Whether the fork server is there and has not said it cannot fork (no wait)."""
+        return self.forks is not None and self.forks.refused() is None
+
+    def _fork(self, prefix: list[str], env: dict[str, str], argv: list[str], rank: int, lr: int, path: str,
+              monitor: RankMonitor, plans: list[object] | None) -> RankProcess | None:
+        """Rank ``rank`` forked by the fork server; None where it cannot be (the server is not
+        there, said it cannot fork, the rank runs another program or needs another environment
+        or numactl): then a standby or a cold start."""
+        args = standby.trainer_args(argv)
+        if self.forks is None or args is None:
+            return None
+        topo = self.cfg.topology
+        plan_json = plans[lr].to_json() if plans else None  # type: ignore[attr-defined]
+        why = self.forks.why_not(min(self.cfg.supervisor.startup_timeout_s, 120.0))
+        if why is None and prefix and topo.apply_method == "numactl":
+            why = "topology.apply_method=numactl (the fork server binds memory with the syscall)"
+        if why is None:
+            try:
+                proc = self.forks.fork(env, args, plan_json=plan_json, verify=topo.verify,
+                                       timeout_s=min(self.cfg.supervisor.startup_timeout_s, 120.0))
+            except forkserver.ForkServerError as exc:
+                why = str(exc)
+            else:
+                return watch_rank(proc, rank=rank, local_rank=lr, log_path=path, sink=monitor.on_line,  # type: ignore[arg-type]
+                                  on_exit=monitor.on_exit)
+        log.info("rank %d is not forked: %s", rank, why)
+        if self.forks.refused() is not None:
+            self._drop_forks()
+        return None
+
+    def _drop_forks(self) -> None:
+        if self.forks is not None:
+            self.forks.stop()
+            self.forks = None
 
     def _adopt(self, lr: int, prefix: list[str], env: dict[str, str], argv: list[str], rank: int,
                path: str, monitor: RankMonitor) -> RankProcess | None:
@@ -345,16 +398,20 @@ class NodeAgent:
                           on_exit=monitor.on_exit)
 
     def discard_standbys(self) -> None:
+        """End the standbys and the fork server (the agent is leaving, or no next generation)."""
         for sb in self.standbys.values():
             sb.discard()
         self.standbys.clear()
+        self._drop_forks()
 
     def _keep_standbys(self, gen: int, beats: Mapping[int, object]) -> None:
         if not self.cfg.supervisor.warm_standby:
             return
         if self.signal_kind is not None:  # no next generation in this allocation
-            if self.standbys:
+            if self.standbys or self.forks is not None:
                 self.discard_standbys()
+            return
+        if self._forking():
             return
         if (len(self.standbys) < self.ranks_per_node and self._started_at is not None
                 and self.monitor is not None and self.monitor.triggered is None and self.procs

@@ -166,7 +166,12 @@ def read_message(stream) -> tuple[dict[str, str], list[str], list[str]] | None:
         return None
     if len(line) > MAX_MESSAGE_BYTES or not line.endswith(b"\n"):
         raise ValueError(f"a hand-over line of over {MAX_MESSAGE_BYTES} bytes")
-    got = json.loads(line)
+    return parse_message(json.loads(line))
+
+
+def parse_message(got: object) -> tuple[dict[str, str], list[str], list[str]]:
+    """(set, unset, args) of a decoded hand-over message (a standby's line, or a fork request
+    of slurmkit.launch.forkserver); ValueError for anything else."""
     if not isinstance(got, dict) or got.get("v") != PROTOCOL:
         raise ValueError(f"hand-over protocol {got.get('v') if isinstance(got, dict) else got!r}, not {PROTOCOL}")
     put, unset, args = got.get("set"), got.get("unset"), got.get("args")

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             apply_plan(plan)
             problems = verify_current(plan)
-        _report(problems, args.verify)
+        report_problems(problems, args.verify)
     except (SlurmkitError, OSError) as exc:
         print(f"slurmkit.pin: {exc}", file=sys.stderr)
         return 2
@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0  # not reached: execvp replaces the process
 
 
-def _report(problems: list[str], verify: str) -> None:
+def report_problems(problems: list[str], verify: str) -> None:
+    """What ``topology.verify`` asks for differences from the plan: raise, warn, or nothing."""
     if problems and verify == "fail":
         raise PinningError("pinning differs from the plan: " + "; ".join(problems))
     if verify == "warn":

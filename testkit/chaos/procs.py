@@ -3,7 +3,8 @@
 The local cluster's nodes are slurmd daemons on this one machine, so every process of a job is
 visible here; each carries the job's environment (``SLURMKIT_RUN_DIR``, ``RANK``,
 ``SLURMD_NODENAME``, ``SLURMKIT_NODE_RANK``). A rank that began as a warm standby
-(slurmkit.launch.standby) still shows the environment it was started with; it names its rank in
+(slurmkit.launch.standby), or forked by the fork server (slurmkit.launch.forkserver), still shows the
+environment it was started with; it names its rank in
 ``/proc/PID/comm`` (``skrank<RANK>``), read here instead. Reading the truth from /proc rather than from the
 ledger's ``ranks_started`` pids means the driver never signals a pid of an older generation
 that the ledger has not caught up with. ``proc_root`` is a parameter so tests can hand in a
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 from slurmkit.failures.programs import is_reference_trainer
 from slurmkit.launch.rendezvous import STORE_COMM
+from slurmkit.launch.forkserver import MODULE as FORK_MODULE
 from slurmkit.launch.standby import ADOPTED_PREFIX as STANDBY_RANK_PREFIX
 from slurmkit.launch.standby import MODULE as STANDBY_MODULE
 
@@ -78,7 +80,9 @@ def scan(run_dir: str, job_id: str | None = None, proc_root: str = "/proc") -> l
 
 
 def _standby(p: Proc) -> bool:
-    return "-m" in p.cmdline and STANDBY_MODULE in p.cmdline
+    """A warm standby, or a rank forked by the fork server: its command line and environment
+    are the ones it was started with; its rank, once it has one, is in its process name."""
+    return "-m" in p.cmdline and (STANDBY_MODULE in p.cmdline or FORK_MODULE in p.cmdline)
 
 
 def rank_of(p: Proc) -> int | None:

@@ -69,15 +69,15 @@ def test_a_rank_sigkill_an_nccl_abort_and_a_sigstop_each_restart_in_the_allocati
     # still being written to its node's tier when it was stopped three steps later).
     restored = [e["step"] for e in events(run_dir, "ckpt_restored") if e.get("rank") == 0]
     assert restored[:2] == [10, 20] and len(restored) == 3 and restored[2] in (20, 30), restored
-    # Generation 0's ranks came from warm standbys (slurmkit.launch.standby) that imported while
-    # the agents met, generation 1's from standbys that imported while generation 0 trained.
+    # Every generation's ranks were forked by each node's fork server (slurmkit.launch.forkserver),
+    # which imported the trainer once while the agents met: no rank paid the import again.
     started = events(run_dir, "ranks_started")
     assert sorted(e["generation"] for e in started) == [0, 0, 1, 1, 2, 2, 3, 3]
-    assert all(e["warm"] == [True, True] for e in started if e["generation"] <= 1), started
+    assert all(e["warm"] == [True, True] for e in started), started
     restarted = {r: pid for e in started if e["generation"] == 1 for r, pid in zip(e["ranks"], e["pids"])}
     assert 3 in restarted and restarted[3] != rank_pid_of_generation(run_dir, 3, 0)
-    # Nothing of the job is left: the standbys prepared for a generation 4 ended with their
-    # agents, and so did the stopped rank.
+    # Nothing of the job is left: the fork servers ended with their agents, and so did the
+    # stopped rank.
     left = [f"{p.pid}: {' '.join(p.cmdline)}" for p in procs.scan(run_dir, job)]
     assert not left, left
 

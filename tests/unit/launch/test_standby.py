@@ -163,7 +163,8 @@ def _agent(tmp_path, monkeypatch):
         return spawned[-1]
 
     monkeypatch.setattr(standby, "spawn", spawn)
-    cfg = compose(["+exp=tiny", "health=off", "topology.enabled=false", "job.command=[python,-m,slurmkit.train]"])
+    cfg = compose(["+exp=tiny", "health=off", "topology.enabled=false", "job.command=[python,-m,slurmkit.train]",
+                   "supervisor.fork_ranks=false"])  # standbys, not the fork server (test_forkserver.py)
     ctx = NodeContext(node_rank=1, num_nodes=2, node_name="n1", nodes=("n0", "n1"), job_id="77",
                       restart_count=0, master_addr="10.0.0.7", executor="slurm")
     env = {"PATH": os.environ.get("PATH", ""), "SLURMKIT_NODE_LOCAL_DIR": str(tmp_path / "local"),

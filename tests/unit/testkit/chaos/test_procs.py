@@ -57,11 +57,16 @@ def test_a_warm_standby_counts_as_a_rank_once_it_names_one(tmp_path) -> None:
     fake_proc(root, 20, env, ["python", "-m", "slurmkit.train"], start=100)  # generation 0, cold
     fake_proc(root, 21, env, standby, start=200, comm="skrank3")  # generation 1: rank 3 now
     fake_proc(root, 22, env, standby, start=300, comm="skstandby")  # waits for generation 2
+    # a node's fork server and a rank it forked: both show the server's command line and the
+    # environment it started with; only the forked one names a rank
+    server = ["python", "-P", "-m", "slurmkit.launch.forkserver", "4242", "5"]
+    fake_proc(root, 23, env, server, start=150, comm="skforkserver")
+    fake_proc(root, 24, env, server, start=400, comm="skrank5")
 
     found = procs.scan(run, None, proc_root=str(root))
-    assert sorted(p.pid for p in found) == [20, 21, 22]
+    assert sorted(p.pid for p in found) == [20, 21, 22, 23, 24]
     ranks = procs.ranks(found)
-    assert {r: p.pid for r, p in ranks.items()} == {0: 20, 3: 21}
+    assert {r: p.pid for r, p in ranks.items()} == {0: 20, 3: 21, 5: 24}
     assert not any(procs.is_agent(p) for p in found)
 
 

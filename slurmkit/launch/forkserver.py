@@ -1,0 +1,447 @@
+"""The reference trainer's ranks forked from one process per node that imported it ahead.
+
+A warm standby (slurmkit.launch.standby) pays Python's and torch's start-up once per rank and
+generation, ahead of time: 3-5 s of CPU each, eight times per node and restart on a GPU node,
+all reading the same files from the shared file system at once. The fork server pays it once
+per node and allocation. The agent starts it while the agents meet. It imports the trainer
+(torch, the late imports a rank pays at its first step) and then forks every rank of every
+generation on this node: a fork takes milliseconds and shares the imported pages.
+
+The process tree stays what the agent watches. The server forks an intermediate process that
+forks the rank and exits at once. The agent marks itself a child subreaper
+(``prctl(PR_SET_CHILD_SUBREAPER)``), so the rank is reparented to the agent and is its child,
+as a rank started cold is: the agent reads its exit status, signals its session and kills
+it. The server holds no rank. The rank ties itself to the agent (slurmkit.launch.tether) once
+it is the agent's child, and the server is tied to the agent from its start: nothing started
+here outlives the agent.
+
+A fork copies only the calling thread and the process's memory. The server forks only while
+no Python thread runs besides its main one and CUDA's driver library is not loaded (a CUDA
+context does not survive a fork; importing torch does not initialise CUDA). Otherwise it says
+why in its first message, and the agent starts per-rank standbys instead. Only a rank's
+identity may differ from the environment the server started with, plus the GPUs it sees
+(read by CUDA only when the rank initialises it, after the fork). The CPU and memory binding
+of the rank's plan is applied in the rank after the fork (slurmkit.topology.apply), as the pin
+wrapper does before its exec.
+
+Protocol, one JSON datagram each way on a ``SOCK_SEQPACKET`` socket pair:
+
+    server -> agent, once:  {"v": 1, "ready": true, "why_not": ""}
+    agent -> server:        {"v": 1, "set": {...}, "unset": [...], "args": [...],
+                             "plan": RankPlan JSON or null, "verify": "warn"}
+                            with one descriptor: the write end of the rank's output pipe
+    server -> agent:        {"pid": N} or {"error": "..."}
+
+The server runs nothing but the reference trainer, and only for its agent: the socket is the
+agent's alone, and a request that does not parse is answered with an error, not obeyed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from slurmkit.launch import standby
+from slurmkit.launch.tether import EXIT_ORPHANED, arm
+
+log = logging.getLogger(__name__)
+
+MODULE = "slurmkit.launch.forkserver"
+PROTOCOL = 1
+MAX_DATAGRAM = 64 * 1024  # a request is the identity delta (~1 KB) and a plan (~1 KB)
+SERVER_NAME = "skforkserver"  # /proc/PID/comm while it serves (process finders read it)
+PR_SET_CHILD_SUBREAPER = 36
+REPARENT_WAIT_S = 10.0  # the intermediate exits at once; this bounds a wait that never ends
+LOST = 255  # the exit code given to a rank whose status this process cannot read
+# Beyond a rank's identity: the GPUs and network devices it uses (slurmkit.topology.env sets
+# them per rank). CUDA reads the GPUs when the rank initialises it, NCCL and UCX theirs when
+# the rank's first communicator is made: after the fork. The server never initialises CUDA
+# (why_not_fork) nor makes a communicator.
+DEVICE_NAMES = frozenset({"CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+                          "UCX_NET_DEVICES"})
+DEVICE_PREFIXES = ("NCCL_",)
+
+
+class ForkServerError(Exception):
+    """The fork server cannot start this rank; the agent starts it another way."""
+
+
+def may_differ(name: str) -> bool:
+    return standby.identity_name(name) or name in DEVICE_NAMES or name.startswith(DEVICE_PREFIXES)
+
+
+def mismatch(started: Mapping[str, str], wanted: Mapping[str, str]) -> list[str]:
+    """Names that may not differ but do: a rank that needs ``wanted`` cannot be forked from a
+    server started with ``started``."""
+    names = set(started) | set(wanted)
+    return sorted(n for n in names if not may_differ(n) and started.get(n) != wanted.get(n))
+
+
+# ---------------------------------------------------------------------- the agent's side
+def set_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux 3.4+); False if not."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+class ForkedProc:
+    """A rank the server forked, reparented to this process: the part of ``subprocess.Popen``
+    the agent uses for a rank (pid, returncode, poll, wait, stdout)."""
+
+    def __init__(self, pid: int, stdout: Any) -> None:
+        self.pid = pid
+        self.stdout = stdout
+        self.stdin = None
+        self.returncode: int | None = None
+        self._lock = threading.Lock()
+
+    def poll(self) -> int | None:
+        with self._lock:
+            if self.returncode is None:
+                try:
+                    got, status = os.waitpid(self.pid, os.WNOHANG)
+                except ChildProcessError:  # never (or no longer) this process's child
+                    log.warning("forked rank %d is not a child of this process: its exit status is lost", self.pid)
+                    self.returncode = LOST
+                else:
+                    if got == self.pid:
+                        self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            code = self.poll()
+            if code is not None:
+                return code
+            if deadline is None:
+                try:  # block until it has exited, leaving the reaping to poll() (one lock)
+                    os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+                except ChildProcessError:
+                    pass  # reaped meanwhile by poll() in another thread, or not a child: poll says
+            elif time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"rank pid {self.pid}", timeout or 0.0)
+            else:
+                time.sleep(0.01)
+
+
+class ForkServer:
+    """The agent's handle on its node's fork server."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket, env: Mapping[str, str]) -> None:
+        self.proc = proc
+        self.sock = sock
+        self.env = dict(env)  # the environment it was started with
+        self._why_not: str | None = None
+        self._ready = False
+
+    @classmethod
+    def start(cls, env: Mapping[str, str], *, cwd: str | None, parent: int) -> ForkServer:
+        """Start the server with ``env`` (local rank 0's environment for the first generation),
+        tied to ``parent`` (this process), after making this process a subreaper. OSError if
+        it cannot be started."""
+        if not set_subreaper():
+            raise OSError("prctl(PR_SET_CHILD_SUBREAPER) failed: forked ranks would not be this agent's children")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            safe = ["-P"] if sys.version_info >= (3, 11) else []
+            proc = subprocess.Popen([sys.executable, *safe, "-m", MODULE, str(parent), str(theirs.fileno())],
+                                    env=dict(env), stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                                    start_new_session=True, cwd=cwd)
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        return cls(proc, ours, env)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _receive(self, timeout_s: float) -> dict[str, Any]:
+        self.sock.settimeout(timeout_s)
+        try:
+            data = self.sock.recv(MAX_DATAGRAM)
+        except (TimeoutError, BlockingIOError):
+            raise ForkServerError(f"no answer from the fork server (pid {self.pid}) in {timeout_s:.0f} s") from None
+        except OSError as exc:
+            raise ForkServerError(f"the fork server (pid {self.pid}) is unreachable: {exc}") from None
+        if not data:
+            raise ForkServerError(f"the fork server (pid {self.pid}) is gone (exit {self.proc.poll()})")
+        try:
+            got = json.loads(data)
+        except ValueError:
+            got = None
+        if not isinstance(got, dict):
+            raise ForkServerError(f"the fork server (pid {self.pid}) sent {data[:80]!r}, not a JSON object")
+        return got
+
+    def refused(self) -> str | None:
+        """Why the server cannot fork, once it is known (it said so, or it is gone); None while
+        it imports or once it is ready. Never waits."""
+        if self._why_not is None and self.proc.poll() is not None:
+            self._why_not = f"the fork server exited with {self.proc.returncode}"
+        return self._why_not
+
+    def why_not(self, timeout_s: float) -> str | None:
+        """None once the server has imported the trainer and can fork; else why not. Waits up
+        to ``timeout_s`` for its first message (it imports for a few seconds)."""
+        if self._ready or self.refused() is not None:
+            return self._why_not
+        try:
+            got = self._receive(timeout_s)
+        except ForkServerError as exc:
+            if "no answer" in str(exc):
+                return str(exc)  # still importing: not refused, asked again later
+            self._why_not = str(exc)
+            return self._why_not
+        if got.get("v") != PROTOCOL or got.get("ready") is not True:
+            self._why_not = f"the fork server's first message is {got!r}"
+        else:
+            self._why_not = str(got.get("why_not") or "") or None
+            self._ready = self._why_not is None
+        return self._why_not
+
+    def fork(self, env: Mapping[str, str], args: Sequence[str], *, plan_json: str | None, verify: str,
+             timeout_s: float) -> ForkedProc:
+        """Fork the rank that needs ``env`` and runs the trainer with ``args``; its standard
+        output and error go to a new pipe whose read end is the ForkedProc's ``stdout``."""
+        names = mismatch(self.env, env)
+        if names:
+            raise ForkServerError(f"its environment differs in {', '.join(names[:5])}")
+        message = {"v": PROTOCOL, "set": {k: v for k, v in env.items() if self.env.get(k) != v},
+                   "unset": sorted(k for k in self.env if k not in env), "args": list(args),
+                   "plan": plan_json, "verify": verify}
+        data = json.dumps(message, separators=(",", ":")).encode()
+        if len(data) > MAX_DATAGRAM:
+            raise ForkServerError("the environment to hand over is too large")
+        read_end, write_end = os.pipe()
+        try:
+            try:
+                socket.send_fds(self.sock, [data], [write_end])
+            except OSError as exc:
+                raise ForkServerError(f"the fork server (pid {self.pid}) is unreachable: {exc}") from None
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        try:
+            got = self._receive(timeout_s)
+        except BaseException as exc:
+            os.close(read_end)
+            # an answer that comes later would be read as the next request's: no next request
+            self._why_not = f"the fork request was not answered: {exc}"
+            raise
+        pid = got.get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
+            os.close(read_end)
+            raise ForkServerError(f"the fork server did not fork: {got.get('error') or got!r}")
+        return ForkedProc(pid, os.fdopen(read_end, "rb"))
+
+    def stop(self) -> None:
+        """End the server (its own session) and reap it; the ranks it forked are not its own."""
+        self.sock.close()
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # unkillable (D state): the kernel reaps it later
+            log.warning("fork server (pid %d) did not end", self.proc.pid)
+
+
+# ---------------------------------------------------------------------- the server's side
+def why_not_fork() -> str | None:
+    """Why this process may not fork a rank now; None if it may."""
+    others = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    if others:
+        return f"Python threads run besides the main one ({', '.join(others[:3])})"
+    try:
+        with open("/proc/self/maps") as f:
+            if "libcuda.so" in f.read():
+                return "CUDA's driver is loaded in the fork server (a CUDA context does not survive a fork)"
+    except OSError as exc:
+        return f"cannot read /proc/self/maps: {exc}"
+    return None
+
+
+def _send(sock: socket.socket, obj: Mapping[str, Any]) -> None:
+    sock.send(json.dumps(obj, separators=(",", ":")).encode())
+
+
+def _read_all(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        chunk = os.read(fd, 64)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def _parse(data: bytes) -> tuple[dict[str, str], list[str], list[str], str | None, str]:
+    got = json.loads(data)
+    put, unset, args = standby.parse_message(got)
+    plan, verify = got.get("plan"), got.get("verify")
+    if plan is not None and not isinstance(plan, str):
+        raise ValueError("a fork request whose plan is not a string")
+    if verify not in ("off", "warn", "fail"):
+        raise ValueError(f"a fork request whose verify is {verify!r}")
+    return put, unset, args, plan, verify
+
+
+def _become_rank(request: tuple[dict[str, str], list[str], list[str], str | None, str], out_fd: int,
+                 sock: socket.socket, agent_pid: int, mid: int, stop: Any, trainer: Any) -> None:
+    """The forked rank: its own session, output and stop flag, the agent's child and tied to it,
+    its environment and binding, then the trainer. Never returns."""
+    code = 1
+    try:
+        stop.signum = None  # a signal the server kept is not this rank's
+        sock.close()
+        os.setsid()
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        os.close(out_fd)
+        devnull = os.open(os.devnull, os.O_RDONLY)  # as a cold rank: stdin is /dev/null
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        deadline = time.monotonic() + REPARENT_WAIT_S
+        while os.getppid() == mid and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        if os.getppid() != agent_pid:
+            print(f"slurmkit fork server: the forked rank's parent is {os.getppid()}, not its agent {agent_pid}: "
+                  "not starting", file=sys.stderr, flush=True)
+            code = EXIT_ORPHANED
+            return
+        arm(agent_pid)
+        put, unset, args, plan_json, verify = request
+        for name in unset:
+            os.environ.pop(name, None)
+        os.environ.update(put)
+        if plan_json is not None:
+            from slurmkit.topology.apply import apply_plan, verify_current
+            from slurmkit.topology.pin import report_problems
+            from slurmkit.topology.rankplan import RankPlan
+
+            plan = RankPlan.from_json(plan_json)
+            apply_plan(plan)
+            report_problems(verify_current(plan), verify)
+        from slurmkit.train.signals import register_stack_dump
+
+        sys.argv = [trainer.__file__ or standby.TRAINER, *args]
+        standby._set_name(f"{standby.ADOPTED_PREFIX}{os.environ.get('RANK', '')}")
+        stacks = register_stack_dump(os.environ)  # noqa: F841 - kept open for the process's life
+        code = trainer.main(early_stop=stop)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - the rank's end, whatever it was, is its exit code
+        traceback.print_exc()
+        code = 1
+    finally:
+        from slurmkit.procexit import leave
+
+        leave(code)
+
+
+def _fork_rank(request: tuple[dict[str, str], list[str], list[str], str | None, str], out_fd: int,
+               sock: socket.socket, agent_pid: int, stop: Any, trainer: Any) -> int:
+    """Fork the rank through an intermediate that exits at once; the rank's pid."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    mid = os.fork()
+    if mid == 0:  # the intermediate
+        try:
+            os.close(read_end)
+            me = os.getpid()  # the rank's parent until this process exits
+            rank = os.fork()
+            if rank == 0:
+                os.close(write_end)
+                _become_rank(request, out_fd, sock, agent_pid, me, stop, trainer)
+            os.write(write_end, str(rank).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        data = _read_all(read_end)
+    finally:
+        os.close(read_end)
+        os.waitpid(mid, 0)
+    if not data.isdigit():
+        raise OSError("the intermediate process gave no pid (the second fork failed)")
+    return int(data)
+
+
+def serve(argv: Sequence[str]) -> int:
+    """The server's life: ``AGENT_PID SOCKET_FD``."""
+    if len(argv) != 2 or not all(a.isdigit() for a in argv):
+        print("usage: python -m slurmkit.launch.forkserver AGENT_PID SOCKET_FD", file=sys.stderr)
+        return 2
+    agent_pid, fd = int(argv[0]), int(argv[1])
+    arm(agent_pid)
+    from slurmkit.train.signals import StopRequest
+
+    # As a standby: a time-limit warning or SIGTERM sent to every process of the step is kept
+    # (the agent decides what the allocation does), not the end of the server.
+    stop = StopRequest().install()
+    standby._set_name(SERVER_NAME)
+    sock = socket.socket(fileno=fd)
+    import slurmkit.train.__main__ as trainer
+
+    for name in standby.LATE_IMPORTS:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - optional: the rank imports it itself if it needs it
+            pass
+    why = why_not_fork()
+    _send(sock, {"v": PROTOCOL, "ready": True, "why_not": why or ""})
+    if why:
+        return 0
+    while True:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(sock, MAX_DATAGRAM, 1)
+        except OSError:
+            return 0
+        if not data:
+            return 0  # the agent closed its end, or is gone
+        if len(fds) != 1:
+            for extra in fds:
+                os.close(extra)
+            _send(sock, {"error": f"a fork request with {len(fds)} descriptors, not 1"})
+            continue
+        try:
+            request = _parse(data)
+            why = why_not_fork()
+            if why:
+                raise OSError(why)
+            pid = _fork_rank(request, fds[0], sock, agent_pid, stop, trainer)
+        except (ValueError, OSError) as exc:
+            _send(sock, {"error": str(exc)[:500]})
+        else:
+            _send(sock, {"pid": pid})
+        finally:
+            os.close(fds[0])
+
+
+if __name__ == "__main__":
+    from slurmkit.procexit import leave
+
+    leave(serve(sys.argv[1:]))
