@@ -3,10 +3,11 @@
 A 2-node x 2-rank job (+exp=tiny) with conf/store/tiered.yaml: NVMe every save, the shared
 tier every 4th save, so most saves live on NVMe only. Each fault lands right after such a
 save committed; the run must resume from exactly that save (not from the older one on the
-shared tier) and end bit for bit equal to the uninterrupted run:
+shared tier) and end bit for bit equal to the uninterrupted run. One job takes two faults in
+turn (issue 35: one multi-fault job where two tests each paid a job):
   * one rank SIGKILLed: its node's NVMe holds everything it reads (buddy copies, .metadata);
-  * one node lost with its NVMe (``tools/local-cluster kill-node``), a spare takes its slot
-    and fetches the lost node's files from the buddy copy on the surviving node;
+  * then one node lost with its NVMe (``tools/local-cluster kill-node``), a spare takes its
+    slot and fetches the lost node's files from the buddy copy on the surviving node;
   * the time-limit warning: the stop checkpoint reaches the shared tier before exit 95, and
     the requeued job resumes from it.
 """
@@ -27,7 +28,7 @@ from tests.integration.faults import (
 from tests.integration.helpers import slurm_env
 
 pytestmark = pytest.mark.integration
-STEPS, INTERVAL, EVERY = 28, 4, 4  # saves at 4, 8, ..., 28; the shared tier gets step 16
+STEPS, INTERVAL, EVERY = 36, 4, 4  # saves at 4, 8, ..., 36; the shared tier gets steps 16 and 32
 STORE = ["store=tiered", "store.nvme_uri=$SLURMKIT_RUN_DIR/ckpt/nvme",
          "store.lustre_uri=$SLURMKIT_RUN_DIR/ckpt/shared", "store.object_uri=",
          f"store.lustre_every_saves={EVERY}", "store.stagger_s=0"]
@@ -61,67 +62,83 @@ def wait_saved(run_dir: str, step: int, timeout_s: float = 300) -> None:
     raise AssertionError(f"step {step} was never saved in {run_dir}")
 
 
-def newest_saved_before_failure(run_dir: str, timeout_s: float = 300) -> int:
-    """The newest commit rank 0 recorded before the supervisor saw the failure."""
+def restored_after(run_dir: str, failure: dict, timeout_s: float = 300) -> dict:
+    """Rank 0's first ``ckpt_restored`` after ``failure`` (the next generation's restore)."""
     deadline = time.monotonic() + timeout_s
-    while not events(run_dir, "failure"):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no failure recorded in {run_dir}")
+    while True:
+        got = [e for e in events(run_dir, "ckpt_restored") if e["t"] > failure["t"] and e.get("rank", 0) == 0]
+        if got:
+            return got[0]
+        assert time.monotonic() < deadline, f"no restore after {failure}\n{_story(run_dir)}"
         time.sleep(0.1)
-    failure_t = events(run_dir, "failure")[0]["t"]
-    return max(e["step"] for e in events(run_dir, "ckpt_saved") if e["t"] < failure_t)
 
 
-def assert_resumed_bit_exact(run_dir: str, job: str, env, reference: str, step: int) -> dict:
-    state = finish(job, env, run_dir=run_dir)
-    log = os.path.join(run_dir, "logs", "rank0.log")
-    assert state == "COMPLETED", (state, open(log).read()[-3000:] if os.path.exists(log) else "")
-    assert final(run_dir)["param_sha256"] == reference, "resumed run diverged"
-    restored = events(run_dir, "ckpt_restored")
-    assert restored and restored[0]["step"] == step, (restored, step)
-    return restored[0]
+def saved_before(run_dir: str, failure: dict) -> int:
+    """The newest commit rank 0 recorded before the supervisor saw ``failure``."""
+    return max(e["step"] for e in events(run_dir, "ckpt_saved") if e["t"] < failure["t"])
 
 
-def test_a_rank_killed_after_an_nvme_only_save_resumes_from_it(env, reference, tmp_path) -> None:
-    job, run_dir = submit([*COMMON, DELAY, "job.name=rp-kill"], env, str(tmp_path))
-    wait_saved(run_dir, NVME_ONLY)
+def wait_failures(run_dir: str, n: int, timeout_s: float = 300) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    while len(events(run_dir, "failure")) < n:
+        assert time.monotonic() < deadline, f"fewer than {n} failures recorded\n{_story(run_dir)}"
+        time.sleep(0.1)
+    return events(run_dir, "failure")
+
+
+def assert_nvme_only(run_dir: str, step: int, restored: dict) -> None:
+    """``step`` never reached the shared tier, and the restore read nothing from it."""
+    assert step % (INTERVAL * EVERY), step
     shared = os.path.join(run_dir, "ckpt", "shared")
-    mark_fault(run_dir, "sigkill", rank=3, step=NVME_ONLY)
-    os.kill(rank_pid(run_dir, 3), signal.SIGKILL)
-    step = newest_saved_before_failure(run_dir)
-    assert step >= NVME_ONLY and step % (INTERVAL * EVERY), step  # never on the shared tier
-    assert not os.path.exists(os.path.join(shared, f"step_{step:010d}", "manifest.json"))
-    restored = assert_resumed_bit_exact(run_dir, job, env, reference, step)
+    assert not os.path.exists(os.path.join(shared, f"step_{step:010d}", "manifest.json")), step
+    assert restored["step"] == step, (restored, step)
     assert restored["tier"] == "nvme" and not restored["bytes_by_tier"].get("lustre"), restored
 
 
-def test_a_node_lost_after_an_nvme_only_save_is_restored_on_a_spare_from_the_buddy(
-        env, reference, tmp_path) -> None:
-    job, run_dir = submit([*COMMON, DELAY, "job.name=rp-spare", "supervisor.spare_nodes=1"],
+def test_a_rank_killed_then_a_node_lost_each_resume_from_an_nvme_only_save(env, reference, tmp_path) -> None:
+    """One job, one allocation, a spare: a rank SIGKILLed after the NVMe-only save of step 20
+    restarts in the allocation from it (its node's NVMe holds everything it reads); then the
+    node of train slot 1 is lost with its NVMe after a later NVMe-only save, and the spare in
+    its slot fetches that save's files from the buddy copy on the surviving node. The run ends
+    bit for bit equal to the uninterrupted one."""
+    job, run_dir = submit([*COMMON, DELAY, "job.name=rp-faults", "supervisor.spare_nodes=1"],
                           env, str(tmp_path))
     wait_saved(run_dir, NVME_ONLY)
+    mark_fault(run_dir, "sigkill", rank=3, step=NVME_ONLY)
+    os.kill(rank_pid(run_dir, 3), signal.SIGKILL)
+    kill = wait_failures(run_dir, 1)[0]
+    assert (kill["cls"], kill["rank"]) == ("rank_crash", 3), kill
+    first = restored_after(run_dir, kill)
+    assert_nvme_only(run_dir, saved_before(run_dir, kill), first)
+
+    # the next NVMe-only save after the restart, then the loss of slot 1's node
     (start,) = events(run_dir, "allocation_start")
     lost = str(start["train_nodes"][1])
     nvme = os.path.join(run_dir, "ckpt", "nvme", lost)
+    later = next(s for s in range(first["step"] + INTERVAL, STEPS, INTERVAL) if s % (INTERVAL * EVERY))
+    wait_saved(run_dir, later)
     assert os.path.isdir(nvme)
-    mark_fault(run_dir, "node_loss", node=lost, step=NVME_ONLY)
+    mark_fault(run_dir, "node_loss", node=lost, step=later)
     try:
         kill_node(env, lost)
         assert not os.path.exists(nvme), "kill-node left the lost node's NVMe directory"
-        restored = assert_resumed_bit_exact(run_dir, job, env, reference,
-                                            newest_saved_before_failure(run_dir))
+        state = finish(job, env, run_dir=run_dir)
     finally:
         restore_node(env, lost)
-    step = restored["step"]
-    assert step % (INTERVAL * EVERY), step  # an NVMe-only save
-    failures = events(run_dir, "failure")
-    assert failures[0]["cls"] == "node_loss" and failures[0]["node"] == lost, failures
-    assert events(run_dir, "decision")[0]["action"] == "replace_node"
+    log = os.path.join(run_dir, "logs", "rank0.log")
+    assert state == "COMPLETED", (state, open(log).read()[-3000:] if os.path.exists(log) else "")
+    assert final(run_dir)["param_sha256"] == reference, "resumed run diverged"
+    kill, loss = events(run_dir, "failure")
+    assert (loss["cls"], loss["node"]) == ("node_loss", lost), loss
+    second = restored_after(run_dir, loss)
+    step = saved_before(run_dir, loss)
+    assert step >= later, (step, later)
+    assert_nvme_only(run_dir, step, second)
+    assert [d["action"] for d in events(run_dir, "decision")] == ["restart", "replace_node"]
     assert not events(run_dir, "requeue"), "a spare was there: the job continues in its allocation"
     started = events(run_dir, "ranks_started")
-    assert lost not in {e["node"] for e in started if e["generation"] >= 1}, started
-    spare = [e["node"] for e in events(run_dir, "ranks_started") if e["generation"] == 1
-             and 2 in e["ranks"]]
+    assert lost not in {e["node"] for e in started if e["t"] > loss["t"]}, started
+    spare = [e["node"] for e in started if e["t"] > loss["t"] and 2 in e["ranks"]]
     assert spare and spare[0] != lost, spare
     # ranks 2 and 3 (the lost node's slot) fetched its files from the surviving node (ranks 0-1)
     (fetched,) = [e for e in events(run_dir, "ckpt_fetched") if e["step"] == step]
@@ -129,7 +146,6 @@ def test_a_node_lost_after_an_nvme_only_save_is_restored_on_a_spare_from_the_bud
     for r in ("2", "3"):
         got = fetched["ranks"][r]
         assert got["files"] > 0 and set(got["from"]) <= {0, 1} and not got["problem"], got
-    assert restored["tier"] == "nvme" and not restored["bytes_by_tier"].get("lustre"), restored
 
 
 def _story(run_dir: str) -> str:

@@ -33,7 +33,9 @@ MAX_DETECT_STEPS = 35
 # A checkpoint every CKPT steps: the throttled node (about a second a step) runs at most CKPT
 # more steps after it is named before it is moved out.
 CKPT = 10
-CONFIG = ["+exp=tiny", f"train.steps={STEPS}", f"train.ckpt_interval_steps={CKPT}", "train.micro_batch=1",
+# The 0.1 M-parameter model (conf/model/micro.yaml): the throttle, not the model, makes the node
+# slow; tiny's 5 M parameters spent ~0.3 s of CPU a step per rank, two jobs of four ranks each.
+CONFIG = ["+exp=tiny", "model=micro", f"train.steps={STEPS}", f"train.ckpt_interval_steps={CKPT}", "train.micro_batch=1",
           "train.seq_len=32", "+job.env.SLURMKIT_STEP_DELAY_S=0.1", "supervisor.heartbeat_timeout_s=30",
           "supervisor.poll_interval_s=0.2", f"health.straggler_window_samples={WINDOW}",
           f"health.straggler_windows={K}",
