@@ -171,3 +171,24 @@ def proctrack(env: Mapping[str, str]) -> str:
         if line.startswith("ProctrackType"):
             return line.split("=", 1)[1].strip().removeprefix("proctrack/")
     return "unknown"
+
+
+#: What the store tests' rank processes import: loaded once by the forkserver below.
+WORKER_MODULES = ["torch", "torch.distributed", "torch.distributed.checkpoint", "torch._dynamo",
+                  "slurmkit.store", "tests.integration.store_workers", "tests.integration.buddy_workers",
+                  "tests.integration.promotion_workers", "tests.integration.store_hostile_workers"]
+
+
+def start_workers(fn, args: tuple, nprocs: int) -> None:
+    """``nprocs`` real rank processes running ``fn(rank, *args)`` (torch.distributed over gloo),
+    joined; a worker's exception fails the caller with its traceback. They are forked from one
+    forkserver per pytest process that imported torch, DCP and the workers' modules once: a
+    spawned worker paid 5-7 s of CPU importing them, each, about forty times a CI run. Each
+    worker is still a process of its own (its own gloo group, its own file descriptors); it
+    inherits the forkserver's environment, so what a worker needs is passed in ``args``."""
+    import multiprocessing
+
+    import torch.multiprocessing as mp
+
+    multiprocessing.set_forkserver_preload(WORKER_MODULES)  # before the forkserver's first start
+    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")

@@ -13,9 +13,9 @@ import shutil
 from typing import Any
 
 import pytest
-import torch.multiprocessing as mp
 
 from testkit.s3server import free_port
+from tests.integration.helpers import start_workers
 from tests.integration.buddy_workers import restore_main, save_main, stop_save_main
 
 pytestmark = pytest.mark.integration
@@ -29,14 +29,12 @@ def _read(path: str) -> dict[str, Any]:
 
 def _save(tmp: str) -> str:
     root = os.path.join(tmp, "ck")
-    mp.start_processes(save_main, args=(WORLD, root, free_port(), tmp, STEPS), nprocs=WORLD,
-                       join=True, start_method="spawn")
+    start_workers(save_main, (WORLD, root, free_port(), tmp, STEPS), WORLD)
     return root
 
 
 def _restore(tmp: str, root: str, nodes: list[str]) -> list[dict[str, Any]]:
-    mp.start_processes(restore_main, args=(WORLD, root, free_port(), tmp, nodes),
-                       nprocs=WORLD, join=True, start_method="spawn")
+    start_workers(restore_main, (WORLD, root, free_port(), tmp, nodes), WORLD)
     return [_read(os.path.join(tmp, f"restore{r}.json")) for r in range(WORLD)]
 
 
@@ -82,8 +80,7 @@ def test_without_a_buddy_copy_on_any_live_node_the_restore_falls_back(tmp_path: 
 def test_a_stop_save_reaches_the_shared_tier_and_every_rank_is_told(tmp_path: Any) -> None:
     tmp = str(tmp_path)
     root = os.path.join(tmp, "ck")
-    mp.start_processes(stop_save_main, args=(WORLD, root, free_port(), tmp), nprocs=WORLD,
-                       join=True, start_method="spawn")
+    start_workers(stop_save_main, (WORLD, root, free_port(), tmp), WORLD)
     assert all(_read(os.path.join(tmp, f"stop{r}.json"))["wait_shared"] for r in range(WORLD))
     assert os.path.exists(os.path.join(root, "lustre", "step_0000000002", "manifest.json"))
     assert not os.path.exists(os.path.join(root, "lustre", "step_0000000001"))

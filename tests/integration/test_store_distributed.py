@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from slurmkit.store import CheckpointStore, StoreConfig
 from testkit.s3server import S3Server, free_port
+from tests.integration.helpers import start_workers
 from tests.integration.store_workers import (
     object_restore_main,
     rank_main,
@@ -23,8 +23,7 @@ pytestmark = pytest.mark.integration
 
 def test_two_ranks_save_restore_then_reshard_to_one(tmp_path: str) -> None:
     root, out = str(tmp_path / "ck"), str(tmp_path)
-    mp.start_processes(rank_main, args=(2, root, free_port(), out), nprocs=2, join=True,
-                       start_method="spawn")
+    start_workers(rank_main, (2, root, free_port(), out), 2)
     for r in (0, 1):
         with open(os.path.join(out, f"rank{r}.json")) as f:
             res = json.load(f)
@@ -56,8 +55,7 @@ def test_two_ranks_save_restore_then_reshard_to_one(tmp_path: str) -> None:
 
 def run_shared_nodes(tmp_path: Any, saves: int, fail_commit: str = "") -> list[dict[str, Any]]:
     root, out = str(tmp_path / "ck"), str(tmp_path)
-    mp.start_processes(shared_node_main, args=(4, root, free_port(), out, saves, fail_commit),
-                       nprocs=4, join=True, start_method="spawn")
+    start_workers(shared_node_main, (4, root, free_port(), out, saves, fail_commit), 4)
     results = []
     for r in range(4):
         with open(os.path.join(out, f"rank{r}.json")) as f:
@@ -112,9 +110,7 @@ def test_restore_from_s3_fetches_only_this_ranks_files(tmp_path: Any, s3_server:
 
     root, out = str(tmp_path / "ck"), str(tmp_path)
     uri = f"s3://{s3_server.bucket}/restore-{uuid.uuid4().hex[:8]}"
-    mp.start_processes(object_restore_main,
-                       args=(2, root, free_port(), out, uri, s3_server.env()),
-                       nprocs=2, join=True, start_method="spawn")
+    start_workers(object_restore_main, (2, root, free_port(), out, uri, s3_server.env()), 2)
     for r in (0, 1):
         with open(os.path.join(out, f"rank{r}.json")) as f:
             res = json.load(f)

@@ -14,10 +14,10 @@ import os
 from typing import Any
 
 import pytest
-import torch.multiprocessing as mp
 
 from slurmkit.ledger.ledger import read_ledger
 from testkit.s3server import free_port
+from tests.integration.helpers import start_workers
 from tests.integration.store_hostile_workers import hostile_main
 
 pytestmark = pytest.mark.integration
@@ -26,8 +26,7 @@ pytestmark = pytest.mark.integration
 def test_two_ranks_refuse_crafted_steps_skip_one_that_fails_to_load_and_restore_the_good_one(
         tmp_path: Any) -> None:
     root, out = str(tmp_path / "ck"), str(tmp_path)
-    mp.start_processes(hostile_main, args=(2, root, free_port(), out), nprocs=2, join=True,
-                       start_method="spawn")
+    start_workers(hostile_main, (2, root, free_port(), out), 2)
     assert not os.path.exists(os.path.join(root, "pwned"))  # the pickle never ran
     for r in (0, 1):
         with open(os.path.join(out, f"rank{r}.json")) as f:

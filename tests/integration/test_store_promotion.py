@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from slurmkit.store import CheckpointStore, StoreConfig
 from slurmkit.store.catalog import check_step, list_steps, read_latest
 from slurmkit.store.manifest import step_dir
 from slurmkit.store.tier import make_tier
 from testkit.s3server import S3Server, free_port
+from tests.integration.helpers import start_workers
 from tests.integration.promotion_workers import incarnation_main
 from tests.integration.store_workers import model_state
 
@@ -92,10 +92,8 @@ def _incarnation(tmp_path: Any, name: str, nodes: list[str], first: int, saves: 
                  uri: str, env: dict[str, str], killed_pending: bool) -> list[dict[str, Any]]:
     out = tmp_path / name
     out.mkdir()
-    mp.start_processes(incarnation_main,
-                       args=(4, str(tmp_path / "ck"), free_port(), str(out), nodes, first,
-                             saves, uri, env, killed_pending),
-                       nprocs=4, join=True, start_method="spawn")
+    start_workers(incarnation_main, (4, str(tmp_path / "ck"), free_port(), str(out), nodes, first,
+                                     saves, uri, env, killed_pending), 4)
     results = []
     for r in range(4):
         with open(out / f"rank{r}.json") as f:
