@@ -282,7 +282,10 @@ def run_world(world: int, saves: int, work: str, repo: str, timeout_s: float,
     root = tempfile.mkdtemp(prefix=f"n{world}-", dir=work)
     out = os.path.join(root, "out")
     os.makedirs(out)
-    ctx = mp.get_context("spawn")
+    # Forked from one server that imported torch and DCP once (not slurmkit: --compare runs
+    # another checkout's): the per-save figures are what is measured, not each rank's import.
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch.distributed.checkpoint", "torch._dynamo"])
     barrier = ctx.Barrier(world, timeout=timeout_s)
     port = free_port()
     procs = [ctx.Process(target=worker, args=(r, world, port, root, saves, repo, barrier, out, per_node))
