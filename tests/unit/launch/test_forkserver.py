@@ -92,7 +92,6 @@ def test_a_forked_rank_and_the_server_die_with_their_agent(tmp_path) -> None:
 
 
 def test_the_server_does_not_fork_beside_a_python_thread() -> None:
-    assert forkserver.why_not_fork() is None or "CUDA" in str(forkserver.why_not_fork())
     stop = threading.Event()
     t = threading.Thread(target=stop.wait, name="busy-thread", daemon=True)
     t.start()
