@@ -43,7 +43,6 @@ import importlib
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -258,15 +257,7 @@ class ForkServer:
     def stop(self) -> None:
         """End the server (its own session) and reap it; the ranks it forked are not its own."""
         self.sock.close()
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # unkillable (D state): the kernel reaps it later
-            log.warning("fork server (pid %d) did not end", self.proc.pid)
+        standby.end_session(self.proc, "fork server")
 
 
 # ---------------------------------------------------------------------- the server's side

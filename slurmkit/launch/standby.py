@@ -98,18 +98,24 @@ class Standby:
 
     def discard(self) -> None:
         """End it (its own session: any child goes too) and reap it."""
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # unkillable (D state): the kernel reaps it later
-            log.warning("standby of local rank %d (pid %d) did not end", self.local_rank, self.pid)
+        end_session(self.proc, f"standby of local rank {self.local_rank}")
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None:
                 stream.close()
+
+
+def end_session(proc: subprocess.Popen[bytes], what: str) -> None:
+    """SIGKILL ``proc``'s session (a process started with ``start_new_session``: its children
+    go too) and reap it; ``what`` names it if it does not end."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # unkillable (D state): the kernel reaps it later
+        log.warning("%s (pid %d) did not end", what, proc.pid)
 
 
 def spawn(prefix: Sequence[str], env: Mapping[str, str], *, local_rank: int, cwd: str | None,

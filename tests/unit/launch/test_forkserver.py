@@ -71,7 +71,8 @@ def test_ranks_forked_from_one_server_are_the_agents_children(tmp_path) -> None:
         agent.stdin.flush()
         assert agent.stdout is not None
         assert json.loads(agent.stdout.readline()) == {"killed_code": -9}
-        assert json.loads(agent.stdout.readline()) == {"server_code": -9}
+        # stop() closes the socket first: the server leaves by itself (0) or is killed (-9)
+        assert json.loads(agent.stdout.readline())["server_code"] in (0, -9)
         assert agent.wait(timeout=60) == 0
     finally:
         agent.kill()
