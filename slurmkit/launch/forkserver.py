@@ -84,8 +84,7 @@ def may_differ(name: str) -> bool:
 def mismatch(started: Mapping[str, str], wanted: Mapping[str, str]) -> list[str]:
     """Names that may not differ but do: a rank that needs ``wanted`` cannot be forked from a
     server started with ``started``."""
-    names = set(started) | set(wanted)
-    return sorted(n for n in names if not may_differ(n) and started.get(n) != wanted.get(n))
+    return standby.mismatch(started, wanted, may_differ)
 
 
 # ---------------------------------------------------------------------- the agent's side

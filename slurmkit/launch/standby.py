@@ -34,7 +34,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from slurmkit.failures.programs import REFERENCE_TRAINER, reference_trainer_args
@@ -70,11 +70,12 @@ def trainer_args(argv: Sequence[str]) -> list[str] | None:
     return reference_trainer_args(argv) if list(argv[:1]) == [sys.executable] else None
 
 
-def mismatch(started: Mapping[str, str], wanted: Mapping[str, str]) -> list[str]:
-    """Names outside a rank's identity whose value differs (sorted): a standby started with
-    ``started`` cannot become a rank that needs ``wanted``."""
+def mismatch(started: Mapping[str, str], wanted: Mapping[str, str],
+             may_differ: Callable[[str], bool] = identity_name) -> list[str]:
+    """Names that may not differ (outside a rank's identity, by default) but do, sorted: a
+    standby started with ``started`` cannot become a rank that needs ``wanted``."""
     names = set(started) | set(wanted)
-    return sorted(n for n in names if not identity_name(n) and started.get(n) != wanted.get(n))
+    return sorted(n for n in names if not may_differ(n) and started.get(n) != wanted.get(n))
 
 
 def message(started: Mapping[str, str], wanted: Mapping[str, str], args: Sequence[str]) -> bytes:
