@@ -37,7 +37,8 @@ def test_a_cache_of_another_user_is_refused(tmp_path: Path) -> None:
         sb.check_cache_dir(str(cache), euid=euid)
 
 
-def _fake_install(cache: Path, version: str, sha: str, missing: str = "") -> str:
+def _fake_install(cache: Path, version: str, sha: str, missing: str = "",
+                  configure: tuple[str, ...] = sb.CONFIGURE) -> str:
     prefix = Path(sb.prefix_for(str(cache), version))
     for sub, names in (("sbin", sb.DAEMONS), ("bin", sb.COMMANDS)):
         (prefix / sub).mkdir(parents=True, exist_ok=True)
@@ -45,7 +46,7 @@ def _fake_install(cache: Path, version: str, sha: str, missing: str = "") -> str
             if n != missing:
                 (prefix / sub / n).write_text("#!/bin/sh\n")
                 os.chmod(prefix / sub / n, 0o755)
-    (prefix / sb.MARKER).write_text(json.dumps({"sha256": sha}))
+    (prefix / sb.MARKER).write_text(json.dumps({"sha256": sha, "configure": list(configure)}))
     return str(prefix)
 
 
@@ -57,6 +58,9 @@ def test_only_a_finished_build_of_the_pinned_source_is_used(tmp_path: Path) -> N
     half = tmp_path / "half"
     _fake_install(half, "24.11", good, missing="slurmd")
     assert sb.installed(str(half), "24.11") is None  # half installed
+    other = tmp_path / "other"
+    _fake_install(other, "24.11", good, configure=("--enable-multiple-slurmd",))
+    assert sb.installed(str(other), "24.11") is None  # configured otherwise: rebuilt
     _fake_install(tmp_path, "24.11", good)
     assert sb.installed(str(tmp_path), "24.11") == prefix
 
