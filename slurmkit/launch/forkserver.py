@@ -43,6 +43,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -88,11 +89,12 @@ def mismatch(started: Mapping[str, str], wanted: Mapping[str, str]) -> list[str]
 
 
 # ---------------------------------------------------------------------- the agent's side
-def set_subreaper() -> bool:
-    """Make this process the reaper of its orphaned descendants (Linux 3.4+); False if not."""
+def set_subreaper(on: bool = True) -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux 3.4+), or no longer
+    (``on=False``: those orphaned later go to init again); False if it cannot."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
 
@@ -120,6 +122,17 @@ class ForkedProc:
                     if got == self.pid:
                         self.returncode = os.waitstatus_to_exitcode(status)
             return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        """As Popen's: only while its exit status is unread (its pid is not reused before)."""
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -149,11 +162,12 @@ class ForkServer:
         self._ready = False
 
     @classmethod
-    def start(cls, env: Mapping[str, str], *, cwd: str | None, parent: int) -> ForkServer:
+    def start(cls, env: Mapping[str, str], *, cwd: str | None, parent: int, subreaper: bool = True) -> ForkServer:
         """Start the server with ``env`` (local rank 0's environment for the first generation),
-        tied to ``parent`` (this process), after making this process a subreaper. OSError if
-        it cannot be started."""
-        if not set_subreaper():
+        tied to ``parent`` (this process), after making this process a subreaper (unless
+        ``subreaper=False``: the caller makes itself one around each fork). OSError if it
+        cannot be started."""
+        if subreaper and not set_subreaper():
             raise OSError("prctl(PR_SET_CHILD_SUBREAPER) failed: forked ranks would not be this agent's children")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
@@ -217,9 +231,10 @@ class ForkServer:
         return self._why_not
 
     def fork(self, env: Mapping[str, str], args: Sequence[str], *, plan_json: str | None, verify: str,
-             timeout_s: float) -> ForkedProc:
+             timeout_s: float, output: int | None = None) -> ForkedProc:
         """Fork the rank that needs ``env`` and runs the trainer with ``args``; its standard
-        output and error go to a new pipe whose read end is the ForkedProc's ``stdout``."""
+        output and error go to a new pipe whose read end is the ForkedProc's ``stdout``, or to
+        the descriptor ``output`` (the caller's: it stays open) with no ``stdout``."""
         names = mismatch(self.env, env)
         if names:
             raise ForkServerError(f"its environment differs in {', '.join(names[:5])}")
@@ -229,29 +244,35 @@ class ForkServer:
         data = json.dumps(message, separators=(",", ":")).encode()
         if len(data) > MAX_DATAGRAM:
             raise ForkServerError("the environment to hand over is too large")
-        read_end, write_end = os.pipe()
+        read_end, write_end = os.pipe() if output is None else (-1, output)
+
+        def close_read_end() -> None:
+            if read_end >= 0:
+                os.close(read_end)
+
         try:
             try:
                 socket.send_fds(self.sock, [data], [write_end])
             except OSError as exc:
                 raise ForkServerError(f"the fork server (pid {self.pid}) is unreachable: {exc}") from None
         except BaseException:
-            os.close(read_end)
+            close_read_end()
             raise
         finally:
-            os.close(write_end)
+            if output is None:
+                os.close(write_end)
         try:
             got = self._receive(timeout_s)
         except BaseException as exc:
-            os.close(read_end)
+            close_read_end()
             # an answer that comes later would be read as the next request's: no next request
             self._why_not = f"the fork request was not answered: {exc}"
             raise
         pid = got.get("pid")
         if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
-            os.close(read_end)
+            close_read_end()
             raise ForkServerError(f"the fork server did not fork: {got.get('error') or got!r}")
-        return ForkedProc(pid, os.fdopen(read_end, "rb"))
+        return ForkedProc(pid, None if read_end < 0 else os.fdopen(read_end, "rb"))
 
     def stop(self) -> None:
         """End the server (its own session) and reap it; the ranks it forked are not its own."""

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from slurmkit.ledger.ledger import read_ledger
-from slurmkit.train.local import LocalRun, spawn_ranks, write_config
+from slurmkit.launch.localranks import LocalRun, spawn_ranks, write_config
 
 pytestmark = pytest.mark.integration
 

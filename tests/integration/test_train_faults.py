@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from slurmkit.train.heartbeat import local_heartbeat_path, read_heartbeat
-from slurmkit.train.local import LocalRun, spawn_ranks, write_config
+from slurmkit.launch.localranks import LocalRun, spawn_ranks, write_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.realtime]
 

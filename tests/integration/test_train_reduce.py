@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from slurmkit.train.local import free_port
+from slurmkit.launch.localranks import free_port
 from slurmkit.train.reduce import rank_order_hook, rank_order_mean
 
 pytestmark = pytest.mark.integration

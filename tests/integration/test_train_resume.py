@@ -18,7 +18,7 @@ import pytest
 
 from slurmkit.ledger.ledger import read_ledger
 from slurmkit.train.heartbeat import local_heartbeat_path, read_heartbeat
-from slurmkit.train.local import spawn_ranks, write_config
+from slurmkit.launch.localranks import spawn_ranks, write_config
 from slurmkit.train.signals import EXIT_CHECKPOINTED_ON_SIGNAL
 
 pytestmark = pytest.mark.integration

@@ -30,7 +30,7 @@ from slurmkit.failures.stacks import StackPlace, read_stack
 from slurmkit.train.faults import DATA_STALL_LINE
 from slurmkit.train.signals import STACK_SIGNAL
 from slurmkit.cli.submit import freeze
-from slurmkit.train.local import free_port
+from slurmkit.launch.localranks import free_port
 
 # A hang is called after heartbeat_timeout_s (2-6 s) of wall clock: a rank starved of CPU on a
 # loaded machine looks hung too, so CI runs these beside the cluster tests, not at nice 10.

@@ -22,7 +22,7 @@ from slurmkit.launch.agent import NodeAgent
 from slurmkit.launch.context import NodeContext
 from slurmkit.ledger.ledger import Ledger
 from slurmkit.failures.classes import FailureClass
-from slurmkit.train.local import free_port, write_config
+from slurmkit.launch.localranks import free_port, write_config
 
 # sitecustomize for the rank: `import torch` first writes IMPORTING and then waits for GO, so the
 # test signals the rank while torch is being imported, on every run (no race with a fast import).

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from slurmkit.errors import ConfigError
 from slurmkit.train.__main__ import resolve_strategy, section
 from slurmkit.train.config import ModelConfig, ParallelConfig, TrainConfig
-from slurmkit.train.local import free_port, write_config
+from slurmkit.launch.localranks import free_port, write_config
 
 
 def test_section_types_and_rejects_unknown_keys() -> None:
