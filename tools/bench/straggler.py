@@ -10,7 +10,7 @@ run, and what the step-time reporting costs a training step.
    ``--slowdown`` times as long from step ``--onset`` on (detect_steps: the step it is named
    at minus the onset).
 2. Overhead, with real ranks: ``--real-ranks`` ranks of the real trainer (``python -m
-   slurmkit.train`` through slurmkit.train.local, tiny model, gloo on CPU) give the real step
+   slurmkit.train`` through slurmkit.launch.localranks, tiny model, gloo on CPU) give the real step
    time; this process reads their node-local heartbeats as the agent does and times the agent's
    part (StepTimes.observe/take) per step. The trainer's added part is timed in place: a real
    Heartbeat beat with sections against one without (the same node-local directory), plus
@@ -97,7 +97,7 @@ def agent_reader(run_dir: str, ranks: int, stop: threading.Event, window: int,
 
 def real_step_time(tmp: str, args: argparse.Namespace) -> tuple[float, float, int]:
     """(median step time of the real ranks, agent seconds spent, windows made)."""
-    from slurmkit.train.local import spawn_ranks, write_config
+    from slurmkit.launch.localranks import spawn_ranks, write_config
 
     run_dir = os.path.join(tmp, "real")
     path = write_config(os.path.join(tmp, "real.yaml"), train_sections(args.real_steps, 0, False))

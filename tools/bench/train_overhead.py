@@ -1,6 +1,6 @@
 """Throughput cost of checkpointing: the tiny trainer with and without checkpoints, side by side.
 
-Runs the real trainer (``python -m slurmkit.train`` ranks through ``slurmkit.train.local``)
+Runs the real trainer (``python -m slurmkit.train`` ranks through ``slurmkit.launch.localranks``)
 with the real store on a local temp directory (the default store layout: an "nvme" tier and
 a "shared" tier under the run directory), alternating the two variants in ABBA order so
 drift on a shared machine cancels. Throughput = tokens / sum of step times after warm-up
@@ -23,7 +23,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from slurmkit.train.local import spawn_ranks, write_config
+from slurmkit.launch.localranks import spawn_ranks, write_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WARMUP_STEPS = 10  # excluded: allocator and thread-pool warm-up
