@@ -8,6 +8,9 @@ The verbs that watch runs (status, runs, logs, cancel, submit.wait) read the sam
   only its first line and its last block (:func:`ledger_edges`).
 - ``metrics.jsonl`` (rank 0 of the reference trainer, one line per step): step, loss, tokens/s,
   MFU. Only its last complete line matters, read from the file's end (:func:`last_json_line`).
+  Any other program's figures and total steps (slurmkit.userapi.report_metrics,
+  set_total_steps) come from node 0's heartbeat samples in the ledger; without them they are
+  unknown (never the reference trainer's ``train.steps``).
 - rank 0's heartbeat, when there are no metrics: it is node-local (slurmkit.train.heartbeat),
   so it is read only where the viewer runs on rank 0's node (a laptop run, or on node 0);
   elsewhere the ledger's ``heartbeat`` samples carry the step.
@@ -39,7 +42,8 @@ from slurmkit.ledger.names import (ALLOCATION_START, CANCEL_REQUESTED, CHECKPOIN
                                    TRAIN_STOPPED)
 from slurmkit.ledger.summary import RunReport, summarize
 from slurmkit.runfiles import CONFIG_NAME, METRICS_NAME, SWEEP_NAME
-from slurmkit.train.heartbeat import LocalDirError, local_heartbeat_path, read_heartbeat
+from slurmkit.failures.programs import is_reference_trainer
+from slurmkit.train.heartbeat import LocalDirError, figures_of, local_heartbeat_path, read_heartbeat
 from slurmkit.untrusted import UntrustedDataError, parse_json, parse_object, read_regular, safe_line
 
 log = logging.getLogger(__name__)
@@ -309,6 +313,33 @@ def _ledger_step(events: Sequence[Mapping[str, Any]]) -> int | None:
     return None
 
 
+def sample_figures(events: Sequence[Mapping[str, Any]]) -> tuple[dict[str, float | None], int | None]:
+    """Rank 0's figures and the run's total steps from the newest heartbeat samples that carry
+    them (a program's slurmkit.userapi.report_metrics and set_total_steps; node 0's samples)."""
+    figures: dict[str, float | None] | None = None
+    total: int | None = None
+    for e in reversed(events):
+        if e.get("event") != HEARTBEAT:
+            continue
+        got, got_total = figures_of(e)
+        if figures is None and got:
+            figures = got
+        if total is None:
+            total = got_total
+        if figures is not None and total is not None:
+            break
+    return figures or {}, total
+
+
+def configured_total(cfg: Mapping[str, Any]) -> int | None:
+    """``train.steps`` when the job runs the reference trainer (or names no command: a config
+    written before commands were frozen); another program's length is its own to tell."""
+    command = _get(cfg, "job.command")
+    if isinstance(command, list) and not is_reference_trainer([str(a) for a in command]):
+        return None
+    return _int(_get(cfg, "train.steps"))
+
+
 def stragglers_of(events: Iterable[Mapping[str, Any]]) -> dict[str, tuple[float, int | None]]:
     """node -> (score, step) from the ledger's ``straggler`` events, the newest per node."""
     out: dict[str, tuple[float, int | None]] = {}
@@ -333,6 +364,7 @@ def build_view(run_dir: str, events: Sequence[Mapping[str, Any]], *, full: bool,
     metrics_step = _int(metrics.get("step")) if metrics else None
     step = max((s for s in (metrics_step, _ledger_step(events), read_heartbeat_step(run_dir))
                 if s is not None), default=None)
+    figures, sampled_total = sample_figures(events)
     report = summarize(events) if full and events else None
     failures = (dict(report.failures_by_class) if report is not None else
                 dict(Counter(str(e.get("cls")) for e in events if e.get("event") == FAILURE)))
@@ -343,10 +375,10 @@ def build_view(run_dir: str, events: Sequence[Mapping[str, Any]], *, full: bool,
         run_dir=run_dir, name=str(name), job_id=job_id, executor=executor, phase=phase, ended=ended,
         nodes=[str(n) for n in nodes] if isinstance(nodes, list) else [],
         generation=_int(started.get("generation")) if started else None,
-        step=step, total_steps=_int(_get(cfg, "train.steps")),
-        loss=_float(metrics.get("loss")) if metrics else None,
-        tokens_per_s=_float(metrics.get("tokens_per_s")) if metrics else None,
-        mfu=_float(metrics.get("mfu")) if metrics else None,
+        step=step, total_steps=sampled_total if sampled_total is not None else configured_total(cfg),
+        loss=_float(metrics.get("loss")) if metrics else figures.get("loss"),
+        tokens_per_s=_float(metrics.get("tokens_per_s")) if metrics else figures.get("tokens_per_s"),
+        mfu=_float(metrics.get("mfu")) if metrics else figures.get("mfu"),
         checkpoints=checkpoints_by_tier(events), failures=failures,
         goodput=report.goodput if report is not None else None, report=report,
         stragglers=stragglers_of(events))
@@ -371,6 +403,7 @@ class RunWatcher:
         self._metrics_size = -1
         self._light: list[dict[str, Any]] = []  # every event but heartbeat samples
         self._beat: dict[str, Any] | None = None  # the newest heartbeat sample
+        self._figured: dict[str, Any] | None = None  # the newest one with rank 0's figures or total
         self._summary_at = float("-inf")
         self._summary_interval_s = summary_interval_s
         self._clock = clock
@@ -383,6 +416,8 @@ class RunWatcher:
         for e in news:
             if e.get("event") == HEARTBEAT:
                 self._beat = e
+                if e.get("metrics") or e.get("total_steps") is not None:
+                    self._figured = e
             else:
                 self._light.append(e)
         try:
@@ -394,7 +429,8 @@ class RunWatcher:
         if not changed:
             return False
         previous = self.view
-        light = self._light + ([self._beat] if self._beat is not None else [])
+        samples = [b for b in (self._figured, self._beat) if b is not None]
+        light = self._light + [b for i, b in enumerate(samples) if b not in samples[:i]]
         view = build_view(self.run_dir, light, full=False, config=self.config)
         due = (previous is None or previous.report is None
                or any(e.get("event") != HEARTBEAT for e in news)

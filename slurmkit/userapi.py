@@ -4,10 +4,15 @@
 
     userapi.report_step(step)                   # after every step, on every rank
     userapi.report_checkpoint(step, path=ckpt)  # after the program's own save completed
+    userapi.report_metrics(step, loss=l, tokens_per_s=t)  # instead of report_step: with figures
+    userapi.set_total_steps(n)                  # once: the run's length, for the bar and status
 
-``report_step`` beats the rank's node-local heartbeat (:mod:`slurmkit.train.heartbeat`): a few
+``report_step`` and ``report_metrics`` beat the rank's node-local heartbeat (:mod:`slurmkit.train.heartbeat`): a few
 system calls on the node's memory, nothing on the shared file system, read by that node's agent
-for hangs and the ledger's heartbeat samples. ``report_checkpoint`` counts on rank 0 only (the
+for hangs and the ledger's heartbeat samples; rank 0's figures (at most
+:data:`MAX_METRICS` numbers, named like Python identifiers) and the total set by
+``set_total_steps`` ride in its beat, and the agent of its node copies them into those samples,
+which ``status``, the ``submit.wait`` bar and the report read. ``report_checkpoint`` counts on rank 0 only (the
 other ranks' calls return False): it replaces one small marker in the run directory,
 :func:`marker_path`, atomically (a temporary file, fsync, rename), once per checkpoint, never
 per step. Node 0's crash-loop rule reads it with the checkpoint tiers' ``latest.json``
@@ -29,6 +34,7 @@ SIGTERM, ``EXIT_CONFIG_ERROR`` (2) after printing ``CONFIG_ERROR_MARKER`` and a 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import threading
@@ -51,10 +57,13 @@ from slurmkit.errors import ActionableError
 from slurmkit.train.heartbeat import Heartbeat
 
 __all__ = ["CONFIG_ERROR_MARKER", "EXIT_CHECKPOINTED_ON_SIGNAL", "EXIT_CONFIG_ERROR", "MARKER_MAX_BYTES",
-           "ReportError", "Reporter", "marker_path", "report_checkpoint", "report_step"]
+           "ReportError", "Reporter", "marker_path", "report_checkpoint", "report_metrics", "report_step",
+           "set_total_steps"]
 
 MAX_PATH_CHARS = 4096  # PATH_MAX: the path is for people reading the ledger, never opened by slurmkit
 USER_TIER = "user"  # the tier name of a program's own checkpoints in the ledger
+MAX_METRICS = 16  # figures per beat: the beat stays one small write on the node's memory
+MAX_METRIC_NAME = 48
 
 
 class ReportError(ActionableError):
@@ -68,6 +77,26 @@ def check_step(step: object, call: str) -> int:
                           "a non-negative integer step (optimizer steps completed)",
                           f"call {call}(int(step)) with the count of completed steps")
     return step
+
+
+def check_metrics(values: Mapping[str, object], call: str) -> dict[str, float | None]:
+    """``values`` as the beat carries them: real numbers (bool is not one) under names that are
+    Python identifiers; a NaN or infinite figure (a diverged loss) is kept as None, unknown."""
+    if len(values) > MAX_METRICS:
+        raise ReportError(f"{call} with {len(values)} figures", f"at most {MAX_METRICS}",
+                          "report the figures people watch (loss, tokens_per_s, mfu, ...)")
+    out: dict[str, float | None] = {}
+    for name, value in values.items():
+        if not name.isidentifier() or len(name) > MAX_METRIC_NAME:
+            raise ReportError(f"{call}: a figure named {name!r:.60}",
+                              f"a Python identifier of at most {MAX_METRIC_NAME} characters",
+                              "pass it as a keyword argument, e.g. loss=...")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ReportError(f"{call}({name}={value!r:.60}): a {type(value).__name__}",
+                              "an int or a float (a tensor's .item())",
+                              f"pass {name}=float(...)")
+        out[name] = float(value) if math.isfinite(value) else None
+    return out
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -112,6 +141,7 @@ class Reporter:
         self._heartbeat: Heartbeat | None = None
         self._no_heartbeat = False
         self._warned: set[str] = set()
+        self._total: int | None = None
 
     def _warn_once(self, what: str, exc: BaseException) -> None:
         if what not in self._warned:  # once per kind: a full disk must not flood the rank's log
@@ -122,6 +152,21 @@ class Reporter:
         """Beat the heartbeat with ``step``; False when there is none (not under slurmkit) or the
         beat could not be written."""
         check_step(step, "report_step")
+        return self._beat(step, None)
+
+    def metrics(self, step: int, values: Mapping[str, object]) -> bool:
+        """Beat with ``step`` and the figures ``values`` of that step; as :meth:`step`."""
+        check_step(step, "report_metrics")
+        return self._beat(step, check_metrics(values, "report_metrics"))
+
+    def total_steps(self, total: int) -> None:
+        """The run's length in steps, carried by every beat from the next one on."""
+        if isinstance(total, bool) or not isinstance(total, int) or total <= 0:
+            raise ReportError(f"set_total_steps({total!r:.60})", "a positive int",
+                              "call set_total_steps(int(n)) with the steps the run trains for")
+        self._total = total
+
+    def _beat(self, step: int, figures: Mapping[str, float | None] | None) -> bool:
         if self._heartbeat is None and not self._no_heartbeat:
             try:
                 self._heartbeat = Heartbeat.from_env(self.env, self.rank)
@@ -131,8 +176,13 @@ class Reporter:
             self._no_heartbeat = self._heartbeat is None  # none configured: not under slurmkit
         if self._heartbeat is None:
             return False
+        extra: dict[str, Any] = {}
+        if figures is not None:
+            extra["metrics"] = dict(figures)
+        if self._total is not None:
+            extra["total_steps"] = self._total
         try:
-            self._heartbeat.beat(step)
+            self._heartbeat.beat(step, **extra)
         except OSError as exc:
             self._warn_once(f"cannot write the heartbeat {self._heartbeat.path}", exc)
             return False
@@ -199,3 +249,16 @@ def report_checkpoint(step: int, path: str | os.PathLike[str] | None = None) -> 
     """After the program's own checkpoint of ``step`` is completely written (rank 0's call
     counts): node 0 counts it as progress. Call it once the save is durable, not before."""
     return default_reporter().checkpoint(step, path)
+
+
+def report_metrics(step: int, **values: float) -> bool:
+    """After a step, on any rank (rank 0's figures are the ones shown): ``step`` steps are
+    complete and these are its figures, e.g. ``report_metrics(step, loss=l, tokens_per_s=t)``.
+    It beats the heartbeat as ``report_step`` does: call one of the two per step."""
+    return default_reporter().metrics(step, values)
+
+
+def set_total_steps(total: int) -> None:
+    """Once, before or during training: the number of steps the run trains for (the bar's end
+    and status's ``step N/total``; unknown until it is called)."""
+    default_reporter().total_steps(total)

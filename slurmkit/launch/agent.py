@@ -56,7 +56,7 @@ from slurmkit.ledger.spool import SpoolReader
 from slurmkit.supervise.stragglers import NodeWindow
 from slurmkit.supervise.timeouts import beat_interval_s, failure_env
 from slurmkit.train import flightrec
-from slurmkit.train.heartbeat import LocalDirError, node_local_dir, private_dir
+from slurmkit.train.heartbeat import LocalDirError, figures_of, node_local_dir, private_dir
 from slurmkit.train.signals import STACK_FILE_ENV
 
 # ProcessGroupNCCL's flight-recorder FIFO is <value><rank>.pipe. torch >= 2.7 reads only the
@@ -431,8 +431,14 @@ class NodeAgent:
         self._watch_kernel_log(gen)
         if self.clock() - self._last_sample >= self.sample_interval_s and beats:
             self._last_sample = self.clock()
+            # rank 0's figures and total (slurmkit.userapi.report_metrics, set_total_steps) ride
+            # in its node's sample: status and the report read them from the ledger
+            figures, total = figures_of(beats[0]) if 0 in beats else ({}, None)
+            extra: dict[str, object] = {"metrics": figures} if figures else {}
+            if total is not None:
+                extra["total_steps"] = total
             self.ledger.append("heartbeat", generation=gen, node=self.ctx.node_name,
-                               steps={str(r): b.get("step") for r, b in beats.items()})
+                               steps={str(r): b.get("step") for r, b in beats.items()}, **extra)
         return self.monitor.triggered
 
     def _watch_kernel_log(self, gen: int) -> None:

@@ -71,9 +71,12 @@ EVENTS: dict[str, EventSpec] = {
     # warm: per rank, whether it started from a warm standby (slurmkit.launch.standby)
     names.RANKS_STARTED: _spec("generation:int", "node:str slot:int ranks:list pids:list "
                                                  "heartbeat_dir:str warm:list"),
-    names.HEARTBEAT: _spec("generation:int node:str steps:dict"),
+    # metrics, total_steps: rank 0's figures and the run's length (slurmkit.userapi), on its node's samples
+    names.HEARTBEAT: _spec("generation:int node:str steps:dict", "metrics:dict total_steps:int"),
+    # line: the failing rank's last word, bounded (slurmkit.failures.classify.telling_line)
     names.FAILURE: _spec("cls:str", "generation:int rank:int node:str evidence:str time_of_fault:num "
-                                    "ranks_affected:list slurm_view:list stack:str in_collective:bool?"),
+                                    "ranks_affected:list slurm_view:list stack:str in_collective:bool? "
+                                    "line:str"),
     # A hung generation's stacks, by the agent of each node with ranks (slurmkit.launch.stackdump):
     # per rank {rank, pid, place, source, where, wait, lines (at most 40)}.
     names.HANG_STACKS: _spec("generation:int node:str ranks:list"),

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import stat
 import tempfile
@@ -181,6 +182,28 @@ class Heartbeat:
             json.dump(record, f)
         os.replace(self._tmp, self.path)
         return record
+
+
+FIGURES_MAX = 16  # figures taken from one beat or sample (slurmkit.userapi.MAX_METRICS)
+
+
+def figures_of(record: Mapping[str, Any]) -> tuple[dict[str, float | None], int | None]:
+    """The figures (``metrics``: name -> number or None) and ``total_steps`` that a beat, or a
+    ledger sample copied from one, carries: both written by a rank, so only identifiers of at
+    most 48 characters with finite numbers (else None), at most FIGURES_MAX of them, and a
+    positive int total are taken; anything else is left out."""
+    raw = record.get("metrics")
+    figures: dict[str, float | None] = {}
+    if isinstance(raw, Mapping):
+        for name, value in list(raw.items())[:FIGURES_MAX]:
+            if not isinstance(name, str) or not name.isidentifier() or len(name) > 48:
+                continue
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            figures[name] = float(value) if ok else None
+    total = record.get("total_steps")
+    if isinstance(total, bool) or not isinstance(total, int) or not 0 < total < 2**53:
+        total = None
+    return figures, total
 
 
 def read_heartbeat(path: str) -> dict[str, Any] | None:

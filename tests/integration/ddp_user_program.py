@@ -115,13 +115,21 @@ def main() -> int:
         print(f"rank {rank} (local {local_rank}): starting at step 0", flush=True)
     if rank == 0:
         os.makedirs(ckpt_dir, exist_ok=True)
+    if mode == "report":
+        userapi.set_total_steps(steps)
     for step in range(start + 1, steps + 1):
         x, y = batch(step, rank)
         loss = F.mse_loss(ddp(x), y)
         opt.zero_grad()
         loss.backward()  # DDP's gradient all-reduce over gloo
         opt.step()
-        userapi.report_step(step)
+        if mode == "report":  # the step with its loss (status shows it), printed to compare
+            userapi.report_metrics(step, loss=loss.item())
+            if rank == 0:
+                print(f"generation {os.environ.get('SLURMKIT_GENERATION')} step {step} loss {loss.item()!r}",
+                      flush=True)
+        else:
+            userapi.report_step(step)
         if rank == 0 and (step % every == 0 or step == steps):
             path = os.path.join(ckpt_dir, f"step_{step:08d}.pt")
             save(path, model, opt, step)

@@ -20,6 +20,8 @@ import time
 
 import pytest
 
+from slurmkit.ledger.ledger import read_ledger
+from slurmkit.runview import build_view
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.runner import SubprocessRunner
 from slurmkit.train.heartbeat import local_heartbeat_path
@@ -36,7 +38,8 @@ KILLS = (3, 1, 2)  # ranks, one per generation: more than max_restarts_without_p
 def _args(name: str, mode: str) -> list[str]:
     return ["+exp=tiny", f"job.name={name}", "job.nodes=2", "job.ranks_per_node=2",
             f"job.command=[python,{PROGRAM},'{STEPS}','{EVERY}','{DELAY_S}',{mode}]",
-            "supervisor.max_restarts_without_progress=1", "supervisor.heartbeat_timeout_s=20"]
+            "supervisor.max_restarts_without_progress=1", "supervisor.heartbeat_timeout_s=20",
+            "supervisor.heartbeat_ledger_interval_s=2"]
 
 
 def _read(path: str) -> dict | None:
@@ -116,6 +119,19 @@ def test_a_user_program_that_reports_its_checkpoints_survives_more_crashes_than_
     ref = uninterrupted_params(STEPS, 4)
     worst = max(abs(a - b) for a, b in zip(out["params"], ref, strict=True))
     assert worst < 1e-5, f"the resumed run diverged from the uninterrupted one by {worst}"
+    # What status shows: the program's own total (set_total_steps, not +exp=tiny's train.steps)
+    # and the loss rank 0 reported at the step of the newest sample that carries it.
+    view = build_view(run_dir, list(read_ledger(os.path.join(run_dir, "ledger.jsonl"))), full=True)
+    assert view.total_steps == STEPS and view.step is not None, view
+    sampled = [e for e in events(run_dir, "heartbeat") if e.get("metrics")]
+    assert sampled and all(e["total_steps"] == STEPS for e in sampled), sampled[-3:]
+    printed = {}
+    with open(os.path.join(run_dir, "logs", "rank0.log"), errors="replace") as f:
+        for m in re.finditer(r"^generation (\d+) step (\d+) loss (\S+)$", f.read(), re.M):
+            printed[int(m.group(1)), int(m.group(2))] = float(m.group(3))
+    last = sampled[-1]
+    assert view.loss is not None and view.loss == last["metrics"]["loss"], (view.loss, last)
+    assert view.loss == printed[last["generation"], last["steps"]["0"]], (view.loss, last)
 
 
 def test_the_same_program_without_reports_is_stopped_as_a_crash_loop(cluster_env, tmp_path) -> None:
@@ -138,3 +154,6 @@ def test_the_same_program_without_reports_is_stopped_as_a_crash_loop(cluster_env
     assert end["status"] == "stopped" and end["exit_code"] == 93 and "crash loop" in end["reason"], end
     assert not os.path.exists(marker_path(run_dir))
     assert not os.path.exists(os.path.join(run_dir, "user_final.json"))
+    # No total was reported: unknown, not the 60 steps of the +exp=tiny preset's train.steps
+    view = build_view(run_dir, list(read_ledger(os.path.join(run_dir, "ledger.jsonl"))), full=True)
+    assert view.total_steps is None and view.loss is None and view.step is not None, view

@@ -21,7 +21,7 @@ from slurmkit.runview import (
     read_sweep,
     resolve,
 )
-from slurmkit.ledger.ledger import LEDGER_NAME, read_ledger
+from slurmkit.ledger.ledger import LEDGER_NAME, Ledger, read_ledger
 from slurmkit.supervise.__main__ import load
 from tests.unit.watch_runs import FakeRun, run_with_one_crash
 
@@ -194,3 +194,44 @@ def test_rank0_heartbeat_is_read_from_the_node_local_file_and_never_from_the_run
     os.unlink(hb.path)
     Path(hb.path).write_text('{"rank": 0, "step": true}')
     assert read_heartbeat_step(run_dir, env) is None
+
+
+def _user_program_run(tmp_path: Path, command: str) -> str:
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(f"job:\n  name: u\n  command: {command}\ntrain:\n  steps: 60\n")
+    return str(run_dir)
+
+
+def test_a_user_programs_figures_and_total_come_from_node0s_samples_never_the_preset(tmp_path: Path) -> None:
+    run_dir = _user_program_run(tmp_path, "[python, /x/train.py]")
+    starts = [{"event": "ranks_started", "generation": 0}]
+    silent = [*starts, {"event": "heartbeat", "generation": 0, "node": "n2", "steps": {"2": 5}}]
+    view = build_view(run_dir, silent, full=False)
+    # no report: unknown, not the preset's train.steps (60) nor a 0 loss
+    assert (view.step, view.total_steps, view.loss, view.tokens_per_s, view.mfu) == (5, None, None, None, None)
+    figured = {"event": "heartbeat", "generation": 0, "node": "n1", "steps": {"0": 7, "1": 7},
+               "metrics": {"loss": 2.25, "tokens_per_s": 900.0, "mfu": 0.3}, "total_steps": 200}
+    later = {"event": "heartbeat", "generation": 0, "node": "n2", "steps": {"2": 9, "3": 9}}
+    view = build_view(run_dir, [*starts, figured, later], full=False)
+    assert (view.step, view.total_steps, view.loss, view.tokens_per_s, view.mfu) == (9, 200, 2.25, 900.0, 0.3)
+    hostile = {**figured, "metrics": {"loss": "1e309", "mfu": [1]}, "total_steps": "200"}
+    view = build_view(run_dir, [*starts, hostile], full=False)
+    assert (view.total_steps, view.loss, view.mfu) == (None, None, None)
+
+
+def test_the_reference_trainers_total_is_its_configured_steps(tmp_path: Path) -> None:
+    run_dir = _user_program_run(tmp_path, "[python, -m, slurmkit.train]")
+    assert build_view(run_dir, [], full=False).total_steps == 60
+
+
+def test_the_watcher_keeps_node0s_figures_when_another_nodes_sample_is_newer(tmp_path: Path) -> None:
+    run_dir = _user_program_run(tmp_path, "[python, /x/train.py]")
+    ledger = Ledger(os.path.join(run_dir, LEDGER_NAME), source="agent")
+    ledger.append("ranks_started", generation=0)
+    ledger.append("heartbeat", generation=0, node="n1", steps={"0": 4}, metrics={"loss": 3.5}, total_steps=80)
+    w = RunWatcher(run_dir)
+    assert w.refresh() and w.view is not None and (w.view.loss, w.view.total_steps) == (3.5, 80)
+    ledger.append("heartbeat", generation=0, node="n2", steps={"2": 6})
+    assert w.refresh() and w.view is not None
+    assert (w.view.step, w.view.loss, w.view.total_steps) == (6, 3.5, 80)

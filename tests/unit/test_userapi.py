@@ -161,3 +161,43 @@ def test_a_heartbeat_that_cannot_be_set_up_yet_is_tried_again_at_the_next_step(t
     assert r.step(3)
     assert read_heartbeat(env["SLURMKIT_HEARTBEAT_FILE"])["step"] == 3  # type: ignore[index]
     assert capsys.readouterr().err.count("slurmkit: no heartbeat for this rank") == 1
+
+
+def test_report_metrics_beats_with_the_figures_and_the_total_on_the_node_only(tmp_path) -> None:
+    env = agent_env(tmp_path)
+    r = Reporter(env)
+    r.total_steps(500)
+    assert r.metrics(12, {"loss": 2.5, "tokens_per_s": 1200, "mfu": 0.41, "lr": float("nan")})
+    beat = read_heartbeat(env["SLURMKIT_HEARTBEAT_FILE"])
+    assert beat is not None and beat["step"] == 12 and beat["total_steps"] == 500
+    # a diverged figure is unknown (None), never a NaN the reader cannot parse
+    assert beat["metrics"] == {"loss": 2.5, "tokens_per_s": 1200.0, "mfu": 0.41, "lr": None}
+    assert r.step(13)  # a plain step beat keeps the total, carries no stale figures
+    beat = read_heartbeat(env["SLURMKIT_HEARTBEAT_FILE"])
+    assert beat is not None and "metrics" not in beat and beat["total_steps"] == 500
+    assert os.listdir(env["SLURMKIT_RUN_DIR"]) == []  # nothing on the shared file system
+
+
+@pytest.mark.parametrize("values", [{"loss": "2.5"}, {"loss": True}, {"loss": None},
+                                    {f"m{i}": 1.0 for i in range(userapi.MAX_METRICS + 1)},
+                                    {"x" * 49: 1.0}, {"not a name": 1.0}])
+def test_figures_that_are_not_named_numbers_are_the_callers_bug(tmp_path, values) -> None:
+    with pytest.raises(ReportError, match="Requirement"):
+        Reporter(agent_env(tmp_path)).metrics(1, values)
+
+
+@pytest.mark.parametrize("bad", [0, -3, True, 2.0, "60"])
+def test_a_total_that_is_not_a_positive_int_is_refused(tmp_path, bad: object) -> None:
+    with pytest.raises(ReportError, match="set_total_steps"):
+        Reporter(agent_env(tmp_path)).total_steps(bad)  # type: ignore[arg-type]
+
+
+def test_the_module_functions_report_metrics_and_the_total(tmp_path, monkeypatch) -> None:
+    env = agent_env(tmp_path)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(userapi, "_default", None)
+    userapi.set_total_steps(40)
+    assert userapi.report_metrics(3, loss=1.25)
+    beat = read_heartbeat(env["SLURMKIT_HEARTBEAT_FILE"])
+    assert beat is not None and (beat["step"], beat["metrics"], beat["total_steps"]) == (3, {"loss": 1.25}, 40)

@@ -19,7 +19,7 @@ from slurmkit.ledger.ledger import Ledger, read_ledger
 from slurmkit.ledger.spool import SpoolReader
 from slurmkit.train.__main__ import _ledger
 from slurmkit.train.config import ModelConfig, ParallelConfig, TrainConfig
-from slurmkit.train.heartbeat import (Heartbeat, LocalDirError, heartbeat_path, local_heartbeat_path,
+from slurmkit.train.heartbeat import (Heartbeat, LocalDirError, figures_of, heartbeat_path, local_heartbeat_path,
                                       node_local_dir, private_dir, read_heartbeat)
 from slurmkit.train.parallel import select_runtime
 from slurmkit.train.signals import StopRequest
@@ -223,3 +223,16 @@ def test_the_stores_real_events_pass_the_schema_through_the_trainers_forwarder(
     assert set(got) >= {"ckpt_saved", "ckpt_durable"}
     assert got["ckpt_durable"]["source"] == "rank0" and got["ckpt_durable"]["from_tier"] == "nvme"
     assert "on_event callback failed" not in caplog.text
+
+
+@pytest.mark.parametrize("record,figures,total", [
+    ({"metrics": {"loss": 2.0, "mfu": 0.4}, "total_steps": 9}, {"loss": 2.0, "mfu": 0.4}, 9),
+    ({"metrics": {"loss": None, "tps": "1e3", "ok": True}}, {"loss": None, "tps": None, "ok": None}, None),
+    ({"metrics": {"bad name": 1.0, "x" * 49: 1.0, "\x1b[2J": 1.0, "good": 3}}, {"good": 3.0}, None),
+    ({"metrics": [1, 2], "total_steps": True}, {}, None),
+    ({"metrics": {f"m{i}": i for i in range(100)}, "total_steps": 2**60}, {f"m{i}": float(i) for i in range(16)}, None),
+    ({"total_steps": -1}, {}, None),
+    ({}, {}, None),
+])
+def test_figures_of_a_beat_take_only_named_numbers_and_a_positive_total(record, figures, total) -> None:
+    assert figures_of(record) == (figures, total)
