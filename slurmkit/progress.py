@@ -3,7 +3,8 @@
 The same readers as ``slurmkit status --watch`` (:class:`slurmkit.runview.RunWatcher`, one
 batched Slurm query per refresh through :class:`slurmkit.jobstates.JobPoller`), drawn as a
 rich progress bar instead of a table. When the job is over the run's summary table is printed,
-the one ``python -m slurmkit.supervise RUN_DIR`` prints.
+the one ``python -m slurmkit.supervise RUN_DIR`` prints, and under it the newest failure with the
+failing rank's last line (``python: can't open file ...``, a traceback's last line).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from collections.abc import Callable, Mapping
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from slurmkit.jobstates import JobPoller, JobRef, make_client
+from slurmkit.ledger.summary import RunReport, failure_text
 from slurmkit.runview import RunWatcher, clean
 from slurmkit.untrusted import safe_line
 
@@ -23,6 +26,12 @@ from slurmkit.untrusted import safe_line
 def _description(phase: str, state: str) -> str:
     # rich reads markup in a task description: brackets from the ledger are escaped too
     return escape(safe_line(f"{state.lower()} / {phase}"))
+
+
+def last_failure(report: RunReport) -> str | None:
+    """The newest failure as one safe terminal line (:func:`slurmkit.ledger.summary.failure_text`:
+    why a crashed rank failed, in its own words), None when the run has had none."""
+    return failure_text(report.failures[-1]) if report.failures else None
 
 
 def follow_progress(run_dir: str, job_id: str, executor: str, env: Mapping[str, str],
@@ -59,6 +68,9 @@ def follow_progress(run_dir: str, job_id: str, executor: str, env: Mapping[str, 
         from slurmkit.supervise.__main__ import summary_table
 
         console.print(summary_table(watcher.view.report))
+        last = last_failure(watcher.view.report)
+        if last is not None:
+            console.print(Text(f"last failure: {last}"), highlight=False)
     else:
         console.print(clean(f"no ledger events in {run_dir}"))
     if timeout_s <= 0:

@@ -20,6 +20,7 @@ from rich.text import Text
 from slurmkit.config.compose import compose
 from slurmkit.errors import ConfigError, print_error
 from slurmkit.slurm.capabilities import CACHE_TTL_S, SiteCapabilities
+from slurmkit.submit_checks import with_command_resolved
 from slurmkit.train.planner import MemoryEstimate, check_config, estimate_on, hardware_of
 
 
@@ -127,7 +128,8 @@ def print_site(console: Console, env: Mapping[str, str],
 
 def main(argv: list[str] | None = None, console: Console | None = None,
          env: Mapping[str, str] | None = None,
-         site: Callable[[Mapping[str, str]], SiteCapabilities | None] = probe_site) -> int:
+         site: Callable[[Mapping[str, str]], SiteCapabilities | None] = probe_site,
+         cwd: str | None = None) -> int:
     overrides = list(sys.argv[1:] if argv is None else argv)
     console = console or Console()
     if any(a in ("-h", "--help") for a in overrides):
@@ -136,6 +138,8 @@ def main(argv: list[str] | None = None, console: Console | None = None,
     env = os.environ if env is None else env
     try:
         cfg = compose(overrides)
+        # submit would refuse a script job.command names that is not there: so does the plan
+        with_command_resolved(cfg, os.getcwd() if cwd is None else cwd)
     except ConfigError as exc:
         print_error(console, exc, "configuration error")
         return 2

@@ -2,9 +2,10 @@
 
 One run: Slurm's state and nodes, the supervisor's phase and generation, the step (of the
 total), loss, tokens/s and MFU of the last step, the newest checkpoint per tier, the failures so
-far by class and the goodput so far (the same figures ``python -m slurmkit.supervise`` derives
-from the ledger, computed by the same code). A sweep directory (or an array job id) shows one
-line per variant. Without a target: the newest run under the run root.
+far by class, the newest one with the failing rank's last line, and the goodput so far (the
+same figures ``python -m slurmkit.supervise`` derives from the ledger, computed by the same
+code). A sweep directory (or an array job id) shows one line per variant. Without a target:
+the newest run under the run root.
 
 ``--watch`` redraws in place until every run shown has ended. Each refresh reads only what the
 run's files gained (see :mod:`slurmkit.runview`) and costs Slurm one batched query for all jobs
@@ -28,6 +29,7 @@ from rich.text import Text
 
 from slurmkit.errors import ConfigError
 from slurmkit.jobstates import UNKNOWN, JobPoller, JobRef, JobState, make_client
+from slurmkit.ledger.summary import failure_text
 from slurmkit.runview import (
     RunView,
     RunWatcher,
@@ -58,6 +60,14 @@ def ckpt_text(v: RunView) -> str:
 
 def failures_text(v: RunView) -> str:
     return ", ".join(f"{cls} {n}" for cls, n in sorted(v.failures.items())) or "none"
+
+
+def last_failure_text(v: RunView) -> str:
+    """The newest failure: class, rank and node, and the failing rank's last line (the ledger's
+    words, escaped by failure_text); "-" while the summary is not read yet."""
+    if v.report is not None and v.report.failures:
+        return failure_text(v.report.failures[-1])
+    return "-" if v.failures else "none"
 
 
 def stragglers_text(v: RunView) -> str:
@@ -93,6 +103,7 @@ def run_table(v: RunView, job: JobState | None) -> Table:
         ("generation", "-" if v.generation is None else str(v.generation)),
         ("step", step_text(v)), ("loss", _num(v.loss, ".4f")), ("tokens/s", tokens_text(v)),
         ("MFU", mfu_text(v)), ("checkpoints", ckpt_text(v)), ("failures", failures_text(v)),
+        ("last failure", last_failure_text(v)),
         ("stragglers", stragglers_text(v)), ("goodput so far", goodput_text(v)),
     ]
     for name, value in rows:

@@ -12,6 +12,7 @@ as one Slurm job array, one run directory per variant under one sweep directory
 from __future__ import annotations
 
 import dataclasses
+import functools
 import getpass
 import logging
 import os
@@ -35,7 +36,8 @@ from slurmkit.layout import FROZEN_FILE_MODE, Layout, config_digest, resolve_lay
 from slurmkit.rundir import RUN_DIR_MODE, make_submitit_dir, seal_pickles
 from slurmkit.render import JobSpec, build_jobspec, make_executor, render_standalone, render_submitit_script
 from slurmkit.runfiles import CONFIG_NAME, LOGS_DIR, SCRIPT_NAME, SUBMITIT_DIR
-from slurmkit.submit_checks import check_run_root, check_store_backends, make_run_dir, remove_created
+from slurmkit.submit_checks import (check_run_root, check_store_backends, make_run_dir, remove_created,
+                                    with_command_resolved)
 from slurmkit.ledger.ledger import LEDGER_NAME, Ledger
 
 if TYPE_CHECKING:
@@ -241,18 +243,24 @@ def wait_job(s: Submitted, env: Mapping[str, str], timeout_s: float, *,
         job_id = nxt
 
 
-def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console) -> int:
+def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console, *,
+        cwd: str | None = None) -> int:
+    """``cwd``: the directory submit runs in (default: this process's), where a relative path in
+    job.command is looked for (slurmkit/submit_checks.py)."""
     if any(a in ("-h", "--help") for a in argv):
         console.print(USAGE, markup=False, highlight=False)
         return 0
     from slurmkit.sweep import split_multirun
 
+    # job.command's files, after the secret checks of build_jobspec (which never echo what they
+    # refuse) and before anything is written: for a single run and for every variant of a sweep
+    resolve_command = functools.partial(with_command_resolved, cwd=os.getcwd() if cwd is None else cwd)
     multirun, argv = split_multirun(argv)
     if multirun:
         from slurmkit.sweep.submit import SingleRun, run_sweep
 
         return run_sweep(argv, env, console, err, SingleRun(resolve_cluster, validate, topology_srun_args,
-                                                            warn_singleton, freeze))
+                                                            warn_singleton, freeze, resolve_command))
     refuse_sweep_without_multirun(argv)
     cfg = resolve_cluster(compose(argv), env)
     layout = resolve_layout(cfg)  # once: the job, the planner, layout.json and the agent use it
@@ -260,6 +268,7 @@ def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console)
     run_dir = new_run_dir(cfg)
     spec = build_jobspec(cfg, run_dir, topology_srun_args(cfg) if cfg.cluster.kind == "slurm" else [],
                          layout=layout)
+    cfg = resolve_command(cfg)
     spec = dataclasses.replace(spec, config_sha256=config_digest(frozen_text(cfg)))
     if cfg.submit.dry_run:
         if cfg.cluster.kind == "local":

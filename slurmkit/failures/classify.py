@@ -135,6 +135,24 @@ def printable_detail(text: str) -> str:
     return "".join(c if c.isprintable() else "?" for c in text[:DETAIL_LIMIT])
 
 
+# A line that says why a process ended: an exception ("ValueError: boom", torch's "[rank0]:
+# RuntimeError: ..."), the interpreter's or the shell's own complaint ("python: can't open file
+# ...", "./run.sh: line 3: x: command not found"), a C++ abort ("terminate called ...").
+_TELLING = re.compile(
+    r"(?:^|[\s:\]])[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b|\bSystemExit\b"
+    r"|can't open file|No module named|command not found|No such file or directory|Permission denied"
+    r"|\b[Ee]rror:|\bERROR\b|Segmentation fault|terminate called|\bwhat\(\):")
+
+
+def telling_line(lines: Iterable[str]) -> str:
+    """Of a rank's last output ``lines`` (oldest first), the one that says why it ended: the
+    newest that reads like an error, else the newest that is not blank; "" when all are blank.
+    What it gives is ready for the ledger (:func:`printable_detail`)."""
+    kept = [line.strip() for line in lines if line.strip()]
+    found = next((line for line in reversed(kept) if _TELLING.search(line)), kept[-1] if kept else "")
+    return printable_detail(found)
+
+
 @dataclass(frozen=True)
 class Evidence:
     """One observation about one rank (or node, rank = -1)."""
@@ -147,6 +165,8 @@ class Evidence:
     detail: str  # the log line, "returncode -9", "no step for 12.3 s", ...
     returncode: int | None = None  # kind "exit": the rank's Popen return code
     place: StackPlace | None = None  # kind "stack": where the rank's stack is (slurmkit.failures.stacks)
+    # kind "exit": the rank's own last word (:func:`telling_line`: a crash's message), "" if none
+    last_line: str = ""
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {"time": self.time, "node": self.node, "rank": self.rank, "kind": self.kind,
@@ -155,17 +175,20 @@ class Evidence:
             out["returncode"] = self.returncode
         if self.place is not None:
             out["place"] = self.place.value
+        if self.last_line:
+            out["last_line"] = printable_detail(self.last_line)
         return out
 
     @classmethod
     def from_json(cls, d: dict[str, object]) -> "Evidence":
         # JSON gives numbers back as numbers; str() first keeps mypy honest about `object`
         # (repr of a float round-trips exactly).
-        code, place = d.get("returncode"), d.get("place")
+        code, place, last = d.get("returncode"), d.get("place"), d.get("last_line")
         return cls(float(str(d["time"])), str(d["node"]), int(str(d["rank"])), str(d["kind"]),
                    FailureClass(str(d["cls"])), str(d["detail"]),
                    int(str(code)) if code is not None else None,
-                   StackPlace(str(place)) if place is not None else None)
+                   StackPlace(str(place)) if place is not None else None,
+                   printable_detail(str(last)) if last is not None else "")
 
 
 @dataclass(frozen=True)
@@ -178,6 +201,7 @@ class Failure:
     ranks_affected: tuple[int, ...]
     stack: str = ""  # a hang: the root's stack excerpt as its node reported it ("" if none)
     in_collective: bool | None = None  # a hang: whether the root's stack is inside a collective
+    line: str = ""  # the failing rank's own last word (Evidence.last_line), "" if none
 
 
 # When one rank shows several kinds of evidence, the most telling wins (lower = stronger).
@@ -250,8 +274,11 @@ def root_cause(evidence: Iterable[Evidence]) -> Failure | None:
                           cls, decisive))
     summaries.sort(key=lambda s: (s[0], s[1], s[2], s[3]))
     secondary, _, first, rank, node, cls, decisive = summaries[0]
+    # the rank's last word rides on its exit, whichever evidence decided the class
+    said = decisive.last_line or next((e.last_line for e in by_rank[(node, rank)] if e.last_line), "")
     failure = Failure(cls=cls, rank=rank, node=node, time=first, evidence=printable_detail(decisive.detail),
-                      ranks_affected=tuple(sorted({s[3] for s in summaries if s[3] >= 0})))
+                      ranks_affected=tuple(sorted({s[3] for s in summaries if s[3] >= 0})),
+                      line=printable_detail(said))
     return _hang_by_stacks(failure, stacks, by_rank) if cls == F.HANG and stacks else failure
 
 

@@ -12,17 +12,22 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from slurmkit.contract import EXIT_CHECKPOINTED_ON_SIGNAL  # saved on SIGUSR1/SIGTERM, left on purpose
 from slurmkit.failures.classes import FailureClass
-from slurmkit.failures.classify import Evidence, classify_exit, classify_line
+from slurmkit.failures.classify import DETAIL_LIMIT, Evidence, classify_exit, classify_line, telling_line
 from slurmkit.untrusted import UntrustedDataError, parse_object, read_regular
 
 log = logging.getLogger(__name__)
 
 BEAT_BYTES = 64 * 1024  # one beat: {rank, step, time, pid, generation} and the trainer's sections
+# A rank's last lines kept for its exit's evidence (the line that says why it died, a traceback's
+# last line among them, often comes after a tear-down warning or two, and torchrun's summary
+# box), each cut to DETAIL_LIMIT characters: at most 16 KB per rank, whatever it prints.
+TAIL_LINES = 32
 
 # Lines that announce a failure on their own, before the rank dies (PyTorch sleeps after an
 # NCCL error to let dumps finish: acting on the line saves that time). A GPU OOM is not one: a
@@ -75,6 +80,8 @@ class RankMonitor:
         self._lock = threading.Lock()
         self._ranks: dict[int, _RankWatch] = {}
         self._early_exits: dict[int, int] = {}  # exits seen before add_rank (a rank that died at once)
+        self._tails: dict[int, deque[str]] = {}  # rank -> its last TAIL_LINES lines
+        self._exit_at: dict[int, int] = {}  # rank -> index in ``evidence`` of its exit
         self.evidence: list[Evidence] = []
         self.triggered: Evidence | None = None  # the first evidence that ends the generation
 
@@ -102,10 +109,28 @@ class RankMonitor:
 
     # ------------------------------------------------------------ callbacks from threads
     def on_line(self, rank: int, line: str) -> None:
+        with self._lock:
+            tail = self._tails.get(rank)
+            if tail is None:
+                tail = self._tails[rank] = deque(maxlen=TAIL_LINES)
+            tail.append(line[:DETAIL_LIMIT])
+            if rank in self._exit_at:
+                # The pipe is read after the process ended: its last lines come after its exit.
+                self._update_last_line(rank)
         cls = classify_line(line)
         if cls is not None:
             self._record(Evidence(self._wall(), self.node, rank, "line", cls, line.strip()),
                          cls in TRIGGERING_LINES)
+
+    def _update_last_line(self, rank: int) -> None:
+        """The exit evidence of ``rank`` with its newest telling line (the lock held)."""
+        at = self._exit_at[rank]
+        old = self.evidence[at]
+        new = replace(old, last_line=telling_line(self._tails.get(rank, ())))
+        if new.last_line != old.last_line:
+            self.evidence[at] = new
+            if self.triggered is old:
+                self.triggered = new
 
     def on_exit(self, rank: int, returncode: int) -> None:
         with self._lock:
@@ -119,8 +144,13 @@ class RankMonitor:
         cls = classify_exit(returncode)
         if cls is None:  # cannot happen for a non-zero code; never let a waiter thread raise
             return
-        self._record(Evidence(self._wall(), self.node, rank, "exit", cls, f"returncode {returncode}",
-                              returncode), True)
+        with self._lock:
+            ev = Evidence(self._wall(), self.node, rank, "exit", cls, f"returncode {returncode}", returncode,
+                          last_line=telling_line(self._tails.get(rank, ())))
+            self.evidence.append(ev)
+            self._exit_at[rank] = len(self.evidence) - 1
+            if self.triggered is None:
+                self.triggered = ev
 
     # ------------------------------------------------------------ polled
     def poll(self) -> dict[int, dict[str, object]]:

@@ -36,6 +36,7 @@ from typing import Any
 from slurmkit.ledger.names import (CKPT_RESTORED, CKPT_SAVED, DECISION, END, EXCLUSION, FAILURE,
                                    FAULT_INJECTED, HEARTBEAT, RANKS_STARTED, REQUEUE, STATE, TRAIN_FINISHED,
                                    TRAIN_STARTED, TRAIN_STOPPED)
+from slurmkit.untrusted import safe_line
 
 Event = Mapping[str, Any]
 
@@ -57,6 +58,7 @@ class FailureReport:
     fault_step: int | None
     restored_step: int | None
     steps_lost: int | None
+    line: str = ""  # the failing rank's last word, as the ledger has it (untrusted: see failure_text)
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,19 @@ def _steps_lost(segs: Sequence[Segment], fail_t: float, previous_t: float,
     return (reached, restored, max(0, reached - restored))
 
 
+#: The most of a failure's line kept and shown (the ledger's writer bounds it too, but the
+#: ledger is untrusted: a hand-edited one may hold a megabyte on one line).
+LINE_CHARS = 500
+#: The most of a failure's text on a terminal (after escaping, which can lengthen it), and of
+#: its evidence there (a long NCCL line must leave room for the rank's last word).
+SHOWN_CHARS = 300
+EVIDENCE_SHOWN_CHARS = 120
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
 def failure_report(events: Sequence[Event], segs: Sequence[Segment], failure: Event,
                    previous_t: float) -> FailureReport:
     """Figures for one ``failure`` event (``previous_t``: the failure before it, or -inf)."""
@@ -223,7 +238,21 @@ def failure_report(events: Sequence[Event], segs: Sequence[Segment], failure: Ev
         restart_s=_since(fault_t, _first_after(events, (RANKS_STARTED,), fail_t)),
         restore_s=_since(fault_t, _first_after(events, (CKPT_RESTORED, TRAIN_STARTED), fail_t)),
         resume_s=_since(fault_t, beat), fault_step=fault_step, restored_step=restored_step,
-        steps_lost=lost)
+        steps_lost=lost, line=_text(failure.get("line"))[:LINE_CHARS])
+
+
+def failure_text(f: FailureReport) -> str:
+    """One failure on one terminal line: its class, where (``rank 3 on node2``, or the node
+    alone), what decided it and the rank's last word (``python: can't open file ...``, a
+    traceback's last line). Every character that is not printable escaped (ledger content is
+    untrusted: an ANSI sequence must not drive the terminal), at most SHOWN_CHARS characters."""
+    where = f"on {f.node}" if f.rank < 0 else f"rank {f.rank} on {f.node}"
+    said = f": {f.line}" if f.line else ""
+    evidence = f.evidence
+    if len(evidence) > EVIDENCE_SHOWN_CHARS:
+        evidence = evidence[:EVIDENCE_SHOWN_CHARS - 3] + "..."
+    text = safe_line(f"{f.cls}, {where} ({evidence}){said}")
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
 
 
 def failure_reports(events: Sequence[Event], segs: Sequence[Segment]) -> list[FailureReport]:

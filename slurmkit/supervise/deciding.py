@@ -168,7 +168,9 @@ class Decider:
                            ranks_affected=list(failure.ranks_affected),
                            slurm_view=[e.detail for e in slurm_view],
                            **({"stack": failure.stack, "in_collective": failure.in_collective}
-                              if failure.stack else {}))
+                              if failure.stack else {}),
+                           # the failing rank's last word (a crash's message), for status and the summary
+                           **({"line": failure.line} if failure.line else {}))
         self.straggler_actions.decided(gen, failure)
         spares = [n for n in self.slots.spares if n not in lost]
         kept = self.agents_lost_on_healthy_nodes(gen, evidence, lost)

@@ -57,11 +57,14 @@ def _differences(a: JobSpec, b: JobSpec) -> list[str]:
 def plan_sweep(overrides: list[str], env: Mapping[str, str],
                resolve: Callable[[SlurmkitConfig, Mapping[str, str]], SlurmkitConfig],
                validate: Callable[[SlurmkitConfig], None],
-               srun_args: Callable[[SlurmkitConfig], list[str]]) -> SweepPlan:
+               srun_args: Callable[[SlurmkitConfig], list[str]], *,
+               resolve_command: Callable[[SlurmkitConfig], SlurmkitConfig] | None = None) -> SweepPlan:
     """Expand ``overrides`` (Hydra multirun syntax) and check every variant. Raises ConfigError.
 
     ``resolve`` picks the cluster kind (auto -> slurm/local), ``validate`` runs submit's
     cross-component checks and ``srun_args`` gives the topology binding flags (Slurm only).
+    ``resolve_command`` checks the files job.command names and makes them absolute, once the
+    variant's JobSpec passed its secret checks; None leaves job.command as composed.
     """
     all_overrides = expand(overrides)
     common = [o for o in all_overrides[0] if all(o in v for v in all_overrides)]
@@ -80,6 +83,8 @@ def plan_sweep(overrides: list[str], env: Mapping[str, str],
             validate(cfg)
             spec = build_jobspec(cfg, PLACEHOLDER_DIR, srun_args(cfg) if cfg.cluster.kind == "slurm" else [],
                                  array=array_spec(len(all_overrides), cfg.submit.array_parallelism))
+            if resolve_command is not None:
+                cfg = resolve_command(cfg)
         except ActionableError as exc:
             raise _in_variant(i, ovs, exc) from exc
         planned.append(PlannedVariant(i, ovs, [o for o in ovs if o not in common], cfg))

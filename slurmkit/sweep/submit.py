@@ -38,6 +38,8 @@ class SingleRun:
     topology_srun_args: Callable[[SlurmkitConfig], list[str]]
     warn_singleton: Callable[[JobSpec, Mapping[str, str], Console], None]
     freeze: Callable[[SlurmkitConfig, str], None]  # a variant's config.yaml and layout.json
+    # job.command's relative files made absolute, after checking they are there (submit_checks)
+    resolve_command: Callable[[SlurmkitConfig], SlurmkitConfig]
 
 
 def create(plan: SweepPlan, executor: str, freeze: Callable[[SlurmkitConfig, str], None]) -> Sweep:
@@ -133,7 +135,8 @@ def wait_array(job_id: str, count: int, env: Mapping[str, str], timeout_s: float
 
 
 def run_sweep(argv: list[str], env: Mapping[str, str], console: Console, err: Console, single: SingleRun) -> int:
-    plan = plan_sweep(argv, env, single.resolve_cluster, single.validate, single.topology_srun_args)
+    plan = plan_sweep(argv, env, single.resolve_cluster, single.validate, single.topology_srun_args,
+                      resolve_command=single.resolve_command)
     cfg, executor = plan.cfg, plan.cfg.cluster.kind
     if cfg.submit.dry_run:
         console.print(f"# sweep of {len(plan.variants)} variants as one job array "
