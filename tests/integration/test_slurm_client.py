@@ -176,15 +176,20 @@ def test_update_exclude_on_pending_job(client: SlurmClient, tmp_path: Path, jobs
 
 def test_signal_then_cancel(client: SlurmClient, tmp_path: Path, jobs: list[str]) -> None:
     marker = tmp_path / "signals.txt"
-    body = (f"srun bash -c 'trap \"echo got-usr1 >> {marker}\" USR1; "
+    ready = tmp_path / "trapped.txt"
+    body = (f"srun bash -c 'trap \"echo got-usr1 >> {marker}\" USR1; echo trapped > {ready}; "
             "while true; do sleep 0.2; done'")
     script = write_script(tmp_path / "trap.sh", body, "--job-name=slurmkit-it-sig",
                           f"--output={tmp_path}/%j.out")
     job_id = client.submit(script)
     jobs.append(job_id)
     client.wait_for_state(job_id, {"RUNNING"}, WAIT_S, poll_s=0.5)
-    # The step may still be starting when the job is RUNNING: re-send until the trap fires.
+    # A USR1 that reaches the step's shell before its trap is set kills it (seen on 24.11): the
+    # signal goes once the step says it trapped it, and again until the trap fires.
     deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert time.monotonic() < deadline, f"the job step never started: {client.job(job_id)}"
+        time.sleep(0.2)
     while not (marker.exists() and "got-usr1" in marker.read_text()):
         assert time.monotonic() < deadline, "USR1 never reached the job step"
         try:
