@@ -225,6 +225,16 @@ def compile_glob(text: str) -> CheckpointGlob:
     return CheckpointGlob(text, tuple(parts), step_at)
 
 
+def split_glob(text: str, base: str) -> tuple[str, str]:
+    """(folder, glob inside it) for a user's ``job.checkpoint_glob``: its leading components
+    without a wildcard (``*``, ``?``, ``{step}``) are the folder, absolute or taken from
+    ``base`` (the ranks' working directory); the rest is for :func:`compile_glob`."""
+    parts = text.split("/")
+    first = next((i for i, p in enumerate(parts) if any(w in p for w in ("*", "?", "{step}"))), len(parts) - 1)
+    folder = "/".join(parts[:first]) or ("/" if text.startswith("/") else ".")
+    return os.path.normpath(os.path.join(base, folder)), "/".join(parts[first:])
+
+
 def _glob_complete(name: str, is_dir: bool, parent: int) -> bool:
     if is_dir:
         sub = _open_dir(name, parent)

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from slurmkit import adapters
 from slurmkit.choices import check_choices
 from slurmkit.config.envnames import check_env_names
 from slurmkit.config.health import HealthConfig
@@ -113,6 +114,14 @@ class JobConfig:
     singleton: bool = True  # --dependency=singleton with a stable job name
     command: list[str] = field(default_factory=lambda: ["python", "-m", "slurmkit.examples.allreduce"])
     env: dict[str, str] = field(default_factory=dict)
+    # What slurmkit reads from a third-party program (slurmkit.adapters): auto (recognised from
+    # the command), reference, torchtitan, lightning, torchrun or none. progress_pattern: a regex
+    # with a named group ``step`` (and loss, tokens_per_s, mfu, mfu_pct, tflops) for rank 0's
+    # lines; checkpoint_glob: where its finished saves are, with one {step}, e.g.
+    # ckpt/snapshot-{step}.pt (relative to the run directory, the ranks' working directory).
+    program: str = "auto"
+    progress_pattern: str = ""
+    checkpoint_glob: str = ""
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -135,6 +144,13 @@ class JobConfig:
             raise ConfigError(f"job.signal_lead_s={self.signal_lead_s}", "a value >= 0",
                               "set job.signal_lead_s=120")
         check_env_names("job.env", self.env)
+        if self.program not in adapters.NAMES:
+            raise ConfigError(f"job.program={self.program!r}", f"one of {', '.join(adapters.NAMES)}",
+                              "set job.program=auto to have it recognised from job.command")
+        if self.progress_pattern:
+            adapters.compile_pattern(self.progress_pattern)  # ConfigError: what is wrong with it
+        if self.checkpoint_glob:  # ConfigError: what is wrong with it
+            adapters.compile_glob(adapters.split_glob(self.checkpoint_glob, ".")[1])
 
 
 @dataclass

@@ -48,6 +48,7 @@ from slurmkit.supervise.liveness import Beater
 from slurmkit.supervise.loop import Supervisor, Where
 from slurmkit.failures.programs import expects_heartbeats, is_reference_trainer
 from slurmkit.launch.monitor import RankMonitor
+from slurmkit.launch.programwatch import ProgramWatch
 from slurmkit.supervise.relaunch import Relauncher, read_rejoin, srun_spawn, srun_spawn_many
 from slurmkit.slurm.capabilities import read_run_dir_copy
 from slurmkit.supervise.stepsended import STEPS_ENDED_ENV, StepsEnded
@@ -58,6 +59,7 @@ from slurmkit.supervise.timeouts import beat_interval_s, failure_env
 from slurmkit.train import flightrec
 from slurmkit.train.heartbeat import LocalDirError, figures_of, node_local_dir, private_dir
 from slurmkit.train.signals import STACK_FILE_ENV
+from slurmkit.userapi import USER_TIER, write_marker
 
 # ProcessGroupNCCL's flight-recorder FIFO is <value><rank>.pipe. torch >= 2.7 reads only the
 # TORCH_FR_ name (seen with torch 2.11 on an H200: with the old name alone no FIFO was made and
@@ -145,6 +147,20 @@ class NodeAgent:
         # This node's pre-flight checks before each generation's ranks start (slurmkit.health).
         # ``peers``: how its clock and link checks reach the other agents (none: not checked).
         self.preflight = node_preflight(cfg, self.layout, run_dir, ctx.node_name, self.env, ledger, peers)
+        # A third-party program's progress (rank 0's lines) and finished saves (its folder),
+        # read where rank 0 runs (slurmkit.launch.programwatch); None for the reference trainer.
+        self.program = ProgramWatch.for_job(cfg.job, run_dir)
+
+    def _sink(self, monitor: RankMonitor) -> Callable[[int, str], None]:
+        """Where a rank's output lines go: the monitor, and the program's adapter when it reads them."""
+        program = self.program
+        if program is None or not program.reads_lines:
+            return monitor.on_line
+
+        def sink(rank: int, line: str) -> None:
+            monitor.on_line(rank, line)
+            program.on_line(rank, line)
+        return sink
 
     def _plans(self) -> list[object] | None:
         if not self.cfg.topology.enabled:
@@ -263,7 +279,7 @@ class NodeAgent:
             warm.append(p is not None)
             if p is None:
                 p = spawn_rank(self._tethered([*prefix, *argv]), env, rank=rank, local_rank=lr, log_path=path,
-                               cwd=self.run_dir, sink=monitor.on_line, on_exit=monitor.on_exit)
+                               cwd=self.run_dir, sink=self._sink(monitor), on_exit=monitor.on_exit)
             monitor.add_rank(rank, p.pid, env["SLURMKIT_HEARTBEAT_FILE"])
             if env["SLURMKIT_EVENTS_FILE"] not in self._spools:  # this node writes them to the ledger
                 self._spools.add(env["SLURMKIT_EVENTS_FILE"])
@@ -367,7 +383,7 @@ class NodeAgent:
             except forkserver.ForkServerError as exc:
                 why = str(exc)
             else:
-                return watch_rank(proc, rank=rank, local_rank=lr, log_path=path, sink=monitor.on_line,  # type: ignore[arg-type]
+                return watch_rank(proc, rank=rank, local_rank=lr, log_path=path, sink=self._sink(monitor),  # type: ignore[arg-type]
                                   on_exit=monitor.on_exit)
         log.info("rank %d is not forked: %s", rank, why)
         if self.forks.refused() is not None:
@@ -394,7 +410,7 @@ class NodeAgent:
             log.info("rank %d starts cold: its standby (pid %d) %s", rank, sb.pid, reason)
             sb.discard()
             return None
-        return watch_rank(sb.proc, rank=rank, local_rank=lr, log_path=path, sink=monitor.on_line,
+        return watch_rank(sb.proc, rank=rank, local_rank=lr, log_path=path, sink=self._sink(monitor),
                           on_exit=monitor.on_exit)
 
     def discard_standbys(self) -> None:
@@ -429,17 +445,42 @@ class NodeAgent:
             self.step_times.observe(beats)
         self._check_warning_budget(gen)
         self._watch_kernel_log(gen)
-        if self.clock() - self._last_sample >= self.sample_interval_s and beats:
+        holds_rank0 = any(p.rank == 0 for p in self.procs)
+        if self.program is not None and holds_rank0:
+            self._record_program_checkpoints(gen)
+        learned = self.program.sample() if self.program is not None and holds_rank0 else {}
+        if self.clock() - self._last_sample >= self.sample_interval_s and (beats or "step" in learned):
             self._last_sample = self.clock()
+            steps = {str(r): b.get("step") for r, b in beats.items()}
             # rank 0's figures and total (slurmkit.userapi.report_metrics, set_total_steps) ride
-            # in its node's sample: status and the report read them from the ledger
+            # in its node's sample: status and the report read them from the ledger. A program
+            # that reports none may still print them (its adapter read them from its lines).
             figures, total = figures_of(beats[0]) if 0 in beats else ({}, None)
+            if "0" not in steps and "step" in learned:
+                steps["0"] = learned["step"]
+            figures = figures or learned.get("metrics", {})
+            total = total if total is not None else learned.get("total_steps")
             extra: dict[str, object] = {"metrics": figures} if figures else {}
             if total is not None:
                 extra["total_steps"] = total
-            self.ledger.append("heartbeat", generation=gen, node=self.ctx.node_name,
-                               steps={str(r): b.get("step") for r, b in beats.items()}, **extra)
+            self.ledger.append("heartbeat", generation=gen, node=self.ctx.node_name, steps=steps, **extra)
         return self.monitor.triggered
+
+    def _record_program_checkpoints(self, gen: int) -> None:
+        """The program's saves finished since the last look, recorded as its own
+        ``userapi.report_checkpoint`` would: the progress marker and a ``ckpt_saved`` event."""
+        assert self.program is not None
+        for step, path in self.program.new_checkpoints():
+            record = {"step": step, "path": path, "rank": 0, "generation": gen, "node": self.ctx.node_name,
+                      "attempt": self.env.get(contract.ATTEMPT, ""), "pid": os.getpid(), "time": round(time.time(), 6),
+                      "by": "adapter:" + self.program.adapter}
+            try:
+                write_marker(self.run_dir, record)
+            except OSError as exc:
+                log.warning("cannot record the program's checkpoint of step %d: %s", step, exc)
+                continue
+            self.ledger.append("ckpt_saved", step=step, tier=USER_TIER, rank=0, uri=path,
+                               node=self.ctx.node_name, generation=gen)
 
     def _watch_kernel_log(self, gen: int) -> None:
         """Every KERNEL_LOG_WATCH_S while the ranks run, the pre-flight's kernel-log check again
