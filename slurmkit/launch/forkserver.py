@@ -50,7 +50,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from slurmkit.launch import standby
@@ -231,11 +231,12 @@ class ForkServer:
         return self._why_not
 
     def fork(self, env: Mapping[str, str], args: Sequence[str], *, plan_json: str | None, verify: str,
-             timeout_s: float, output: int | None = None) -> ForkedProc:
+             timeout_s: float, output: int | None = None, also_differ: Collection[str] = ()) -> ForkedProc:
         """Fork the rank that needs ``env`` and runs the trainer with ``args``; its standard
         output and error go to a new pipe whose read end is the ForkedProc's ``stdout``, or to
-        the descriptor ``output`` (the caller's: it stays open) with no ``stdout``."""
-        names = mismatch(self.env, env)
+        the descriptor ``output`` (the caller's: it stays open) with no ``stdout``. Names in
+        ``also_differ`` (the caller knows no rank reads them before the fork) may differ too."""
+        names = [n for n in mismatch(self.env, env) if n not in also_differ]
         if names:
             raise ForkServerError(f"its environment differs in {', '.join(names[:5])}")
         message = {"v": PROTOCOL, "set": {k: v for k, v in env.items() if self.env.get(k) != v},

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 SERVER_READY_S = 120.0  # its imports take seconds; a server slower than this is not used
 FORK_ANSWER_S = 30.0
 MAX_SERVERS = 4  # one per distinct environment; the oldest goes first
+# Set by the launching process per call and read by no rank: pytest names its current test.
+CALLER_NAMES = frozenset({"PYTEST_CURRENT_TEST"})
 
 
 class RankProcess(Protocol):
@@ -106,7 +108,8 @@ _servers_lock = threading.Lock()
 
 def _key(env: Mapping[str, str]) -> tuple[str, frozenset[tuple[str, str]]]:
     """What a server's directory and environment must equal for a rank to be forked from it."""
-    return os.getcwd(), frozenset((k, v) for k, v in env.items() if not forkserver.may_differ(k))
+    return os.getcwd(), frozenset((k, v) for k, v in env.items()
+                                  if not forkserver.may_differ(k) and k not in CALLER_NAMES)
 
 
 def stop_servers() -> None:
@@ -150,7 +153,8 @@ def _fork(server: forkserver.ForkServer, env: Mapping[str, str], output: int) ->
     if not forkserver.set_subreaper(True):
         return None
     try:
-        return server.fork(env, [], plan_json=None, verify="off", timeout_s=FORK_ANSWER_S, output=output)
+        return server.fork(env, [], plan_json=None, verify="off", timeout_s=FORK_ANSWER_S, output=output,
+                           also_differ=CALLER_NAMES)
     except forkserver.ForkServerError as exc:
         log.info("the fork server did not fork a rank (%s): it starts cold", exc)
         return None

@@ -101,9 +101,11 @@ def test_real_ranks_are_forked_children_of_this_process_from_one_kept_server(tmp
     assert _subreaper() == 0  # a subreaper only while it forked: nothing else comes to it
     new = set(localranks._servers.values()) - before
     assert len(new) <= 1
-    # the second run (its own identity and SLURMKIT_* settings) is forked from the same server
+    # the second run (its own identity, SLURMKIT_* settings, the caller's test name) is forked
+    # from the same server
     second = spawn_ranks(cfg, str(tmp_path / "b"), 2, generation=1,
-                         env={**base, "SLURMKIT_STEP_DELAY_S": "0.01"})
+                         env={**base, "SLURMKIT_STEP_DELAY_S": "0.01", "PYTEST_CURRENT_TEST": "another"})
+    assert all(isinstance(p, ForkedProc) for p in second.procs)
     assert second.wait(120) == [0, 0], second.tail()
     assert set(localranks._servers.values()) - before == new
     for run in (first, second):
