@@ -99,6 +99,7 @@ class ClusterConfig:
 class JobConfig:
     """What one experiment asks of the cluster, and what it runs."""
 
+    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = {"program": adapters.NAMES}
     name: str = "slurmkit"
     nodes: int = 1
     ranks_per_node: int | None = None  # None: the GPUs per node (1 on a CPU-only job)
@@ -144,9 +145,7 @@ class JobConfig:
             raise ConfigError(f"job.signal_lead_s={self.signal_lead_s}", "a value >= 0",
                               "set job.signal_lead_s=120")
         check_env_names("job.env", self.env)
-        if self.program not in adapters.NAMES:
-            raise ConfigError(f"job.program={self.program!r}", f"one of {', '.join(adapters.NAMES)}",
-                              "set job.program=auto to have it recognised from job.command")
+        check_choices("job", self, self.CHOICES)
         if self.progress_pattern:
             adapters.compile_pattern(self.progress_pattern)  # ConfigError: what is wrong with it
         if self.checkpoint_glob:  # ConfigError: what is wrong with it
