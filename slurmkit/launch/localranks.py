@@ -75,6 +75,7 @@ class LocalRun:
     logs: list[str]
     run_dir: str
     extra_env: dict[str, str] = field(default_factory=dict)
+    server_pid: int | None = None  # the fork server its ranks were forked from, if any
 
     def wait(self, timeout_s: float, *, clock: Callable[[], float] = time.monotonic,
              sleep: Callable[[float], None] = time.sleep) -> list[int]:
@@ -212,4 +213,5 @@ def spawn_ranks(config_path: str, run_dir: str, world_size: int, *,
                                         stdout=log_file, stderr=subprocess.STDOUT)
             procs.append(proc)
         logs.append(log_path)
-    return LocalRun(procs, logs, run_dir)
+    forked = server is not None and any(isinstance(p, forkserver.ForkedProc) for p in procs)
+    return LocalRun(procs, logs, run_dir, server_pid=server.pid if forked and server is not None else None)

@@ -94,27 +94,25 @@ def _config(tmp: str) -> str:
 
 def test_real_ranks_are_forked_children_of_this_process_from_one_kept_server(tmp_path: Any) -> None:
     cfg, base = _config(str(tmp_path)), {**os.environ, "SLURMKIT_NODE_LOCAL_DIR": str(tmp_path / "local")}
-    before = set(localranks._servers.values())
     first = spawn_ranks(cfg, str(tmp_path / "a"), 2, env=base)
     assert first.wait(120) == [0, 0], first.tail()
     assert all(isinstance(p, ForkedProc) for p in first.procs)  # forked, not started cold
+    assert first.server_pid is not None
     assert _subreaper() == 0  # a subreaper only while it forked: nothing else comes to it
-    new = set(localranks._servers.values()) - before
-    assert len(new) <= 1
     # the second run (its own identity, SLURMKIT_* settings, the caller's test name) is forked
     # from the same server
     second = spawn_ranks(cfg, str(tmp_path / "b"), 2, generation=1,
                          env={**base, "SLURMKIT_STEP_DELAY_S": "0.01", "PYTEST_CURRENT_TEST": "another"})
     assert all(isinstance(p, ForkedProc) for p in second.procs)
     assert second.wait(120) == [0, 0], second.tail()
-    assert set(localranks._servers.values()) - before == new
+    assert second.server_pid == first.server_pid
     for run in (first, second):
         with open(os.path.join(run.run_dir, "final.json")) as f:
             assert json.load(f)["world_size"] == 2
     # another value outside a rank's identity: another server (the first one's would be wrong)
     third = spawn_ranks(cfg, str(tmp_path / "c"), 2, env={**base, "OMP_NUM_THREADS": "2"})
     assert third.wait(120) == [0, 0], third.tail()
-    assert len(set(localranks._servers.values()) - before) == 2
+    assert third.server_pid is not None and third.server_pid != first.server_pid
     localranks.stop_servers()
     assert not localranks._servers
 
