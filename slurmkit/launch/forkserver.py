@@ -3,8 +3,11 @@
 A warm standby (slurmkit.launch.standby) pays Python's and torch's start-up once per rank and
 generation, ahead of time: 3-5 s of CPU each, eight times per node and restart on a GPU node,
 all reading the same files from the shared file system at once. The fork server pays it once
-per node and allocation. The agent starts it while the agents meet. It imports the trainer
-(torch, the late imports a rank pays at its first step) and then forks every rank of every
+per node and allocation. The agent forks it from itself at its start, before it connects to
+the other agents (ForkServer.fork_early: torch, which the agent imported, is not imported
+again), or starts it as a process of its own where the ranks' environment differs from the
+agent's in more than a rank may (ForkServer.start). It imports the trainer (the late imports a
+rank pays at its first step too) while the agents meet, and then forks every rank of every
 generation on this node: a fork takes milliseconds and shares the imported pages.
 
 The process tree stays what the agent watches. The server forks an intermediate process that
@@ -39,7 +42,9 @@ agent's alone, and a request that does not parse is answered with an error, not 
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import importlib
+import io
 import json
 import logging
 import os
@@ -70,8 +75,17 @@ LOST = 255  # the exit code given to a rank whose status this process cannot rea
 # the rank's first communicator is made: after the fork. The server never initialises CUDA
 # (why_not_fork) nor makes a communicator.
 DEVICE_NAMES = frozenset({"CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
-                          "UCX_NET_DEVICES"})
+                          "CUDA_DEVICE_ORDER", "UCX_NET_DEVICES"})
 DEVICE_PREFIXES = ("NCCL_",)
+# A server forked from the agent (ForkServer.fork_early) has the agent's environment, not a
+# rank's: a rank's may also differ in torch's NCCL and flight-recorder settings (read when its
+# first NCCL communicator is made, after the fork), in OMP_NUM_THREADS, which OpenMP read when
+# torch loaded in the agent (the rank applies it: torch.set_num_threads), and in the two
+# interpreter options a rank is started with, read at start-up: PYTHONSAFEPATH (the forked
+# server drops the start-up directory from sys.path, as -P would have) and PYTHONUNBUFFERED
+# (the rank's standard streams are made unbuffered when the agent's were not).
+EARLY_NAMES = frozenset({"OMP_NUM_THREADS", "PYTHONSAFEPATH", "PYTHONUNBUFFERED"})
+EARLY_PREFIXES = ("TORCH_NCCL_", "TORCH_FR_")
 
 
 class ForkServerError(Exception):
@@ -82,10 +96,14 @@ def may_differ(name: str) -> bool:
     return standby.identity_name(name) or name in DEVICE_NAMES or name.startswith(DEVICE_PREFIXES)
 
 
-def mismatch(started: Mapping[str, str], wanted: Mapping[str, str]) -> list[str]:
+def may_differ_early(name: str) -> bool:
+    return may_differ(name) or name in EARLY_NAMES or name.startswith(EARLY_PREFIXES)
+
+
+def mismatch(started: Mapping[str, str], wanted: Mapping[str, str], *, early: bool = False) -> list[str]:
     """Names that may not differ but do: a rank that needs ``wanted`` cannot be forked from a
-    server started with ``started``."""
-    return standby.mismatch(started, wanted, may_differ)
+    server started with ``started`` (``early``: forked from the agent with its environment)."""
+    return standby.mismatch(started, wanted, may_differ_early if early else may_differ)
 
 
 # ---------------------------------------------------------------------- the agent's side
@@ -154,12 +172,55 @@ class ForkedProc:
 class ForkServer:
     """The agent's handle on its node's fork server."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket, env: Mapping[str, str]) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes] | ForkedProc, sock: socket.socket, env: Mapping[str, str],
+                 *, early: bool = False) -> None:
         self.proc = proc
         self.sock = sock
         self.env = dict(env)  # the environment it was started with
+        self.early = early  # forked from the agent (fork_early): the agent's environment
         self._why_not: str | None = None
         self._ready = False
+
+    @classmethod
+    def fork_early(cls, *, cwd: str, parent: int) -> ForkServer:
+        """A server forked from this process (the agent, while its main thread is its only one:
+        before it connects to the other agents), in ``cwd``, tied to ``parent``. It keeps what
+        the agent imported (torch: the ~3 s of CPU a started server pays again, per node and
+        allocation) and imports the trainer while the agents meet. Its environment is the
+        agent's; a rank's may differ from it as :func:`may_differ_early` allows. OSError if it
+        cannot be forked."""
+        if threading.active_count() > 1:
+            raise OSError(f"{threading.active_count() - 1} Python threads run besides the main one")
+        if not set_subreaper():
+            raise OSError("prctl(PR_SET_CHILD_SUBREAPER) failed: forked ranks would not be this agent's children")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError:
+            ours.close()
+            theirs.close()
+            raise
+        if pid == 0:  # the server: nothing of the agent's runs here, not even its exit handlers
+            code = 1
+            try:
+                standby._set_name(SERVER_NAME)  # first: a process finder never takes it for an agent
+                if not getattr(sys.flags, "safe_path", False) and sys.path:
+                    del sys.path[0]  # the agent's start-up directory: what -P leaves out
+                ours.close()
+                os.setsid()
+                os.chdir(cwd)
+                _as_if_started(theirs.fileno())
+                code = serve([str(parent), str(theirs.fileno())])
+            except BaseException:  # noqa: BLE001 - said on the agent's log, the server is gone
+                traceback.print_exc()
+            finally:
+                from slurmkit.procexit import leave
+
+                leave(code)
+        theirs.close()
+        return cls(ForkedProc(pid, None), ours, os.environ, early=True)
 
     @classmethod
     def start(cls, env: Mapping[str, str], *, cwd: str | None, parent: int, subreaper: bool = True) -> ForkServer:
@@ -236,7 +297,7 @@ class ForkServer:
         output and error go to a new pipe whose read end is the ForkedProc's ``stdout``, or to
         the descriptor ``output`` (the caller's: it stays open) with no ``stdout``. Names in
         ``also_differ`` (the caller knows no rank reads them before the fork) may differ too."""
-        names = [n for n in mismatch(self.env, env) if n not in also_differ]
+        names = [n for n in mismatch(self.env, env, early=self.early) if n not in also_differ]
         if names:
             raise ForkServerError(f"its environment differs in {', '.join(names[:5])}")
         message = {"v": PROTOCOL, "set": {k: v for k, v in env.items() if self.env.get(k) != v},
@@ -282,6 +343,36 @@ class ForkServer:
 
 
 # ---------------------------------------------------------------------- the server's side
+def _unbuffered_streams() -> None:
+    """Standard output and error written through at once, as ``python -u`` makes them."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, name)
+        setattr(sys, name, io.TextIOWrapper(open(fd, "wb", buffering=0, closefd=False), write_through=True,
+                                            encoding=getattr(old, "encoding", None) or "utf-8",
+                                            errors=getattr(old, "errors", None) or "backslashreplace"))
+
+
+def _as_if_started(keep: int) -> None:
+    """In a server forked from the agent: what a started one would have. Default signal
+    dispositions (it installs its own), no stack dump on SIGUSR2, standard input from /dev/null,
+    and no descriptor of the agent's but the standard three and ``keep``."""
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGALRM, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.set_wakeup_fd(-1)
+    faulthandler.unregister(signal.SIGUSR2)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd != keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the listing's own descriptor
+
+
 def why_not_fork() -> str | None:
     """Why this process may not fork a rank now; None if it may."""
     others = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
@@ -348,6 +439,12 @@ def _become_rank(request: tuple[dict[str, str], list[str], list[str], str | None
         for name in unset:
             os.environ.pop(name, None)
         os.environ.update(put)
+        if put.get("PYTHONUNBUFFERED") and not isinstance(getattr(sys.stdout, "buffer", None), io.FileIO):
+            _unbuffered_streams()
+        if "OMP_NUM_THREADS" in put and put["OMP_NUM_THREADS"].isdigit():
+            import torch  # already imported by the server: OpenMP read the variable then
+
+            torch.set_num_threads(max(1, int(put["OMP_NUM_THREADS"])))
         if plan_json is not None:
             from slurmkit.topology.apply import apply_plan, verify_current
             from slurmkit.topology.pin import report_problems

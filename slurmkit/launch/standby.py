@@ -36,6 +36,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from slurmkit.failures.programs import REFERENCE_TRAINER, reference_trainer_args
 
@@ -105,7 +106,16 @@ class Standby:
                 stream.close()
 
 
-def end_session(proc: subprocess.Popen[bytes], what: str) -> None:
+class Ended(Protocol):
+    """What end_session needs of a process: a started one, or one forked from the agent."""
+
+    @property
+    def pid(self) -> int: ...
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def end_session(proc: Ended, what: str) -> None:
     """SIGKILL ``proc``'s session (a process started with ``start_new_session``: its children
     go too) and reap it; ``what`` names it if it does not end."""
     if proc.poll() is None:

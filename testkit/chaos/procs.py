@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from slurmkit.failures.programs import is_reference_trainer
 from slurmkit.launch.rendezvous import STORE_COMM
 from slurmkit.launch.forkserver import MODULE as FORK_MODULE
+from slurmkit.launch.forkserver import SERVER_NAME
 from slurmkit.launch.standby import ADOPTED_PREFIX as STANDBY_RANK_PREFIX
 from slurmkit.launch.standby import MODULE as STANDBY_MODULE
+from slurmkit.launch.standby import WAITING_NAME
 
 
 @dataclass(frozen=True)
@@ -80,9 +82,11 @@ def scan(run_dir: str, job_id: str | None = None, proc_root: str = "/proc") -> l
 
 
 def _standby(p: Proc) -> bool:
-    """A warm standby, or a rank forked by the fork server: its command line and environment
-    are the ones it was started with; its rank, once it has one, is in its process name."""
-    return "-m" in p.cmdline and (STANDBY_MODULE in p.cmdline or FORK_MODULE in p.cmdline)
+    """A warm standby, the fork server or a rank it forked: its command line and environment are
+    the ones it was started with (a server forked from the agent: the agent's); its role is in
+    its process name (``skstandby``, ``skforkserver``, ``skrank<RANK>`` once it has a rank)."""
+    return ("-m" in p.cmdline and (STANDBY_MODULE in p.cmdline or FORK_MODULE in p.cmdline)) or p.comm in (
+        SERVER_NAME, WAITING_NAME) or p.comm.startswith(STANDBY_RANK_PREFIX)
 
 
 def rank_of(p: Proc) -> int | None:
@@ -101,9 +105,10 @@ def is_rank(p: Proc) -> bool:
 
 def is_agent(p: Proc) -> bool:
     """A node agent: submitit's entry point, not a rank, and not node 0's store server (a child
-    forked from the agent, with its command line and its own process name)."""
+    forked from the agent, with its command line and its own process name), nor the fork server
+    forked from it or a rank forked from that (their process names)."""
     return (any("submitit.core._submit" in a for a in p.cmdline) and "RANK" not in p.env
-            and p.comm != STORE_COMM)
+            and p.comm != STORE_COMM and not _standby(p))
 
 
 def is_batch_shell(p: Proc) -> bool:

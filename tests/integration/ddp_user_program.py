@@ -123,13 +123,13 @@ def main() -> int:
         opt.zero_grad()
         loss.backward()  # DDP's gradient all-reduce over gloo
         opt.step()
-        if mode == "report":  # the step with its loss (status shows it), printed to compare
+        if mode == "report":  # the step with its loss (status shows it)
             userapi.report_metrics(step, loss=loss.item())
-            if rank == 0:
-                print(f"generation {os.environ.get('SLURMKIT_GENERATION')} step {step} loss {loss.item()!r}",
-                      flush=True)
         else:
             userapi.report_step(step)
+        if rank == 0:  # in its own words (a pattern can read them), and to compare with status
+            print(f"generation {os.environ.get('SLURMKIT_GENERATION')} step {step} loss {loss.item()!r}",
+                  flush=True)
         if rank == 0 and (step % every == 0 or step == steps):
             path = os.path.join(ckpt_dir, f"step_{step:08d}.pt")
             save(path, model, opt, step)

@@ -7,7 +7,8 @@ time after the program checkpointed again in the new generation: the run must co
 with 93), every failure restarted, the program resumed from its own checkpoints and ended where
 an uninterrupted run of the same program ends (to float rounding). The same program without
 report_checkpoint is stopped as a crash loop (93) at the first kill: only the report made the
-difference.
+difference. Read through ``job.progress_pattern`` and ``job.checkpoint_glob`` instead (no
+userapi call), its own saves count again and its step and loss reach status.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ STEPS, EVERY, DELAY_S = 80, 5, 0.05
 KILLS = (3, 1, 2)  # ranks, one per generation: more than max_restarts_without_progress=1
 
 
-def _args(name: str, mode: str) -> list[str]:
+def _args(name: str, mode: str, delay_s: float = DELAY_S) -> list[str]:
     return ["+exp=tiny", f"job.name={name}", "job.nodes=2", "job.ranks_per_node=2",
-            f"job.command=[python,{PROGRAM},'{STEPS}','{EVERY}','{DELAY_S}',{mode}]",
+            f"job.command=[python,{PROGRAM},'{STEPS}','{EVERY}','{delay_s}',{mode}]",
             "supervisor.max_restarts_without_progress=1", "supervisor.heartbeat_timeout_s=20",
             "supervisor.heartbeat_ledger_interval_s=2"]
 
@@ -125,13 +126,9 @@ def test_a_user_program_that_reports_its_checkpoints_survives_more_crashes_than_
     assert view.total_steps == STEPS and view.step is not None, view
     sampled = [e for e in events(run_dir, "heartbeat") if e.get("metrics")]
     assert sampled and all(e["total_steps"] == STEPS for e in sampled), sampled[-3:]
-    printed = {}
-    with open(os.path.join(run_dir, "logs", "rank0.log"), errors="replace") as f:
-        for m in re.finditer(r"^generation (\d+) step (\d+) loss (\S+)$", f.read(), re.M):
-            printed[int(m.group(1)), int(m.group(2))] = float(m.group(3))
     last = sampled[-1]
     assert view.loss is not None and view.loss == last["metrics"]["loss"], (view.loss, last)
-    assert view.loss == printed[last["generation"], last["steps"]["0"]], (view.loss, last)
+    assert view.loss == _printed_losses(run_dir)[last["generation"], last["steps"]["0"]], (view.loss, last)
 
 
 def test_the_same_program_without_reports_is_stopped_as_a_crash_loop(cluster_env, tmp_path) -> None:
@@ -157,3 +154,48 @@ def test_the_same_program_without_reports_is_stopped_as_a_crash_loop(cluster_env
     # No total was reported: unknown, not the 60 steps of the +exp=tiny preset's train.steps
     view = build_view(run_dir, list(read_ledger(os.path.join(run_dir, "ledger.jsonl"))), full=True)
     assert view.total_steps is None and view.loss is None and view.step is not None, view
+
+
+def _printed_losses(run_dir: str) -> dict[tuple[int, int], float]:
+    """(generation, step) -> the loss rank 0 printed."""
+    out = {}
+    with open(os.path.join(run_dir, "logs", "rank0.log"), errors="replace") as f:
+        for m in re.finditer(r"^generation (\d+) step (\d+) loss (\S+)$", f.read(), re.M):
+            out[int(m.group(1)), int(m.group(2))] = float(m.group(3))
+    return out
+
+
+def test_the_program_read_through_a_pattern_and_a_glob_survives_without_reports(cluster_env, tmp_path) -> None:
+    env = slurm_env(cluster_env)
+    since = time.time()
+    # 0.25 s steps: the agent lists the program's folder every 10 s, and the kill comes after
+    # it recorded a save, well before the program's 80 steps are done
+    args = [*_args("user-ddp-adapted", "no-report", delay_s=0.25),
+            "job.progress_pattern='^generation \\d+ step (?P<step>\\d+) loss (?P<loss>[-+0-9.e]+)$'",
+            "job.checkpoint_glob='user_ckpt/step_{step}.pt'"]
+    job, run_dir = submit(args, env, str(tmp_path))
+
+    def credited() -> int | None:  # the agent saw a finished save of the program's, and rank 3 beats
+        m = _read(marker_path(run_dir))
+        beat = _beat(run_dir, 3, since)
+        if m is None or m.get("by") != "adapter:none" or beat is None or beat.get("generation") != m["generation"]:
+            return None
+        return int(beat["pid"])
+    pid = wait_while_running("a save of the program's recorded by its adapter", credited, job, run_dir, env)
+    mark_fault(run_dir, "sigkill", rank=3)
+    os.kill(pid, signal.SIGKILL)
+    state = finish(job, env, timeout_s=180, run_dir=run_dir)
+    assert state == "COMPLETED", f"job {job} ended {state}\n{diagnose(run_dir, job, env)}"
+    # max_restarts_without_progress=1 and no report: the saves the glob found were the progress
+    assert [(f["cls"], f["rank"]) for f in events(run_dir, "failure")] == [("rank_crash", 3)]
+    assert [d["action"] for d in events(run_dir, "decision")] == ["restart"]
+    saved = [e for e in events(run_dir, "ckpt_saved") if e.get("tier") == "user"]
+    assert all(e["uri"].endswith(f"step_{e['step']:08d}.pt") for e in saved), saved
+    marker = _read(marker_path(run_dir))
+    assert marker is not None and marker["by"] == "adapter:none" and marker["step"] == max(e["step"] for e in saved)
+    # status: the step and loss rank 0 printed, from the agent's samples; no total (none said)
+    view = build_view(run_dir, list(read_ledger(os.path.join(run_dir, "ledger.jsonl"))), full=True)
+    sampled = [e for e in events(run_dir, "heartbeat") if e.get("metrics")]
+    assert sampled and view.total_steps is None, (view, sampled[-3:])
+    last = sampled[-1]
+    assert view.loss == last["metrics"]["loss"] == _printed_losses(run_dir)[last["generation"], last["steps"]["0"]]

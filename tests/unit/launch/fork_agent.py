@@ -1,5 +1,6 @@
 """The agent's side of the fork server in a process of its own (it becomes a child subreaper,
-which the test process must not): ``python fork_agent.py WORK``. Prints one JSON line of what it
+which the test process must not): ``python fork_agent.py WORK [started|early]`` (a server
+started as a process of its own, or forked from this one). Prints one JSON line of what it
 saw, then, with a rank still blocked (its config is a FIFO nobody writes), waits on stdin."""
 
 from __future__ import annotations
@@ -21,10 +22,16 @@ def stat(pid: int) -> tuple[str, int]:
     return comm, int(text[text.rindex(")") + 2:].split()[1])
 
 
-def main(work: str) -> None:
+def main(work: str, how: str) -> None:
     base = json.loads(os.environ["FORK_AGENT_BASE"])
-    server = forkserver.ForkServer.start(base, cwd=work, parent=os.getpid())
-    seen: dict[str, object] = {"agent": os.getpid(), "server": server.pid, "why_not": server.why_not(180.0)}
+    if how == "early":  # forked from this process, with its environment (the agent's own)
+        os.environ.update(base)
+        base = dict(os.environ)
+        server = forkserver.ForkServer.fork_early(cwd=work, parent=os.getpid())
+    else:
+        server = forkserver.ForkServer.start(base, cwd=work, parent=os.getpid())
+    seen: dict[str, object] = {"agent": os.getpid(), "server": server.pid, "why_not": server.why_not(180.0),
+                               "server_stat": stat(server.pid)}
     ranks = []
     for rank in (3, 4):  # two ranks of one server, each the trainer refusing its config
         env = {**base, "RANK": str(rank), "SLURMKIT_CONFIG": os.path.join(work, "config.yaml"),
@@ -34,7 +41,8 @@ def main(work: str) -> None:
         ranks.append({"pid": proc.pid, "code": code, "out": proc.stdout.read().decode(errors="replace")})
     seen["ranks"] = ranks
     try:
-        server.fork({**base, "OMP_NUM_THREADS": "9"}, [], plan_json=None, verify="warn", timeout_s=60)
+        server.fork({**base, "OMP_NUM_THREADS": "9", "MALLOC_ARENA_MAX": "2"}, [], plan_json=None,
+                    verify="warn", timeout_s=60)
     except forkserver.ForkServerError as exc:
         seen["mismatch"] = str(exc)
     # A request that is not one is answered with an error; the server goes on serving.
@@ -67,4 +75,4 @@ def main(work: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "started")

@@ -40,10 +40,10 @@ def wait_until(what: str, cond, deadline_s: float = 60.0) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def start_agent(tmp_path) -> tuple[subprocess.Popen[str], dict]:
+def start_agent(tmp_path, how: str = "started") -> tuple[subprocess.Popen[str], dict]:
     (tmp_path / "config.yaml").write_text("- not a mapping\n")  # the trainer refuses it, naming it
     os.mkfifo(tmp_path / "fifo")
-    agent = subprocess.Popen([sys.executable, AGENT, str(tmp_path)], cwd=REPO, text=True,
+    agent = subprocess.Popen([sys.executable, AGENT, str(tmp_path), how], cwd=REPO, text=True,
                              env={**os.environ, "FORK_AGENT_BASE": json.dumps(BASE), "PYTHONPATH": REPO},
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert agent.stdout is not None
@@ -52,16 +52,22 @@ def start_agent(tmp_path) -> tuple[subprocess.Popen[str], dict]:
     return agent, json.loads(line)
 
 
-def test_ranks_forked_from_one_server_are_the_agents_children(tmp_path) -> None:
-    agent, seen = start_agent(tmp_path)
+@pytest.mark.parametrize("how", ["started", "early"])
+def test_ranks_forked_from_one_server_are_the_agents_children(tmp_path, how: str) -> None:
+    agent, seen = start_agent(tmp_path, how)
     try:
         assert seen["why_not"] is None, seen
+        # started or forked, the server names itself and is the agent's child
+        assert seen["server_stat"] == ["skforkserver", seen["agent"]], seen
         (r3, r4) = seen["ranks"]
         assert r3["pid"] != r4["pid"] and seen["server"] not in (r3["pid"], r4["pid"])
         for r in (r3, r4):  # the exit status the trainer gave, read by the agent's waitpid
             assert r["code"] == EXIT_CONFIG_ERROR, r
             assert f"{CONFIG_ERROR_MARKER}Detected: {tmp_path / 'config.yaml'} is not a mapping" in r["out"], r
-        assert "OMP_NUM_THREADS" in seen["mismatch"], seen  # read at start-up: never forked
+        # read at start-up: never forked; from a server forked from the agent (which loaded
+        # OpenMP with its own environment) the rank applies OMP_NUM_THREADS itself
+        assert "MALLOC_ARENA_MAX" in seen["mismatch"], seen
+        assert ("OMP_NUM_THREADS" in seen["mismatch"]) == (how == "started"), seen
         assert "error" in seen["garbage"] and "pid" not in seen["garbage"], seen
         # the blocked rank: named after its rank, a child of the agent (not of the server)
         assert seen["blocked_stat"] == ["skrank5", seen["agent"]], seen
@@ -79,8 +85,9 @@ def test_ranks_forked_from_one_server_are_the_agents_children(tmp_path) -> None:
         agent.wait()
 
 
-def test_a_forked_rank_and_the_server_die_with_their_agent(tmp_path) -> None:
-    agent, seen = start_agent(tmp_path)
+@pytest.mark.parametrize("how", ["started", "early"])
+def test_a_forked_rank_and_the_server_die_with_their_agent(tmp_path, how: str) -> None:
+    agent, seen = start_agent(tmp_path, how)
     try:
         rank, server = seen["blocked"], seen["server"]
         assert alive(rank) and alive(server)

@@ -62,12 +62,19 @@ def test_a_warm_standby_counts_as_a_rank_once_it_names_one(tmp_path) -> None:
     server = ["python", "-P", "-m", "slurmkit.launch.forkserver", "4242", "5"]
     fake_proc(root, 23, env, server, start=150, comm="skforkserver")
     fake_proc(root, 24, env, server, start=400, comm="skrank5")
+    # a server forked from the agent and a rank it forked: the agent's command line and
+    # environment (no RANK); the agent itself is the one without such a name
+    agent = ["python", "-u", "-m", "submitit.core._submit", "/run/submitit"]
+    agent_env = {"SLURMKIT_RUN_DIR": run, "SLURMD_NODENAME": "node2"}
+    fake_proc(root, 25, agent_env, agent, start=50)
+    fake_proc(root, 26, agent_env, agent, start=60, comm="skforkserver")
+    fake_proc(root, 27, agent_env, agent, start=500, comm="skrank6")
 
     found = procs.scan(run, None, proc_root=str(root))
-    assert sorted(p.pid for p in found) == [20, 21, 22, 23, 24]
+    assert sorted(p.pid for p in found) == [20, 21, 22, 23, 24, 25, 26, 27]
     ranks = procs.ranks(found)
-    assert {r: p.pid for r, p in ranks.items()} == {0: 20, 3: 21, 5: 24}
-    assert not any(procs.is_agent(p) for p in found)
+    assert {r: p.pid for r, p in ranks.items()} == {0: 20, 3: 21, 5: 24, 6: 27}
+    assert [p.pid for p in found if procs.is_agent(p)] == [25]
 
 
 def test_scan_sees_a_real_stopped_process_of_the_run(tmp_path) -> None:
