@@ -34,7 +34,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from slurmkit.contract import CONFIG_ERROR_MARKER, EXIT_CONFIG_ERROR, device_of
+from slurmkit.contract import CONFIG_ERROR_MARKER, EXIT_CHECKPOINTED_ON_SIGNAL, EXIT_CONFIG_ERROR, device_of
 from slurmkit.errors import ConfigError
 from slurmkit.procexit import leave
 from slurmkit.store.config import StoreConfig
@@ -171,7 +171,14 @@ def run(env: Mapping[str, str], early_stop: StopRequest | None = None) -> int:
         trainer = Trainer(m, p, t, ctx=ctx, runtime=runtime, strategy=strategy, store=store,
                           stop=stop, ledger=ledger, heartbeat=Heartbeat.from_env(env, rank),
                           faults=faults)
-        return trainer.run()
+        code = trainer.run()
+        if world > 1 and code in (0, EXIT_CHECKPOINTED_ON_SIGNAL):
+            # The ranks' last exchange went through the TCPStore rank 0 serves: rank 0 leaving
+            # right after writing a result would reset the connection of a rank still reading
+            # it (seen: "waiting for '8/r' ... Connection reset by peer" after a stop). A
+            # barrier over the process group, which every rank enters after its last read.
+            dist.barrier()
+        return code
     finally:
         if store is not None:
             store.close()
