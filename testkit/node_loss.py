@@ -32,6 +32,7 @@ import signal
 import stat
 from collections.abc import Callable, Iterable, Mapping
 
+from slurmkit.runfiles import CONFIG_NAME
 from testkit.cluster_state import StateError
 
 ENVIRON_MAX_BYTES = 256 * 1024
@@ -235,7 +236,13 @@ def nvme_requests(procs: Iterable[NodeProcess], node: str, proc_root: str = "/pr
     for p in procs:
         env = read_environ(p.pid, proc_root)
         config = env.get("SLURMKIT_CONFIG", "")
-        if env.get("SLURMKIT_NODE") != node or not config:
+        named = env.get("SLURMKIT_NODE")
+        if not config and env.get("SLURMKIT_RUN_DIR"):
+            # A rank forked from a server the agent forked shows the agent's environment (the
+            # batch script's and the step's: the run directory, Slurm's name for the node).
+            config = os.path.join(env["SLURMKIT_RUN_DIR"], CONFIG_NAME)
+            named = named or env.get("SLURMD_NODENAME")
+        if named != node or not config:
             continue
         if len(set(p.uids)) != 1 or len(set(p.gids)) != 1:
             say(f"pid {p.pid} runs with uids {p.uids} and gids {p.gids}: its NVMe directory is not removed")

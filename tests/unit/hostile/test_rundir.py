@@ -38,15 +38,18 @@ DROP = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
 # spool directory as slurmstepd binds it, and two ranks of the job run as nobody below it.
 STEPD = """
 import os, socket, subprocess, sys, time
-spool, node, cfg_own, cfg_victim = sys.argv[1:5]
+spool, node, cfg_own, cfg_victim, forked_run = sys.argv[1:6]
 s = socket.socket(socket.AF_UNIX)
 s.bind(os.path.join(spool, node + "_7.0"))
 s.listen()
 ranks = [subprocess.Popen([*%r, "sleep", "600"], env={"SLURMKIT_NODE": node, "SLURMKIT_CONFIG": c,
          "PATH": os.environ["PATH"]}) for c in (cfg_own, cfg_victim)]
+# a rank forked from a server the agent forked: the agent's environment (run dir, Slurm's node name)
+ranks.append(subprocess.Popen([*%r, "sleep", "600"], env={"SLURMD_NODENAME": node, "SLURMKIT_RUN_DIR": forked_run,
+             "PATH": os.environ["PATH"]}))
 print(" ".join(str(r.pid) for r in ranks), flush=True)
 time.sleep(600)
-""" % (DROP,)
+""" % (DROP, DROP)
 
 
 def wait_until(what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
@@ -107,18 +110,23 @@ def stop(procs: list[subprocess.Popen[Any]]) -> None:
 
 def case_item9_kill_node_trusts_no_process_environment(base: Path) -> None:
     """A forged process is not selected; nothing its config names is removed; the node's own
-    ranks are, and only their user's directory goes."""
+    ranks are, and only their user's directory goes, also for a rank whose environment is its
+    agent's (forked from a server the agent forked: the run directory's config.yaml)."""
     spool = base / "spool"
     spool.mkdir(mode=0o755)
     spool.chmod(0o755)
     own = node_dir(base / "own", NOBODY)  # the job's NVMe on the node: goes with the node
     victim = node_dir(base / "victim", 0)  # root's: a rank's config names it; it must stay
     roots_own = node_dir(base / "rootspool", 0)  # what the forged process points at
+    forked_own = node_dir(base / "forked", NOBODY)  # a forked rank's run (its config.yaml) names it
+    forked_run = base / "forked-run"
+    forked_run.mkdir()
+    config(forked_run / "config.yaml", base / "forked")
     procs: list[subprocess.Popen[Any]] = []
     try:
         stepd = start(procs, ["slurmstepd: [7.0]", "-c", STEPD, str(spool), NODE,
                               config(base / "own.yaml", base / "own"),
-                              config(base / "victim.yaml", base / "victim")],
+                              config(base / "victim.yaml", base / "victim"), str(forked_run)],
                       executable=sys.executable, stdout=subprocess.PIPE)
         ranks = [int(p) for p in stepd.stdout.readline().split()]  # type: ignore[union-attr]
         forged_env = {"SLURMD_NODENAME": NODE, "SLURMKIT_NODE": NODE, "PATH": os.environ["PATH"],
@@ -137,8 +145,9 @@ def case_item9_kill_node_trusts_no_process_environment(base: Path) -> None:
         assert node_loss.remove_nvme_dirs(node_loss.nvme_requests([forged_proc], NODE), NODE) == []
         requests = node_loss.nvme_requests(chosen, NODE)
         assert node_loss.kill(chosen) and forged.poll() is None
-        assert node_loss.remove_nvme_dirs(requests, NODE) == [str(own)]
-        assert not own.exists() and (victim / "shard.bin").exists() and (roots_own / "shard.bin").exists()
+        assert sorted(node_loss.remove_nvme_dirs(requests, NODE)) == sorted([str(own), str(forked_own)])
+        assert not own.exists() and not forked_own.exists()
+        assert (victim / "shard.bin").exists() and (roots_own / "shard.bin").exists()
         wait_until("the stand-in slurmstepd's death", lambda: stepd.poll() is not None)
     finally:
         stop(procs)
