@@ -235,13 +235,12 @@ def nvme_requests(procs: Iterable[NodeProcess], node: str, proc_root: str = "/pr
     by_creds: dict[Credentials, dict[str, dict[str, str]]] = {}
     for p in procs:
         env = read_environ(p.pid, proc_root)
+        # A rank forked from a server the agent forked shows the agent's environment (the batch
+        # script's and the step's): Slurm's name for the node, the run directory (its config).
         config = env.get("SLURMKIT_CONFIG", "")
-        named = env.get("SLURMKIT_NODE")
         if not config and env.get("SLURMKIT_RUN_DIR"):
-            # A rank forked from a server the agent forked shows the agent's environment (the
-            # batch script's and the step's: the run directory, Slurm's name for the node).
             config = os.path.join(env["SLURMKIT_RUN_DIR"], CONFIG_NAME)
-            named = named or env.get("SLURMD_NODENAME")
+        named = env.get("SLURMKIT_NODE") or env.get("SLURMD_NODENAME")
         if named != node or not config:
             continue
         if len(set(p.uids)) != 1 or len(set(p.gids)) != 1:

@@ -4,7 +4,8 @@ Each run must finish training, lose at most one checkpoint interval, and end wit
 bit-for-bit equal to the same run without faults (``reference``: tests/integration/conftest.py).
 A node lost with a spare, and the time-limit warning, are in test_recovery_points.py (with the
 tiered store, where they also prove every save a recovery point); node 0 lost is in
-test_node0_loss.py.
+test_node0_loss.py; a node lost without a spare (a successor job without it) is
+test_unprivileged_user.py's run, where the ordinary user submits it.
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ import time
 import pytest
 
 from tests.integration.faults import (
-    COMMON, INTERVAL, diagnose, events, final, finish, kill_node, mark_fault, rank_pid, restore_node, submit,
-    wait_for_step,
+    COMMON, INTERVAL, diagnose, events, final, finish, mark_fault, rank_pid, submit, wait_for_step,
 )
 from testkit.chaos import procs
 from slurmkit.train.faults import DATA_STALL_LINE
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.runner import SubprocessRunner
-from tests.integration.helpers import job_cgroup_tasks, proctrack, slurm_env
+from tests.integration.browser import assert_report_in_chromium
+from tests.integration.helpers import slurm_env
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +47,8 @@ def test_a_rank_sigkill_an_nccl_abort_and_a_sigstop_each_restart_in_the_allocati
     """Three faults of the rank family in one job, one generation each: a SIGKILLed rank
     (rank_crash), an NCCL error line and abort from inside the trainer (nccl_error) and a
     SIGSTOPped rank (hang). Each is classified, restarted in the allocation from the last
-    checkpoint, and the run still ends bit-exact with the uninterrupted one."""
+    checkpoint, and the run still ends bit-exact with the uninterrupted one; its report, opened
+    in headless Chromium, shows the three."""
     # The next generation's standbys start as soon as the ranks beat (default: after 60 s).
     job, run_dir = submit([*COMMON, "job.name=f-ranks", "supervisor.warm_standby_after_s=0",
                            "+job.env.SLURMKIT_FAULT=nccl_abort:2:25:once"], env, str(tmp_path))
@@ -80,6 +82,8 @@ def test_a_rank_sigkill_an_nccl_abort_and_a_sigstop_each_restart_in_the_allocati
     # stopped rank.
     left = [f"{p.pid}: {' '.join(p.cmdline)}" for p in procs.scan(run_dir, job)]
     assert not left, left
+    # The run's report, rendered by a real browser, lists the three failures (tests/integration/browser.py).
+    assert_report_in_chromium(run_dir, env, tmp_path)
 
 
 def rank_pid_of_generation(run_dir: str, rank: int, gen: int) -> int:
@@ -125,9 +129,6 @@ def test_raise_at_the_same_step_stops_with_93_and_no_requeue(env, tmp_path) -> N
     job, run_dir = submit([*COMMON, "job.name=f-loop", "+job.env.SLURMKIT_FAULT=raise:1:15",
                            "supervisor.max_restarts_without_progress=2"], env, str(tmp_path))
     assert finish(job, env, run_dir=run_dir) == "FAILED"
-    from slurmkit.slurm.client import SlurmClient
-    from slurmkit.slurm.runner import SubprocessRunner
-
     rows = [r for r in SlurmClient(SubprocessRunner(env=env)).sacct(job) if not r.is_step]
     assert rows[-1].exit_code == 93, rows
     assert SlurmClient(SubprocessRunner(env=env)).job(job).restart_cnt == 0
@@ -135,45 +136,3 @@ def test_raise_at_the_same_step_stops_with_93_and_no_requeue(env, tmp_path) -> N
     assert end["status"] == "stopped" and end["exit_code"] == 93 and "crash loop" in end["reason"]
     assert all(f["cls"] == "user_error" and f["rank"] == 1 for f in events(run_dir, "failure"))
     assert not os.path.exists(os.path.join(run_dir, "final.json"))
-
-
-def _lose_second_node_and_recover(env, reference: str, job: str, run_dir: str) -> str:
-    """Kill the node of ranks 2-3 (slurmd and its processes) mid-run; the run must recover."""
-    step = wait_for_step(run_dir, 3, 13)
-    (start,) = events(run_dir, "allocation_start")
-    lost = str(start["train_nodes"][1])
-    mark_fault(run_dir, "node_loss", node=lost, step=step)
-    try:
-        kill_node(env, lost)
-        assert_recovered(run_dir, job, env, reference, step)
-    finally:
-        restore_node(env, lost)
-    return lost
-
-
-def test_node_loss_without_a_spare_requeues_without_the_node(env, reference, tmp_path) -> None:
-    job, run_dir = submit([*COMMON, "job.name=f-requeue"], env, str(tmp_path))
-    lost = _lose_second_node_and_recover(env, reference, job, run_dir)
-    assert events(run_dir, "failure")[0]["cls"] == "node_loss"
-    (requeue,) = events(run_dir, "requeue")
-    assert requeue["exclude"] == [lost]
-    starts = events(run_dir, "allocation_start")
-    assert len(starts) == 2 and lost not in starts[1]["nodes"]
-    # Handed over to a successor job that excludes the node (no helper outside the job: what
-    # proctrack/cgroup allows), started at once, not after Slurm's ~120 s requeue hold.
-    (handover,) = events(run_dir, "successor")
-    assert handover["predecessor"] == job and handover["exclude"] == [lost]
-    assert starts[1]["job_id"] == handover["job_id"] != job and starts[1]["predecessor"] == job
-    assert starts[1]["t"] - requeue["t"] < 60, starts[1]["t"] - requeue["t"]
-    client = SlurmClient(SubprocessRunner(env=env))
-    # The old job ended (NODE_FAIL: the lost node was still in it) and Slurm did not requeue it
-    # itself (Requeue=0 before the handover): one allocation of it in accounting, not two.
-    assert client.job_state(job, source="sacct") in ("COMPLETED", "NODE_FAIL")
-    assert len([r for r in client.sacct(job, duplicates=True) if r.job_id == job]) == 1
-    left = [f"{p.pid}: {' '.join(p.cmdline)}" for p in [*procs.scan(run_dir, job), *procs.scan(run_dir, handover["job_id"])]]
-    assert not left, left  # nothing either job started outlives it (no release helper)
-    if proctrack(env) == "cgroup":  # and Slurm's own view: the jobs' cgroups hold no task (slurmd
-        deadline = time.monotonic() + 60  # removes them asynchronously after the job's end)
-        while (held := {**job_cgroup_tasks(job), **job_cgroup_tasks(handover["job_id"])}) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not held, held

@@ -1,7 +1,7 @@
 """Pre-flight on the real local cluster: nodes that fail their checks are replaced by spares
 before any rank starts on them, and training runs on a healthy node.
 
-One job (CI time is short) asks for one train node and two spares and excludes the fourth node,
+The first job (CI time is short) asks for one train node and two spares and excludes the fourth node,
 so the test knows the order of its nodes (Slurm orders an allocation by name) and can spoil two
 of them before the job starts: node rank 0's NVMe tier is a real, full tmpfs; node rank 1's
 kernel-log source (health.kernel_log, one emulated log file per node through $SLURMKIT_NODE)
@@ -103,32 +103,64 @@ def test_nodes_failing_preflight_are_replaced_before_training(env, tmp_path) -> 
     assert not events(run_dir, "requeue")
 
 
-def test_a_node_whose_clock_is_off_is_replaced_and_the_links_are_measured(env, tmp_path) -> None:
-    """Two train nodes and a spare: node rank 1's clock is 5 s off through the clock check's test
-    hook (SLURMKIT_TEST_CLOCK_OFFSET_S, read by the agents only), so it fails generation 0's
-    pre-flight and the spare takes its slot. Both generations' link tests run between the two
-    train nodes (two nodes: measured, never judged) and their figures are in the ledger."""
-    first, skewed, spare, *others = cluster_nodes(env)
-    job, run_dir = submit(["+exp=tiny", "model=micro", "job.name=h-clock", "job.nodes=2", "job.ranks_per_node=1",
-                           f"train.steps={STEPS}", "train.ckpt_interval_steps=3", "supervisor.spare_nodes=1",
-                           "health.kernel_log=", f'+job.env.SLURMKIT_TEST_CLOCK_OFFSET_S="{skewed}:5"',
+def test_a_node_whose_clock_is_off_then_an_xid_while_training_each_move_a_node_onto_a_spare(env, tmp_path) -> None:
+    """Two train nodes (two ranks each) and two spares, so every node of the cluster (Slurm orders
+    an allocation by name). Node rank 1's clock is 5 s off through the clock check's test hook
+    (SLURMKIT_TEST_CLOCK_OFFSET_S, read by the agents only), so it fails generation 0's pre-flight
+    and the first spare takes its slot. Both generations' link tests run between the two train
+    nodes (two nodes: measured, never judged) and their figures are in the ledger. Then, while
+    generation 1 trains past a checkpoint, an Xid 79 line is appended to the kernel log of the
+    node in slot 1: no rank prints it, that node's agent finds it in the kernel log itself
+    (every 5 s), the generation ends as a gpu_fault of that node, the second spare takes the slot
+    at once (no crash counted), and the run completes from the checkpoint."""
+    from tests.integration.faults import COMMON, INTERVAL, STEPS as RUN_STEPS, wait_for_step
+
+    nodes = cluster_nodes(env)
+    assert len(nodes) >= 4, f"two train nodes and two spares: the cluster has {nodes}"
+    first, skewed, spare1, spare2, *others = nodes
+    klog = tmp_path / "kernel-log"
+    klog.mkdir()
+    for node in (first, skewed, spare1, spare2):
+        (klog / f"{node}.log").write_text("[    1.000000] Linux version (emulated)\n")
+    job, run_dir = submit([*COMMON, "job.name=h-clock-xid", "job.nodes=2", "supervisor.spare_nodes=2",
+                           f"health.kernel_log={klog}/$SLURMKIT_NODE.log",
+                           f'+job.env.SLURMKIT_TEST_CLOCK_OFFSET_S="{skewed}:5"',
                            f"job.exclude=[{','.join(others)}]" if others else "job.exclude=[]"],
                           env, str(tmp_path))
     try:
+        # Ranks 2 and 3 run on slot 1: generation 1's node there (the skewed node trains never).
+        wait_for_step(run_dir, 2, INTERVAL + 2, timeout_s=600)  # past the first checkpoint
+        (slot1,) = {e["node"] for e in events(run_dir, "ranks_started") if e["generation"] == 1 and 2 in e["ranks"]}
+        with open(klog / f"{slot1}.log", "a") as f:
+            f.write(XID_LINE)
         state = finish(job, env, timeout_s=900, run_dir=run_dir)
-    finally:
+    finally:  # never leave it queued behind this test (scancel of an ended job only complains)
         subprocess.run(["scancel", job], env=env, capture_output=True, timeout=60, check=False)
     assert state == "COMPLETED", f"job {job} ended {state}\n{diagnose(run_dir, job, env)}"
+    assert final(run_dir)["step"] == RUN_STEPS
+
     pre = {(e["generation"], e["node"]): {c["name"]: c for c in e["checks"]} for e in events(run_dir, "preflight")}
     clock = pre[(0, skewed)]["clock"]
     assert clock["verdict"] == "bad_node" and abs(clock["figures"]["offset_s"] + 5.0) < 0.5, clock
     assert clock["message"].startswith("Detected: this node's clock is ") and "s ahead of node 0's" in clock["message"]
     assert clock["figures"]["uncertainty_s"] < 0.5, clock
-    for key in ((0, first), (1, first), (1, spare)):
+    for key in ((0, first), (1, first), (1, slot1)):
         assert pre[key]["clock"]["verdict"] == "ok", pre[key]
         links = pre[key]["links"]
         assert links["verdict"] == "ok" and links["figures"]["best_mib_s"] > 0, links
     assert pre[(0, skewed)]["links"]["figures"]["best_mib_s"] > 0  # measured although its clock is off
-    assert [(f["generation"], f["cls"], f["node"]) for f in events(run_dir, "failure")] == [(0, "preflight", skewed)]
+    assert pre[(1, slot1)]["kernel_log"]["verdict"] == "ok", pre  # clean at its start: the Xid came while training
+
+    failures = events(run_dir, "failure")
+    assert [(f["generation"], f["cls"], f["node"]) for f in failures] == [
+        (0, "preflight", skewed), (1, "gpu_fault", slot1)], failures
+    assert "Xid 79" in failures[1]["evidence"] and "GPU has fallen off the bus" in failures[1]["evidence"]
+    decisions = events(run_dir, "decision")
+    assert [(d["action"], d["exclude"]) for d in decisions] == [
+        ("replace_node", [skewed]), ("replace_node", [slot1])], decisions
     started = {(e["generation"], e["node"]) for e in events(run_dir, "ranks_started")}
-    assert {(1, first), (1, spare)} <= started and all(node != skewed for _, node in started), started
+    assert all(node != skewed for _, node in started), started  # no training time on the skewed node
+    assert {(1, first), (1, slot1), (2, first)} <= started and (2, slot1) not in started, started
+    (slot1_gen2,) = {node for gen, node in started if gen == 2 and node != first}
+    assert slot1 in (spare1, spare2) and slot1_gen2 in (spare1, spare2) and slot1_gen2 != slot1, started
+    assert not events(run_dir, "requeue")

@@ -22,18 +22,23 @@ import time
 
 import pytest
 
+from tests.integration.faults import COMMON as FAULT_COMMON
+from tests.integration.faults import STEPS as FAULT_STEPS
 from tests.integration.faults import (
     events, final, finish, kill_node, mark_fault, rank_pid, restore_node, submit, wait_for_step,
 )
 from tests.integration.helpers import slurm_env
 
 pytestmark = pytest.mark.integration
-STEPS, INTERVAL, EVERY = 36, 4, 4  # saves at 4, 8, ..., 36; the shared tier gets steps 16 and 32
+#: Training as faults.COMMON trains (the session's ``reference`` digest: a save changes no
+#: parameter, so neither the checkpoint interval nor the store does), saving every 4 steps:
+#: saves at 4, 8, ..., 40; the shared tier gets steps 16 and 32.
+STEPS, INTERVAL, EVERY = FAULT_STEPS, 4, 4
 STORE = ["store=tiered", "store.nvme_uri=$SLURMKIT_RUN_DIR/ckpt/nvme",
          "store.lustre_uri=$SLURMKIT_RUN_DIR/ckpt/shared", "store.object_uri=",
          f"store.lustre_every_saves={EVERY}", "store.stagger_s=0"]
-COMMON = ["+exp=tiny", "model=micro", f"train.steps={STEPS}", f"train.ckpt_interval_steps={INTERVAL}",
-          "supervisor.heartbeat_timeout_s=8", *STORE]
+COMMON = [*(a for a in FAULT_COMMON if not a.startswith(("train.ckpt_interval_steps=", "+job.env.SLURMKIT_STEP_DELAY_S="))),
+          f"train.ckpt_interval_steps={INTERVAL}", *STORE]
 DELAY = "+job.env.SLURMKIT_STEP_DELAY_S=0.5"
 NVME_ONLY = 20  # the 5th save: committed on NVMe, never promoted
 
@@ -41,15 +46,6 @@ NVME_ONLY = 20  # the 5th save: committed on NVMe, never promoted
 @pytest.fixture(scope="module")
 def env(cluster_env) -> dict[str, str]:
     return slurm_env(cluster_env)
-
-
-@pytest.fixture(scope="module")
-def reference(env, tmp_path_factory) -> str:
-    d = tmp_path_factory.mktemp("rp-ref")
-    job, run_dir = submit([*COMMON, "job.name=rp-reference"], env, str(d))
-    assert finish(job, env, run_dir=run_dir) == "COMPLETED"
-    assert final(run_dir)["step"] == STEPS
-    return str(final(run_dir)["param_sha256"])
 
 
 def wait_saved(run_dir: str, step: int, timeout_s: float = 300) -> None:

@@ -7,6 +7,8 @@ that user, tracked in the job's cgroup where the cluster runs proctrack/cgroup. 
 run is lost: node 0's agent, as the user, hands the run to a successor job without the node
 (scontrol update of its own job, sbatch --hold, scontrol release: what a user may do), and the
 run completes bit for bit equal to the uninterrupted one. Nothing runs as root on the way.
+This is also the suite's one test of a node lost without a spare on a run of several nodes (the
+successor's timing, Slurm's accounting of the old job, the jobs' cgroups left empty).
 """
 
 from __future__ import annotations
@@ -89,7 +91,11 @@ def test_an_ordinary_users_run_loses_a_node_and_completes_in_a_successor_job(env
     restored = [e["step"] for e in events(run_dir, "ckpt_restored")]
     assert restored and max(restored) >= step - INTERVAL, (restored, step)
 
-    # The user's agent made the handover itself: a successor job without the lost node.
+    # The user's agent made the handover itself: a successor job without the lost node, started
+    # at once (not after Slurm's ~120 s requeue hold), decided as a node loss.
+    assert events(run_dir, "failure")[0]["cls"] == "node_loss", story
+    (requeue,) = events(run_dir, "requeue")
+    assert requeue["exclude"] == [lost], story
     (handover,) = events(run_dir, "successor")
     assert handover["predecessor"] == job and handover["exclude"] == [lost], story
     assert not events(run_dir, "successor_refused") and not events(run_dir, "requeue_refused"), story
@@ -97,11 +103,17 @@ def test_an_ordinary_users_run_loses_a_node_and_completes_in_a_successor_job(env
     assert chain == [job, handover["job_id"]], (chain, story)
     starts = events(run_dir, "allocation_start")
     assert len(starts) == 2 and lost not in starts[1]["nodes"], story
+    assert starts[1]["job_id"] == handover["job_id"] != job and starts[1]["predecessor"] == job, story
+    assert starts[1]["t"] - requeue["t"] < 60, starts[1]["t"] - requeue["t"]
     (prev,) = events(run_dir, "previous_attempt")
     assert prev["attempt"] == f"{job}-0" and prev["handled_by"] == "slurmkit", prev
 
     # Both jobs were the user's, in Slurm's accounting; every file of the run is the user's.
     client = SlurmClient(SubprocessRunner(env=env))
+    # The old job ended (NODE_FAIL: the lost node was still in it) and Slurm did not requeue it
+    # itself (Requeue=0 before the handover): one allocation of it in accounting, not two.
+    assert client.job_state(job, source="sacct") in ("COMPLETED", "NODE_FAIL")
+    assert len([r for r in client.sacct(job, duplicates=True) if r.job_id == job]) == 1
     for j in chain:
         out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", j, "-o", "User"], env=env,
                              capture_output=True, text=True, timeout=60).stdout.split()

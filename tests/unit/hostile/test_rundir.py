@@ -46,7 +46,7 @@ ranks = [subprocess.Popen([*%r, "sleep", "600"], env={"SLURMKIT_NODE": node, "SL
          "PATH": os.environ["PATH"]}) for c in (cfg_own, cfg_victim)]
 # a rank forked from a server the agent forked: the agent's environment (run dir, Slurm's node name)
 ranks.append(subprocess.Popen([*%r, "sleep", "600"], env={"SLURMD_NODENAME": node, "SLURMKIT_RUN_DIR": forked_run,
-             "PATH": os.environ["PATH"]}))
+             "SLURMKIT_CONFIG": os.path.join(forked_run, "config.yaml"), "PATH": os.environ["PATH"]}))
 print(" ".join(str(r.pid) for r in ranks), flush=True)
 time.sleep(600)
 """ % (DROP, DROP)

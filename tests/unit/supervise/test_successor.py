@@ -1,7 +1,7 @@
 """The requeue as a successor job (slurmkit.supervise.exits.successor) on the fake controller: what is
 submitted, with which options and environment, and that a failure leaves nothing behind. The
 real handover (a node lost, the successor excluding it) is in
-tests/integration/test_faults.py::test_node_loss_without_a_spare_requeues_without_the_node."""
+tests/integration/test_unprivileged_user.py::test_an_ordinary_users_run_loses_a_node_and_completes_in_a_successor_job."""
 
 from __future__ import annotations
 
