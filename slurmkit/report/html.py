@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 
-from slurmkit.ledger.summary import FailureReport, RunReport
+from slurmkit.ledger.summary import LINE_CHARS, FailureReport, RunReport
+from slurmkit.untrusted import safe_line
 from slurmkit.report.breakdown import LABELS
 from slurmkit.report.figures import COLORS
 from slurmkit.report.model import __doc__ as MODEL_DOC
@@ -104,12 +105,20 @@ def failures(start: float, fs: Sequence[FailureReport]) -> str:
         rows.append([f"{f.fault_time - start:.1f}" + ("*" if f.injected else ""), escape(f.cls),
                      escape(where), escape(f.action or "-"), _f(f.detection_s), _f(f.restart_s),
                      _f(f.restore_s), _f(f.resume_s), escape(steps), _n(f.steps_lost),
-                     escape(f.evidence[:160])])
+                     escape(f.evidence[:160]) + _last_line(f.line)])
         attrs.append(f' class="failure" data-class="{escape(f.cls)}" data-rank="{f.rank}"')
     return _table(["fault +s", "class", "root cause", "action", "detect s", "restart s", "restore s",
                    "resume s", "steps", "lost", "evidence"], rows, attrs) + \
         "<p class=sub>Seconds from the fault; * = fault time recorded by the injector, else the " \
         "classifier's estimate.</p>"
+
+
+def _last_line(line: str) -> str:
+    """The failing rank's last telling line under the evidence (a traceback's last line, "can't
+    open file ..."): untrusted, so control characters are shown escaped and markup as text."""
+    if not line:
+        return ""
+    return f'<br><span class="line">said: {escape(safe_line(line[:LINE_CHARS]))}</span>'
 
 
 def breakdown_table(d: RunData) -> str:

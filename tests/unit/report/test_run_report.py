@@ -256,3 +256,15 @@ def test_gpu_hour_cost_is_a_cluster_field_checked_on_load() -> None:
     assert ClusterConfig(name="site", gpu_hour_cost=2.5).gpu_hour_cost == 2.5
     with pytest.raises(ConfigError, match="cluster.gpu_hour_cost=-1"):
         ClusterConfig(name="site", gpu_hour_cost=-1)
+
+
+def test_the_failing_ranks_last_line_is_under_its_evidence_as_text(tmp_path) -> None:
+    """The ledger's failure ``line`` (what the rank said last: issue 36) is in the report's
+    failure row, markup as text and control characters escaped (the ledger is untrusted)."""
+    said = "ValueError: bad <b>batch</b>\x1b[31m red"
+    events = [dict(e, line=said) if e["event"] == "failure" else e for e in EVENTS]
+    paths = write(write_run(str(tmp_path / "run"), events), out=str(tmp_path / "out"))
+    html = open(paths[0], encoding="utf-8").read()
+    (row,) = re.findall(r'<tr class="failure"[^>]*>(.*?)</tr>', html, re.S)
+    assert '<span class="line">said: ValueError: bad &lt;b&gt;batch&lt;/b&gt;' in row, row
+    assert "\x1b" not in html and "<b>batch" not in html
