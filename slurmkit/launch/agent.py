@@ -338,14 +338,6 @@ class NodeAgent:
             slot = min(self.ctx.node_rank, self.train_nodes - 1)
         if plans is None:
             plans = self._plans()
-        if self.forks is not None and self.forks.early and gen == 0:
-            _, env = self._launch(gen, 0, slot, 0, None, plans)
-            names = forkserver.mismatch(self.forks.env, env, early=True)
-            if not names:
-                return
-            log.info("the fork server forked from the agent has its environment, the ranks' differs in %s: "
-                     "one is started with theirs", ", ".join(names[:5]))
-            self._drop_forks()
         if self.forks is None and gen == 0 and self.cfg.supervisor.fork_ranks:
             _, env = self._launch(gen, 0, slot, 0, None, plans)
             if threading.current_thread() is threading.main_thread():  # tied to the agent's main thread
@@ -569,20 +561,6 @@ class NodeAgent:
         signal.signal(signal.SIGTERM, handler)
 
 
-def fork_server_early(cfg: SlurmkitConfig, run_dir: str) -> forkserver.ForkServer | None:
-    """The node's fork server forked from this agent at its start (ForkServer.fork_early), where
-    its ranks will be forked (``supervisor.fork_ranks`` with ``warm_standby``, the reference
-    trainer); None otherwise or if it cannot be (NodeAgent.warm_up then starts one)."""
-    sup = cfg.supervisor
-    if not (sup.warm_standby and sup.fork_ranks and standby.trainer_args(rank_command(cfg.job.command)) is not None):
-        return None
-    try:
-        return forkserver.ForkServer.fork_early(cwd=run_dir, parent=os.getpid())
-    except OSError as exc:
-        log.info("no fork server forked from the agent (%s): one is started instead", exc)
-        return None
-
-
 def warning_budget_s(lead_s: float) -> float:
     """How long a node's ranks may take to leave after the time-limit warning before its agent
     ends the generation itself: three quarters of the lead, and at most 30 s short of it (what
@@ -697,7 +675,6 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
         return contract.EXIT_NO_REQUEUE  # a new allocation would find the same directory
     cfg = load_frozen(os.path.join(run_dir, CONFIG_NAME))
     ctx = node_context(env)
-    early = fork_server_early(cfg, run_dir)  # before any thread: a fork copies the calling one alone
     store = connect(ctx, run_dir)
     channel = Channel(store, ctx.attempt, load_token(run_dir, create=ctx.node_rank == 0), ctx.nodes)
     try:  # a relaunched agent: where it rejoins, checked before its first beat (node 0 waits for it)
@@ -716,10 +693,7 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
         peers = peer_checks(ctx, channel, store.port, cfg, load_layout(run_dir, cfg).train_nodes, env)
         node = NodeAgent(run_dir, cfg, ctx, env, ledger, peers=peers)
     except (LocalDirError, LayoutError) as exc:
-        if early is not None:
-            early.stop()
         return refuse_start(ledger, exc)
-    node.forks = early
     node.install_signal_handlers()
     node.warm_up()  # generation 0's ranks import while the agents meet
     beater = start_alive_thread(ctx, channel, store.port,

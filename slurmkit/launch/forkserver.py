@@ -3,12 +3,11 @@
 A warm standby (slurmkit.launch.standby) pays Python's and torch's start-up once per rank and
 generation, ahead of time: 3-5 s of CPU each, eight times per node and restart on a GPU node,
 all reading the same files from the shared file system at once. The fork server pays it once
-per node and allocation. The agent forks it from itself at its start (ForkServer.fork_early:
-it keeps the agent's torch import) or, where the ranks' environment differs from the agent's
-beyond what a rank applies itself, starts one with theirs (ForkServer.start). It imports the
-trainer (the late imports a rank pays at its first step too) while the agents meet, and then
-forks every rank of every generation on this node: a fork takes milliseconds and shares the
-imported pages.
+per node and allocation. The agent starts it while the agents meet (ForkServer.start;
+ForkServer.fork_early, a server forked from the agent itself that keeps its torch import, is
+not used by the agent: a CI rehearsal saw a one-node agent abort at its exit with it). It
+imports the trainer (the late imports a rank pays at its first step too), and then forks every
+rank of every generation on this node: a fork takes milliseconds and shares the imported pages.
 
 The process tree stays what the agent watches. The server forks an intermediate process that
 forks the rank and exits at once. The agent marks itself a child subreaper
