@@ -32,7 +32,6 @@ import signal
 import stat
 from collections.abc import Callable, Iterable, Mapping
 
-from slurmkit.runfiles import CONFIG_NAME
 from testkit.cluster_state import StateError
 
 ENVIRON_MAX_BYTES = 256 * 1024
@@ -235,11 +234,9 @@ def nvme_requests(procs: Iterable[NodeProcess], node: str, proc_root: str = "/pr
     by_creds: dict[Credentials, dict[str, dict[str, str]]] = {}
     for p in procs:
         env = read_environ(p.pid, proc_root)
-        # A rank forked from a server the agent forked shows the agent's environment (the batch
-        # script's and the step's): Slurm's name for the node, the run directory (its config).
         config = env.get("SLURMKIT_CONFIG", "")
-        if not config and env.get("SLURMKIT_RUN_DIR"):
-            config = os.path.join(env["SLURMKIT_RUN_DIR"], CONFIG_NAME)
+        # A rank forked from a server the agent forked shows the agent's environment: it names
+        # the node only as Slurm's step does.
         named = env.get("SLURMKIT_NODE") or env.get("SLURMD_NODENAME")
         if named != node or not config:
             continue

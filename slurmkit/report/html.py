@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from html import escape
 
 from slurmkit.ledger.summary import LINE_CHARS, FailureReport, RunReport
-from slurmkit.untrusted import safe_line
 from slurmkit.report.breakdown import LABELS
 from slurmkit.report.figures import COLORS
 from slurmkit.report.model import __doc__ as MODEL_DOC
 from slurmkit.report.run import RunData
+from slurmkit.untrusted import safe_line
 
 CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1280px; color: #212121; }

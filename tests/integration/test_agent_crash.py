@@ -20,7 +20,7 @@ import time
 import pytest
 
 from slurmkit.supervise.liveness import slurm_says_dead
-from tests.integration.faults import COMMON, events, mark_fault, rank_pid, submit, wait_for_step
+from tests.integration.faults import COMMON, events, mark_fault, rank_pid, submit, wait_for_step, wait_while_running
 from tests.integration.helpers import slurm_env
 from tests.integration.test_faults import assert_recovered
 
@@ -65,7 +65,8 @@ def test_node0s_agent_sigkilled_requeues_keeping_its_node_then_another_agent_is_
 
     # The requeued job trains past the save of step 20: node 1's agent next (node 1 is the
     # second node of the new allocation too: it was kept, and Slurm orders nodes by name).
-    starts = wait_events(run_dir, "allocation_start", 2)
+    starts = wait_while_running("the requeued job's start", lambda: (
+        got if len(got := events(run_dir, "allocation_start")) >= 2 else None), job, run_dir, env, timeout_s=300)
     step = wait_for_step(run_dir, 3, 23)
     requeued = starts[1]
     node = str(requeued["nodes"][1])
@@ -104,14 +105,6 @@ def test_node0s_agent_sigkilled_requeues_keeping_its_node_then_another_agent_is_
     print(f"\nagent SIGKILLed -> relaunched agent's first beat {relaunched['t'] - second_kill:.1f} s "
           f"(srun to beat {relaunched['first_beat_s']:.1f} s), -> ranks of generation 1 started "
           f"{mine['t'] - second_kill:.1f} s, -> checkpoint restored {min(restored) - second_kill:.1f} s")
-
-
-def wait_events(run_dir: str, name: str, n: int, timeout_s: float = 300.0) -> list[dict]:
-    deadline = time.monotonic() + timeout_s
-    while len(got := events(run_dir, name)) < n:
-        assert time.monotonic() < deadline, f"fewer than {n} {name} events after {timeout_s:.0f} s"
-        time.sleep(0.2)
-    return got
 
 
 def wait_gone(pid: int, timeout_s: float = 30.0) -> None:

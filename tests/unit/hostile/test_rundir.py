@@ -44,7 +44,7 @@ s.bind(os.path.join(spool, node + "_7.0"))
 s.listen()
 ranks = [subprocess.Popen([*%r, "sleep", "600"], env={"SLURMKIT_NODE": node, "SLURMKIT_CONFIG": c,
          "PATH": os.environ["PATH"]}) for c in (cfg_own, cfg_victim)]
-# a rank forked from a server the agent forked: the agent's environment (run dir, Slurm's node name)
+# a rank forked from a server the agent forked: the agent's environment (Slurm's node name only)
 ranks.append(subprocess.Popen([*%r, "sleep", "600"], env={"SLURMD_NODENAME": node, "SLURMKIT_RUN_DIR": forked_run,
              "SLURMKIT_CONFIG": os.path.join(forked_run, "config.yaml"), "PATH": os.environ["PATH"]}))
 print(" ".join(str(r.pid) for r in ranks), flush=True)
@@ -111,7 +111,7 @@ def stop(procs: list[subprocess.Popen[Any]]) -> None:
 def case_item9_kill_node_trusts_no_process_environment(base: Path) -> None:
     """A forged process is not selected; nothing its config names is removed; the node's own
     ranks are, and only their user's directory goes, also for a rank whose environment is its
-    agent's (forked from a server the agent forked: the run directory's config.yaml)."""
+    agent's (forked from a server the agent forked: no SLURMKIT_NODE, Slurm's node name)."""
     spool = base / "spool"
     spool.mkdir(mode=0o755)
     spool.chmod(0o755)
