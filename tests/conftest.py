@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import socket
 import sys
+import urllib.parse
 from collections.abc import Iterator
 
 import pytest
@@ -72,11 +74,22 @@ def cluster_env() -> dict[str, str]:
     return env
 
 
+def _answers(endpoint: str) -> bool:
+    url = urllib.parse.urlsplit(endpoint)
+    try:
+        with socket.create_connection((url.hostname or "127.0.0.1", url.port or 80), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    """A real S3 server: the local cluster's if it runs, else one started for this session."""
+    """A real S3 server: the local cluster's if it runs, else one started for this session (a
+    cluster brought down without `tools/local-cluster down` leaves its env.json behind: its
+    endpoint must answer to count)."""
     env = load_cluster_env()
-    if env is not None and env.get("SLURMKIT_S3_ENDPOINT"):
+    if env is not None and env.get("SLURMKIT_S3_ENDPOINT") and _answers(env["SLURMKIT_S3_ENDPOINT"]):
         yield S3Server(
             endpoint=env["SLURMKIT_S3_ENDPOINT"],
             access_key=env["AWS_ACCESS_KEY_ID"],
