@@ -20,11 +20,11 @@ and nothing of launch, supervise or the command line.
 from __future__ import annotations
 
 from slurmkit.adapters.checkpoints import MAX_ENTRIES, CheckpointGlob, compile_glob, complete_checkpoints, split_glob
-from slurmkit.adapters.command import NAMES, checkpoint_dirs, detect, resolve, total_steps
+from slurmkit.adapters.command import NAMES, checkpoint_dirs, detect, resolve, total_steps, trace_stems
 from slurmkit.adapters.lines import MAX_LINE_BYTES, parse_line
 from slurmkit.adapters.patterns import compile_pattern
 from slurmkit.adapters.progress import Progress
 
 __all__ = ["MAX_ENTRIES", "MAX_LINE_BYTES", "NAMES", "CheckpointGlob", "Progress", "checkpoint_dirs",
            "compile_glob", "compile_pattern", "complete_checkpoints", "detect", "parse_line", "resolve",
-           "split_glob", "total_steps"]
+           "split_glob", "total_steps", "trace_stems"]

@@ -13,6 +13,10 @@ Flags are read as the programs read them, from their own source:
   until 0.2.1, ``./outputs`` in 0.2.2), the same ``--checkpoint.folder`` and
   ``--training.steps``. A value set only in the TOML file or in a Python config function is
   not read: the step total is then unknown, and the folders are the defaults' candidates.
+- torchtitan's flight recorder (``init_distributed``): with ``--comm.trace_buf_size`` above 0
+  (the default, 20000) it sets ``TORCH_FR_DUMP_TEMP_FILE`` itself, over what a launcher
+  exported, to ``<dump folder>/<comm.save_traces_folder>/<comm.save_traces_file_prefix>``
+  (defaults ``comm_traces`` and ``rank_`` from 0.2.0; 0.1.0 wrote ``<dump folder>/comm_trace/rank_``).
 - Lightning (LightningCLI): ``--trainer.default_root_dir D`` (default: the working directory);
   ModelCheckpoint saves under ``D/checkpoints`` without a logger, ``D/<logger
   name>/version_K/checkpoints`` with one (``lightning_logs`` for the default loggers).
@@ -40,6 +44,8 @@ _TITAN_DUMP_FLAGS = ("--dump-folder", "--dump_folder", "--job.dump_folder", "--j
 #: torchtitan's default dump folders when no flag sets one: 0.2.2 and 0.3.0, then 0.1.0-0.2.1.
 TITAN_DEFAULT_DUMPS = ("./outputs", "./torchtitan/outputs")
 _LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+#: torchtitan's flight-recorder folders when no flag sets one: 0.2.0 and later, then 0.1.0.
+TITAN_DEFAULT_TRACE_FOLDERS = ("comm_traces", "comm_trace")
 
 
 def _modules(args: Sequence[str]) -> list[str]:
@@ -184,4 +190,39 @@ def checkpoint_dirs(adapter: str, command: Sequence[str], cwd: str) -> list[str]
         path = os.path.normpath(path)
         if path not in out:
             out.append(path)
+    return out
+
+
+def _either(*names: str) -> tuple[str, ...]:
+    """A tyro flag as it is taken: with underscores and with hyphens."""
+    return tuple(dict.fromkeys(n for name in names for n in (name, name.replace("_", "-"))))
+
+
+def trace_stems(adapter: str, command: Sequence[str], cwd: str) -> list[str]:
+    """Where the program has torch's flight recorder write its dumps, over the agent's
+    ``TORCH_FR_DUMP_TEMP_FILE``: the stems (absolute; a rank's file is the stem and its rank)
+    the agent waits on and names after a hang. Empty where the program leaves the agent's
+    variable alone (any program but torchtitan, or torchtitan with ``--comm.trace_buf_size 0``)
+    or the folder is not local.
+
+    torchtitan: ``<dump folder>/<comm.save_traces_folder>/<comm.save_traces_file_prefix>``; one
+    per default dump folder and trace folder when no flag gives them (the version is unknown)."""
+    if adapter != TORCHTITAN:
+        return []
+    args = [str(a) for a in command]
+    size = _flag_values(args, _either("--comm.trace_buf_size"))[-1:]
+    if size and size[0].strip().lstrip("+").isdigit() and int(size[0]) == 0:
+        return []
+    dumps = _flag_values(args, _TITAN_DUMP_FLAGS)[-1:] or list(TITAN_DEFAULT_DUMPS)
+    folders = _flag_values(args, _either("--comm.save_traces_folder"))[-1:] or list(TITAN_DEFAULT_TRACE_FOLDERS)
+    prefix = (_flag_values(args, _either("--comm.save_traces_file_prefix")) or ["rank_"])[-1]
+    if not _local(prefix) or "/" in prefix:
+        return []
+    out: list[str] = []
+    for dump in dumps:
+        for folder in folders:
+            if _local(dump) and _local(folder):
+                stem = os.path.join(os.path.normpath(os.path.join(cwd, dump, folder)), prefix)
+                if stem not in out:
+                    out.append(stem)
     return out

@@ -21,7 +21,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from slurmkit import contract
+from slurmkit import adapters, contract
 from slurmkit.config import SlurmkitConfig, load_frozen
 from slurmkit.health.clock import ClockTicker, injected_offset_s
 from slurmkit.health.preflight import Peers, node_preflight
@@ -205,12 +205,17 @@ class NodeAgent:
         env.setdefault(NCCL_PIPE_ENV_OLD, stem)
         return env
 
-    def _nccl_stems(self) -> tuple[str, str]:
-        """(FIFO stem, dump stem) of the flight recorder, as rank_env gives them to the ranks."""
+    def _nccl_stems(self) -> tuple[str, list[str]]:
+        """(FIFO stem, dump stems) of the flight recorder, as rank_env gives them to the ranks,
+        or where the program sets the dump file itself over ours (torchtitan: its own folder;
+        slurmkit.adapters.trace_stems): the agent waits on the dumps where they are written."""
         env = {**self.env, **self.cfg.cluster.env, **self.cfg.job.env}
         env.update(failure_env(self.cfg, self.run_dir, env))
+        command = [str(a) for a in self.cfg.job.command]
+        adapter = adapters.resolve(self.cfg.job.program, command, reference_trainer=is_reference_trainer(command))
+        ours = env.get("TORCH_FR_DUMP_TEMP_FILE") or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "")
         return (env.get(NCCL_PIPE_ENV) or env.get(NCCL_PIPE_ENV_OLD) or os.path.join(self.local_dir, "nccl_pipe", "rank_"),
-                env.get("TORCH_FR_DUMP_TEMP_FILE") or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", ""))
+                adapters.trace_stems(adapter, command, self.run_dir) or ([ours] if ours else []))
 
     def _stack_file(self, rank: int) -> str:
         return os.path.join(self.local_dir, "stacks", f"rank{rank}.txt")
@@ -236,7 +241,9 @@ class NodeAgent:
                                    pyspy=stackdump.find_pyspy(self.env), proc_state=self.monitor.state_of)
         traces = stackdump.read_traces(asked)
         if triggered and dump:
-            stackdump.wait_nccl_dumps(triggered, dump)
+            written = stackdump.wait_nccl_dumps(triggered, dump)
+            if written:
+                log.warning("flight-recorder dumps of generation %d: %s", gen, ", ".join(written))
         return stackdump.report(stacks, node=self.ctx.node_name, generation=gen, append=self.ledger.append,
                                 traces=traces)
 

@@ -289,12 +289,21 @@ def capture(targets: Sequence[RankTarget], *, trainer: bool, pyspy: str | None,
                                          f"no stack within {timeout_s:g} s") for t in targets]
 
 
-def wait_nccl_dumps(triggered: Sequence[RankTarget], temp_stem: str, timeout_s: float = NCCL_DUMP_WAIT_S) -> None:
-    """Until each triggered rank's flight-recorder file exists, at most ``timeout_s``."""
+def wait_nccl_dumps(triggered: Sequence[RankTarget], stems: Sequence[str],
+                    timeout_s: float = NCCL_DUMP_WAIT_S) -> list[str]:
+    """Until each triggered rank's flight-recorder file exists under one of ``stems`` (the
+    program's own candidates, or the agent's), at most ``timeout_s``; the files written."""
     deadline = time.monotonic() + timeout_s
-    paths = [f"{temp_stem}{t.rank}" for t in triggered]
-    while paths and time.monotonic() < deadline:
-        paths = [p for p in paths if not os.path.exists(p)]
+    waiting = {t.rank: [f"{stem}{t.rank}" for stem in stems] for t in triggered}
+    written: list[str] = []
+    while True:
+        for rank, paths in list(waiting.items()):
+            found = [p for p in paths if os.path.exists(p)]
+            if found:
+                written.append(found[0])
+                del waiting[rank]
+        if not waiting or time.monotonic() >= deadline:
+            return written
         time.sleep(0.1)
 
 

@@ -1,5 +1,5 @@
 """What a job's command says (issue 36): the adapter for ``job.program=auto``, the total steps and
-the checkpoint folders, with the flag spellings of torchtitan 0.3.0 (PyPI, ``--dump-folder``
+the checkpoint folders and the flight recorder's dump stems, with the flag spellings of torchtitan 0.3.0 (PyPI, ``--dump-folder``
 and ``--dump_folder`` alike through tyro) and 0.1.0-0.2.2 (``--job.dump_folder``)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from slurmkit.adapters import NAMES, checkpoint_dirs, detect, resolve, total_steps
+from slurmkit.adapters import NAMES, checkpoint_dirs, detect, resolve, total_steps, trace_stems
 from slurmkit.errors import ConfigError
 from slurmkit.failures.programs import is_reference_trainer
 
@@ -135,3 +135,33 @@ def test_checkpoint_dirs_of_lightning_and_others() -> None:
                            "/run") == ["/scratch/r/checkpoints", "/scratch/r/lightning_logs"]
     for adapter in ("torchrun", "none", "reference"):
         assert checkpoint_dirs(adapter, TITAN + ["--dump-folder", "out"], "/run") == []
+
+
+TRACES = [
+    # torchtitan's own TORCH_FR_DUMP_TEMP_FILE: <dump folder>/<save_traces_folder>/<prefix>
+    (["--dump-folder", "out"], ["/run/out/comm_traces/rank_", "/run/out/comm_trace/rank_"]),
+    (["--dump-folder", "/scratch/x", "--comm.save-traces-folder", "fr"], ["/scratch/x/fr/rank_"]),
+    (["--dump_folder=o", "--comm.save_traces_folder=/nvme/fr", "--comm.save_traces_file_prefix", "r"],
+     ["/nvme/fr/r"]),  # os.path.join: an absolute folder stands alone
+    (["--job.dump_folder", "./outputs", "--comm.save-traces-folder", "t"], ["/run/outputs/t/rank_"]),
+    # no flag: every version's default dump and trace folders
+    ([], ["/run/outputs/comm_traces/rank_", "/run/outputs/comm_trace/rank_",
+          "/run/torchtitan/outputs/comm_traces/rank_", "/run/torchtitan/outputs/comm_trace/rank_"]),
+    # the recorder off: torchtitan leaves the agent's variable alone
+    (["--comm.trace_buf_size", "0"], []),
+    (["--comm.trace-buf-size=0", "--dump-folder", "out"], []),
+    (["--comm.trace-buf-size=5", "--dump-folder", "out", "--comm.save-traces-folder", "t"], ["/run/out/t/rank_"]),
+    # remote or path-like prefixes: nothing the agent could wait on
+    (["--dump-folder", "s3://b/run"], []),
+    (["--dump-folder", "o", "--comm.save-traces-folder", "t", "--comm.save-traces-file-prefix", "../x"], []),
+]
+
+
+@pytest.mark.parametrize(("flags", "expected"), TRACES)
+def test_trace_stems_of_torchtitan(flags: list[str], expected: list[str]) -> None:
+    assert trace_stems("torchtitan", TITAN + flags, "/run") == expected
+
+
+def test_other_programs_leave_the_agents_flight_recorder_file_alone() -> None:
+    for adapter in ("lightning", "torchrun", "none", "reference"):
+        assert trace_stems(adapter, TITAN + ["--dump-folder", "out"], "/run") == []

@@ -22,7 +22,8 @@ from slurmkit.config import compose
 from slurmkit.launch.agent import NodeAgent
 from slurmkit.launch.context import NodeContext
 from slurmkit.launch.stackdump import (RankStack, RankTarget, TraceSummary, capture, catches, find_pyspy, parse_trace,
-                                       read_traces, report, trigger_nccl_dumps, trigger_trace_dumps, with_trace)
+                                       read_traces, report, trigger_nccl_dumps, trigger_trace_dumps, wait_nccl_dumps,
+                                       with_trace)
 from slurmkit.failures.classes import FailureClass
 from slurmkit.failures.classify import Evidence, root_cause
 from slurmkit.ledger.ledger import Ledger
@@ -165,6 +166,24 @@ def test_the_flight_recorder_pipe_is_written_only_when_it_is_a_fifo_with_a_reade
     finally:
         os.close(reader)
     assert plain.read_text() == ""
+
+
+def test_the_agent_waits_for_the_flight_recorder_dumps_where_torchtitan_writes_them(tmp_path: Path) -> None:
+    # torchtitan sets TORCH_FR_DUMP_TEMP_FILE itself, over the agent's, to its own folder
+    titan = _agent(tmp_path, "job.command=[python,-m,torchtitan.train,--dump-folder,out]")
+    run = tmp_path / "run"
+    pipe, stems = titan._nccl_stems()
+    assert stems == [f"{run}/out/comm_traces/rank_", f"{run}/out/comm_trace/rank_"]
+    assert pipe.startswith(str(tmp_path / "local"))  # the NCCL FIFO stays the agent's: torchtitan sets none
+    # another program keeps the agent's own stem
+    (tmp_path / "ref").mkdir()
+    assert _agent(tmp_path / "ref")._nccl_stems()[1] == [f"{tmp_path}/ref/run/nccl_trace/rank_"]
+    # rank 0's dump appears under torchtitan's 0.1.0 folder; rank 1 never writes one
+    (run / "out" / "comm_trace").mkdir(parents=True)
+    (run / "out" / "comm_trace" / "rank_0").write_bytes(b"fr")
+    triggered = [RankTarget(0, 1, "", ""), RankTarget(1, 1, "", "")]
+    assert wait_nccl_dumps(triggered, stems, timeout_s=0.3) == [f"{run}/out/comm_trace/rank_0"]
+    assert wait_nccl_dumps(triggered, [], timeout_s=0.3) == []
 
 
 def test_without_py_spy_a_user_program_gets_no_signal_and_the_record_says_so(tmp_path: Path) -> None:
