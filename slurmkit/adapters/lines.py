@@ -26,6 +26,11 @@ Formats, from the programs' own source:
   prints nothing per step when its output is not a terminal (a rank's never is): such a run
   has no line to read, only its checkpoints.
 
+torchtitan also announces its saves (``CheckpointManager.save``, 0.1.0 to 0.3.0): ``Saving the
+checkpoint (or staging if async is enabled).`` (0.3.0: ``Saving the checkpoint.``), ``Saving a full
+checkpoint at last step, step N.`` or ``Saving a model ... checkpoint``, then ``Finished saving the
+checkpoint ...`` (:func:`save_phase`: the node agent does not time a save as a gap between steps).
+
 A line is untrusted text: bytes that are not UTF-8 are replaced, a line over
 :data:`MAX_LINE_BYTES` is read only for its last ``\\r``/``\\n``-led states within that length
 (a progress bar's line grows by a state per batch) or else dropped, and every figure is checked
@@ -106,6 +111,21 @@ def _lightning(state: str) -> Progress | None:
 
 
 _READERS = {TORCHTITAN: _torchtitan, LIGHTNING: _lightning}
+_TITAN_SAVE = re.compile(r"- INFO - (?:\x1b\[[0-9;]{0,32}m)?(?P<what>Saving (?:the|a full|a model)\b|Finished saving the checkpoint\b)")
+
+
+def save_phase(adapter: str, line: str | bytes) -> bool | None:
+    """Whether ``line`` of the program read by ``adapter`` starts a save (True) or ends one
+    (False); None when it says neither. torchtitan only: its logger's ``- INFO -`` line."""
+    if adapter != TORCHTITAN:
+        return None
+    text = _text(line)
+    if text is None or "aving" not in text:
+        return None
+    found = _TITAN_SAVE.search(_CSI.sub("", text))
+    if found is None:
+        return None
+    return not found.group("what").startswith("Finished")
 
 
 def parse_line(adapter: str, line: str | bytes, pattern: re.Pattern[str] | None = None) -> Progress | None:

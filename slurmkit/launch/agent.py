@@ -159,7 +159,9 @@ class NodeAgent:
 
         def sink(rank: int, line: str) -> None:
             monitor.on_line(rank, line)
-            program.on_line(rank, line)
+            heard = program.on_line(rank, line)
+            if heard is not None:  # its step lines time a program that never beats
+                monitor.on_progress(rank, heard.step, saving=heard.saving)
         return sink
 
     def _plans(self) -> list[object] | None:

@@ -4,6 +4,14 @@ Lines arrive on the tee threads, exits on waiter threads (so each has an exact t
 heartbeats are read by ``poll`` from the files the ranks replace atomically. Those files are
 node-local (slurmkit.train.heartbeat.node_local_dir: /dev/shm): a poll costs a few local
 reads per rank and nothing on the shared file system, however often it runs.
+
+A program that never beats but prints its steps (torchtitan's metric line, a user's
+``job.progress_pattern``; slurmkit.launch.programwatch reads rank 0's lines) is timed by those
+lines instead (:meth:`RankMonitor.on_progress`): once two step lines came, no new one for
+:data:`LINE_GAP_FACTOR` times the longest gap seen between two of them (at least
+``heartbeat_timeout_s``) is a hang. A program logs every Kth step (torchtitan's
+``--metrics.log_freq``, 10): the gap it keeps is its own measure. A save it announces (torchtitan's
+``Saving the checkpoint`` ... ``Finished saving``) stops that clock until it is over.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ BEAT_BYTES = 64 * 1024  # one beat: {rank, step, time, pid, generation} and the 
 # last line among them, often comes after a tear-down warning or two, and torchrun's summary
 # box), each cut to DETAIL_LIMIT characters: at most 16 KB per rank, whatever it prints.
 TAIL_LINES = 32
+#: A program timed by its step lines: a hang after this many times its longest gap between two.
+LINE_GAP_FACTOR = 3.0
 
 # Lines that announce a failure on their own, before the rank dies (PyTorch sleeps after an
 # NCCL error to let dumps finish: acting on the line saves that time). A GPU OOM is not one: a
@@ -53,6 +63,11 @@ class _RankWatch:
     hang_reported: bool = False
     stopped_since: float | None = None  # monotonic: first poll that found it stopped (state T)
     refused: str = ""  # why its file was last refused (logged once per reason, not per poll)
+    line_step: int | None = None  # the newest step its printed lines gave (a program that never beats)
+    line_change: float = 0.0  # monotonic: when that step came (or its announced save ended)
+    line_wall: float = 0.0
+    line_gap: float = 0.0  # the longest time between two step lines so far (0: one line yet)
+    saving: bool = False  # between the program's "saving" and "finished saving" lines
 
 
 def _proc_state(pid: int) -> str:
@@ -121,6 +136,25 @@ class RankMonitor:
         if cls is not None:
             self._record(Evidence(self._wall(), self.node, rank, "line", cls, line.strip()),
                          cls in TRIGGERING_LINES)
+
+    def on_progress(self, rank: int, step: int | None, *, saving: bool | None = None) -> None:
+        """What one of rank ``rank``'s printed lines says (its adapter read it): the step it
+        names (None: none), and whether it starts (True) or ends (False) an announced save
+        (None: neither). Called from the rank's reader thread."""
+        now = self._mono()
+        with self._lock:
+            w = self._ranks.get(rank)
+            if w is None or w.exit_code is not None:
+                return
+            if saving is not None:
+                if w.saving and not saving:
+                    w.line_change = now  # the save's own time is no gap between steps
+                w.saving = saving
+            if step is None or step == w.line_step:
+                return
+            if w.line_step is not None:
+                w.line_gap = max(w.line_gap, now - w.line_change)
+            w.line_step, w.line_change, w.line_wall = step, now, self._wall()
 
     def _update_last_line(self, rank: int) -> None:
         """The exit evidence of ``rank`` with its newest telling line (the lock held)."""
@@ -209,6 +243,9 @@ class RankMonitor:
     def _check_hang(self, w: _RankWatch, now: float) -> None:
         if w.hang_reported:
             return
+        if w.last_step is None and w.line_gap > 0 and not w.saving:
+            self._check_lines(w, now)
+            return
         if w.last_step is None and not self.require_heartbeat:
             self._check_stopped(w, now)
             return
@@ -228,6 +265,22 @@ class RankMonitor:
             when -= 1.0
         w.hang_reported = True
         self._record(Evidence(when, self.node, w.rank, "heartbeat", FailureClass.HANG, detail), True)
+
+    def _check_lines(self, w: _RankWatch, now: float) -> None:
+        """A program timed by its step lines (it never beat): no new step for LINE_GAP_FACTOR
+        times its longest gap so far, at least heartbeat_timeout_s."""
+        with self._lock:
+            step, since, gap, wall = w.line_step, now - w.line_change, w.line_gap, w.line_wall
+        limit = max(self.heartbeat_timeout_s, LINE_GAP_FACTOR * gap)
+        if since <= limit:
+            return
+        detail = (f"no step line after step {step} for {since:.1f} s (the program's own output; "
+                  f"its longest gap between two so far {gap:.1f} s)")
+        if self._proc_state(w.pid) == "T":
+            detail += " (process stopped, state T)"
+            wall -= 1.0
+        w.hang_reported = True
+        self._record(Evidence(wall, self.node, w.rank, "heartbeat", FailureClass.HANG, detail), True)
 
     def _check_stopped(self, w: _RankWatch, now: float) -> None:
         """A rank that never beats is a hang only by its process state: stopped (SIGSTOP, a

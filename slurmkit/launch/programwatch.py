@@ -10,6 +10,8 @@ lines, ``job.checkpoint_glob`` where its saves are.
 - **Progress**: rank 0's output lines, as the agent reads them anyway (for NCCL lines), go
   through the adapter; the newest step, loss, tokens/s and MFU ride in this node's ``heartbeat``
   ledger sample, as figures reported with slurmkit.userapi do. Nothing more is read per step.
+- **Hangs**: a program that never beats is timed by the steps its lines name
+  (slurmkit.launch.monitor.RankMonitor.on_progress), a save it announces not counted.
 - **Checkpoint credit**: every ``CKPT_SCAN_S`` the program's checkpoint folder is listed
   (bounded, untrusted: slurmkit.adapters.checkpoints). A finished save newer than the last one
   is recorded exactly as ``userapi.report_checkpoint`` records it: the progress marker node 0's
@@ -25,7 +27,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from slurmkit import adapters
 from slurmkit.adapters.command import LIGHTNING, NONE, REFERENCE, TORCHTITAN
@@ -40,6 +42,14 @@ class JobSettings(Protocol):
     program: str
     progress_pattern: str
     checkpoint_glob: str
+
+
+class Heard(NamedTuple):
+    """What one of rank 0's lines told: the step it names (None: none), and whether it starts
+    (True) or ends (False) a save the program announces (None: neither)."""
+
+    step: int | None
+    saving: bool | None
 
 
 class ProgramWatch:
@@ -79,16 +89,19 @@ class ProgramWatch:
     def reads_lines(self) -> bool:
         return self.pattern is not None or self.adapter in (TORCHTITAN, LIGHTNING)
 
-    def on_line(self, rank: int, line: str) -> None:
-        """A line rank ``rank`` printed (called from the rank's reader thread)."""
+    def on_line(self, rank: int, line: str) -> Heard | None:
+        """A line rank ``rank`` printed (called from the rank's reader thread); what it told
+        of the program's progress (for the rank monitor's clock), None when nothing."""
         if rank != 0 or not self.reads_lines:
-            return
+            return None
+        saving = adapters.save_phase(self.adapter, line)
         got = adapters.parse_line(self.adapter if self.pattern is None else NONE, line, self.pattern)
         if got is None:
-            return
+            return None if saving is None else Heard(None, saving)
         if got.step is not None:
             self.step = got.step
         self.latest = got  # one reference assignment: the agent's thread reads the whole sample
+        return Heard(got.step, saving)
 
     def sample(self) -> dict[str, Any]:
         """What rank 0's heartbeat sample gets from the lines: its step (when a line gave one),

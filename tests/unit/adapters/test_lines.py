@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from slurmkit.adapters import MAX_LINE_BYTES, Progress, compile_pattern, parse_line
+from slurmkit.adapters import MAX_LINE_BYTES, Progress, compile_pattern, parse_line, save_phase
 
 RED, GREEN, YELLOW, BLUE, MAGENTA, CYAN, RESET = (f"\x1b[{n}m" for n in (31, 32, 33, 34, 35, 36, 39))
 ORANGE, TURQUOISE = "\x1b[38;2;180;60;0m", "\x1b[38;2;54;234;195m"
@@ -99,6 +99,32 @@ LIGHTNING_LINES = [
 def test_torchtitan_lines(line: str, expected: Progress | None) -> None:
     assert parse_line("torchtitan", line) == expected
     assert parse_line("torchtitan", line.encode() + b"\n") == expected  # bytes as a rank wrote them
+
+
+SAVE_LINES = [
+    # torchtitan's CheckpointManager.save, 0.1.0 to 0.2.2, and 0.3.0 as recorded from a real run
+    (TITAN + "Saving the checkpoint (or staging if async is enabled).", True),
+    (TITAN + "Saving the checkpoint.", True),
+    (TITAN + "Saving a full checkpoint at last step, step 60.", True),
+    (TITAN + "Saving a model only checkpoint in torch.float32 at last step, step 60.", True),
+    (TITAN + "Finished saving the checkpoint (or staging if async is enabled)in 0.26 seconds.", False),
+    (TITAN + "Finished saving the checkpoint in 0.26 seconds", False),
+    ("[rank0]:" + TITAN + f"{GREEN}Saving the checkpoint.{RESET}", True),  # a launcher's prefix, colour
+    # anything else is neither: a metric line, loading, a user's print, a WARNING
+    (TITAN + "step:  5  loss:  5.19840  grad_norm:  2.4822", None),
+    (TITAN + "Loading the checkpoint from ./outputs/checkpoint/step-10.", None),
+    ("Saving the checkpoint.", None),  # not torchtitan's logger
+    ("[titan] 2026-12-01 10:00:00,123 - root - WARNING - Saving the checkpoint.", None),
+    (TITAN + "Savings account", None),
+    ("\x00" * 10 + "Saving", None),
+]
+
+
+@pytest.mark.parametrize(("line", "expected"), SAVE_LINES)
+def test_torchtitans_announced_saves(line: str, expected: bool | None) -> None:
+    assert save_phase("torchtitan", line) is expected
+    assert save_phase("torchtitan", line.encode()) is expected
+    assert save_phase("lightning", line) is None and save_phase("none", line) is None
 
 
 @pytest.mark.parametrize(("line", "expected"), LIGHTNING_LINES)

@@ -145,3 +145,82 @@ def test_the_agent_lets_a_real_program_without_beats_run(tmp_path, setting: str,
     assert (verdict is not None) is hang
     if hang:
         assert verdict.cls == FailureClass.HANG and "no heartbeat" in verdict.detail
+
+
+# A program that never beats but prints its steps (torchtitan's metric line, a user's pattern):
+# its own step lines are the clock (RankMonitor.on_progress, fed by the agent's program adapter).
+
+def test_a_program_timed_by_its_step_lines_hangs_after_three_of_its_longest_gaps(tmp_path, clock: Clock) -> None:
+    mon = monitor(clock, {}, require=False)
+    add(mon, tmp_path, 0)
+    clock.t = 30.0
+    mon.on_progress(0, 1)  # one line: no gap known yet, no clock
+    clock.t = 500.0
+    mon.poll()
+    assert mon.triggered is None
+    mon.on_progress(0, 10)  # 470 s after step 1 (a first compile, a slow start): the program's measure
+    mon.on_progress(0, 10)  # the same step again changes nothing
+    clock.t = 500.0 + 3 * 470.0
+    mon.poll()
+    assert mon.triggered is None  # exactly three gaps: not yet
+    clock.t += 0.5
+    mon.poll()
+    assert mon.triggered is not None and mon.triggered.cls == FailureClass.HANG, mon.evidence
+    assert mon.triggered.kind == "heartbeat" and mon.triggered.time == clock.wall() - clock.t + 500.0  # step 10's line
+    assert "no step line after step 10" in mon.triggered.detail and "470.0 s" in mon.triggered.detail
+
+
+def test_short_gaps_still_give_the_program_heartbeat_timeout(tmp_path, clock: Clock) -> None:
+    mon = monitor(clock, {}, require=False)
+    add(mon, tmp_path, 0)
+    for step in range(1, 6):  # a line a second
+        clock.t = float(step)
+        mon.on_progress(0, step)
+    clock.t = 5.0 + 59.0
+    mon.poll()
+    assert mon.triggered is None  # 3 x 1 s is less than heartbeat_timeout_s=60
+    clock.t = 5.0 + 61.0
+    mon.poll()
+    assert mon.triggered is not None and "no step line after step 5 for 61.0 s" in mon.triggered.detail
+
+
+def test_an_announced_save_stops_the_clock_until_it_is_over(tmp_path, clock: Clock) -> None:
+    mon = monitor(clock, {}, require=False)
+    add(mon, tmp_path, 0)
+    for step, t in ((1, 0.0), (2, 10.0), (3, 20.0)):
+        clock.t = t
+        mon.on_progress(0, step)
+    mon.on_progress(0, None, saving=True)  # torchtitan: "Saving the checkpoint"
+    clock.t = 20.0 + 3600.0
+    mon.poll()
+    assert mon.triggered is None  # an hour-long save is no hang by the step lines
+    mon.on_progress(0, None, saving=False)  # "Finished saving the checkpoint"
+    clock.t += 59.0
+    mon.poll()
+    assert mon.triggered is None  # the clock started again when the save ended
+    clock.t += 2.0
+    mon.poll()
+    assert mon.triggered is not None and "after step 3" in mon.triggered.detail
+
+
+def test_file_beats_come_first_and_a_stopped_rank_is_named(tmp_path, clock: Clock) -> None:
+    states: dict[int, str] = {}
+    mon = monitor(clock, states, require=False)
+    add(mon, tmp_path, 0)
+    add(mon, tmp_path, 1)
+    beater(tmp_path, clock, 0).beat(1)  # rank 0 beats through userapi: its file is its clock
+    mon.poll()
+    for step, t in ((1, 0.0), (2, 1.0)):
+        clock.t = t
+        mon.on_progress(0, step)
+        mon.on_progress(1, step)
+    clock.t = 50.0
+    beater(tmp_path, clock, 0).beat(2)
+    mon.poll()
+    assert mon.triggered is None
+    states[1001] = "T"  # rank 1 (pid 1001 in add) is stopped as well
+    clock.t = 62.0
+    mon.poll()
+    assert mon.triggered is not None and mon.triggered.rank == 1, mon.evidence
+    assert "no step line" in mon.triggered.detail and "state T" in mon.triggered.detail
+    assert mon.triggered.time == clock.wall() - clock.t + 1.0 - 1.0  # a stopped rank is dated before its peers

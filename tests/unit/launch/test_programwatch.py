@@ -42,10 +42,12 @@ def test_torchtitans_lines_give_rank0s_step_figures_and_its_commands_total(tmp_p
     watch = ProgramWatch.for_job(job(TITAN), str(tmp_path))
     assert watch is not None and watch.adapter == "torchtitan" and watch.reads_lines
     assert watch.sample() == {"total_steps": 40}  # nothing printed yet: no step, no figures
-    watch.on_line(1, TITAN_LINE.replace("step:  5", "step:  9"))  # only rank 0's lines count
-    watch.on_line(0, "[titan] 2026-12-01 10:00:00,001 - root - INFO - Saving the checkpoint.")
+    assert watch.on_line(1, TITAN_LINE.replace("step:  5", "step:  9")) is None  # only rank 0's lines count
+    saving = watch.on_line(0, "[titan] 2026-12-01 10:00:00,001 - root - INFO - Saving the checkpoint.")
+    assert saving is not None and (saving.step, saving.saving) == (None, True)  # the monitor's clock stops
     assert watch.sample() == {"total_steps": 40}
-    watch.on_line(0, TITAN_LINE)
+    heard = watch.on_line(0, TITAN_LINE)
+    assert heard is not None and (heard.step, heard.saving) == (5, None)
     got = watch.sample()
     assert got["step"] == 5 and got["total_steps"] == 40
     assert got["metrics"]["loss"] == pytest.approx(5.1984) and got["metrics"]["tokens_per_s"] == 12345
