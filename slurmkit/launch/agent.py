@@ -256,6 +256,8 @@ class NodeAgent:
                               startup_timeout_s=sup.startup_timeout_s,
                               require_heartbeat=expects_heartbeats(sup.require_heartbeat, self.cfg.job.command))
         self.monitor = monitor
+        if self.program is not None:
+            self.program.begin_generation()
         self.step_times = StepTimes(self.ctx.node_name, gen, window_samples=self.cfg.health.straggler_window_samples)
         if self.signal_kind is not None:
             # The allocation is ending (the warning or a SIGTERM came before this generation):
@@ -457,6 +459,10 @@ class NodeAgent:
         holds_rank0 = any(p.rank == 0 for p in self.procs)
         if self.program is not None and holds_rank0:
             self._record_program_checkpoints(gen)
+            resumed = self.program.generation_start()
+            if resumed is not None:  # its first step line: the program trains (from its newest save)
+                self.ledger.append("train_started", step=resumed, generation=gen, node=self.ctx.node_name,
+                                   by="adapter:" + self.program.adapter)
         learned = self.program.sample() if self.program is not None and holds_rank0 else {}
         if self.clock() - self._last_sample >= self.sample_interval_s and (beats or "step" in learned):
             self._last_sample = self.clock()
@@ -534,6 +540,7 @@ class NodeAgent:
         # The generation is lost already: kill at once rather than let ranks that trap SIGTERM
         # try to checkpoint from inside a broken collective.
         stop_ranks(self.procs, grace_s=0.0, sleep=self.sleep, clock=self.clock)
+        self._sample_last_step()  # the step the failure reached, for the report's steps lost
         self.ledger.flush()  # the ranks' last events are in the file before node 0 decides
         return list(self.monitor.evidence) if self.monitor is not None else []
 
@@ -556,6 +563,15 @@ class NodeAgent:
     def join_output(self) -> None:
         for p in self.procs:
             p.reader.join(timeout=5)
+        self._sample_last_step()  # the step the program ended at
+
+    def _sample_last_step(self) -> None:
+        """A program read through its lines: the newest step rank 0 printed, which the last
+        periodic sample may not hold, once its generation has ended."""
+        step = self.program.step if self.program is not None else None
+        if step is not None and self.monitor is not None and any(p.rank == 0 for p in self.procs):
+            self.ledger.append("heartbeat", generation=self.monitor.generation, node=self.ctx.node_name,
+                               steps={"0": step})
 
     # ------------------------------------------------------------------ signals
     def install_signal_handlers(self) -> None:

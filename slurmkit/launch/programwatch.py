@@ -10,6 +10,10 @@ lines, ``job.checkpoint_glob`` where its saves are.
 - **Progress**: rank 0's output lines, as the agent reads them anyway (for NCCL lines), go
   through the adapter; the newest step, loss, tokens/s and MFU ride in this node's ``heartbeat``
   ledger sample, as figures reported with slurmkit.userapi do. Nothing more is read per step.
+- **Generations**: the first step line of a generation records its ``train_started`` (the step
+  it resumed from: its newest finished save), and the agent's last sample when the generation is
+  stopped holds the newest step: the report's segments, goodput and steps lost, as for the
+  reference trainer.
 - **Hangs**: a program that never beats is timed by the steps its lines name
   (slurmkit.launch.monitor.RankMonitor.on_progress), a save it announces not counted.
 - **Checkpoint credit**: every ``CKPT_SCAN_S`` the program's checkpoint folder is listed
@@ -72,6 +76,7 @@ class ProgramWatch:
         self._clock = clock
         self._scan_at = float("-inf")
         self._primed = False
+        self._started = False  # this generation's train_started is recorded
 
     @classmethod
     def for_job(cls, job: JobSettings, run_dir: str) -> ProgramWatch | None:
@@ -102,6 +107,29 @@ class ProgramWatch:
             self.step = got.step
         self.latest = got  # one reference assignment: the agent's thread reads the whole sample
         return Heard(got.step, saving)
+
+    def begin_generation(self) -> None:
+        """A new generation's ranks start: what the lines said of the last one is not theirs
+        (the newest save is kept: the program resumes from it), and its folder is listed at the
+        next look, so that a save finished just before the failure is known."""
+        self.step = None
+        self.latest = None
+        self._started = False
+        self._scan_at = float("-inf")
+
+    def generation_start(self) -> int | None:
+        """Once per generation, when its first step line came: the step it resumed from, for
+        the ``train_started`` event the report's segments, goodput and steps lost are read
+        from. The program resumes from its newest finished save (docs/trainers.md): that one,
+        0 when none, where its folder is known; else the step before its first line (a lower
+        bound of the work kept, exact for a program that prints every step). None otherwise."""
+        step = self.step
+        if self._started or step is None:
+            return None
+        self._started = True
+        if self.folders:
+            return self.saved if self.saved is not None and self.saved <= step else 0
+        return max(0, step - 1)
 
     def sample(self) -> dict[str, Any]:
         """What rank 0's heartbeat sample gets from the lines: its step (when a line gave one),

@@ -111,7 +111,8 @@ EVENTS: dict[str, EventSpec] = {
     names.LEDGER_WRITE_FAILED: _spec("failures:int error:str", "errno:str? first_failure_t:num "
                                                                 "held:int dropped:int node:str"),
     # --- rank 0 of the trainer
-    names.TRAIN_STARTED: _spec("step:int", "generation:int world_size:int strategy:str"),
+    # node, by: written by rank 0's agent for a program its adapter reads (slurmkit.launch.programwatch)
+    names.TRAIN_STARTED: _spec("step:int", "generation:int world_size:int strategy:str node:str by:str"),
     names.TRAIN_RESUMED: _spec("step:int", "tier:str? generation:int", open=True),
     names.TRAIN_STOPPED: _spec("step:int", "signal:int? generation:int"),
     names.TRAIN_FINISHED: _spec("step:int", "param_sha256:str generation:int"),

@@ -7,7 +7,10 @@ How the figures are defined:
 
 - wall time: first event (``submitted``) to the last one; queueing and requeue waits count.
 - a *segment* is one stretch of training: from a ``train_started`` event (rank 0, after any
-  restore; it carries the step it starts from) to the next ``train_started`` or the end.
+  restore; it carries the step it starts from) to the next ``train_started`` or the end. For
+  another program, rank 0's agent writes it at the generation's first step line, with the
+  step of the program's newest finished save (slurmkit.launch.programwatch). A ledger without
+  any leaves productive time, goodput and steps lost unknown (None), never 0.
 - steps lost by a failure: the step the run had reached at the fault (``fault_injected.step``
   when a test recorded it, else the highest step seen in the failing segment: a lower bound,
   as heartbeats reach the ledger only every supervisor.heartbeat_ledger_interval_s) minus the
@@ -72,9 +75,11 @@ class RunReport:
     requeues: int
     excluded_nodes: list[str]
     final_step: int | None
-    productive_s: float
-    goodput: float  # productive_s / wall_s (0 for an empty run)
-    steps_lost: int
+    # None (unknown, never 0) when the ledger shows no training at all (no ``train_started``: a
+    # program whose steps nothing reads; slurmkit.launch.programwatch)
+    productive_s: float | None
+    goodput: float | None  # productive_s / wall_s (0 for an empty run)
+    steps_lost: int | None
     failures: list[FailureReport] = field(default_factory=list)
 
 
@@ -193,6 +198,8 @@ def _since(fault_t: float, e: Event | None) -> float | None:
 def _steps_lost(segs: Sequence[Segment], fail_t: float, previous_t: float,
                 fault: Event | None) -> tuple[int | None, int | None, int | None]:
     """(fault step, restored step, steps lost) for a failure at ``fail_t``."""
+    if not segs:  # no training seen at all: what was lost is unknown, not 0
+        return (None if fault is None or fault.get("step") is None else int(fault["step"]), None, None)
     i = _segment_of(segs, fail_t)
     if i is None or previous_t >= segs[i].start:
         return (None, None, 0)  # failed again before training restarted: nothing new to lose
@@ -241,6 +248,11 @@ def failure_report(events: Sequence[Event], segs: Sequence[Segment], failure: Ev
         steps_lost=lost, line=_text(failure.get("line"))[:LINE_CHARS])
 
 
+def percent(value: float | None) -> str:
+    """A fraction as the reports print it, ``-`` when unknown."""
+    return "-" if value is None else f"{value:.1%}"
+
+
 def failure_text(f: FailureReport) -> str:
     """One failure on one terminal line: its class, where (``rank 3 on node2``, or the node
     alone), what decided it and the rank's last word (``python: can't open file ...``, a
@@ -282,7 +294,7 @@ def summarize(raw: Iterable[Event]) -> RunReport:
     segs = segments(events)
     failures = failure_reports(events, segs)
     ends = _of(events, END)
-    productive = productive_seconds(segs)
+    productive = productive_seconds(segs) if segs else None
     decisions = _decisions(events)
     return RunReport(
         start=start, wall_s=wall, status=str(ends[-1].get("status")) if ends else "running",
@@ -290,5 +302,6 @@ def summarize(raw: Iterable[Event]) -> RunReport:
         restarts=decisions["restart"], replacements=decisions["replace_node"],
         requeues=len(_of(events, REQUEUE)), excluded_nodes=_excluded(events),
         final_step=max((s for _, s in step_points(events)), default=None),
-        productive_s=productive, goodput=productive / wall if wall > 0 else 0.0,
-        steps_lost=sum(f.steps_lost or 0 for f in failures), failures=failures)
+        productive_s=productive,
+        goodput=None if productive is None else productive / wall if wall > 0 else 0.0,
+        steps_lost=sum(f.steps_lost or 0 for f in failures) if segs else None, failures=failures)

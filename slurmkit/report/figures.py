@@ -21,6 +21,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from slurmkit.ledger.names import (ALLOCATION_START, CKPT_DURABLE, CKPT_FAILED,  # noqa: E402
                                    CKPT_RESTORED, CKPT_SAVED, DECISION, END, REQUEUE, TRAIN_STARTED)
+from slurmkit.ledger.summary import percent  # noqa: E402
 from slurmkit.report.breakdown import LABELS, partition, spans  # noqa: E402
 from slurmkit.report.model import goodput  # noqa: E402
 from slurmkit.report.run import RunData, stretches  # noqa: E402
@@ -173,7 +174,7 @@ def goodput_bar(runs: Sequence[RunData]) -> bytes:
                 ax.text(left + width / 2, i, f"{width:.0f}s", ha="center", va="center", fontsize=7,
                         color="white")
             left += width
-    ax.set_yticks(range(len(runs)), [f"{d.name}\ngoodput {d.report.goodput:.1%}" for d in runs])
+    ax.set_yticks(range(len(runs)), [f"{d.name}\ngoodput {percent(d.report.goodput)}" for d in runs])
     ax.invert_yaxis()
     ax.set_xlabel("seconds of wall time")
     ax.set_title("goodput breakdown")

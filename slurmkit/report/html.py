@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 
-from slurmkit.ledger.summary import LINE_CHARS, FailureReport, RunReport
+from slurmkit.ledger.summary import LINE_CHARS, FailureReport, RunReport, percent
 from slurmkit.report.breakdown import LABELS
 from slurmkit.report.figures import COLORS
 from slurmkit.report.model import __doc__ as MODEL_DOC
@@ -75,10 +75,10 @@ def _numeric(cell: str) -> bool:
 
 
 def cards(r: RunReport) -> str:
-    items = [("goodput", f"{r.goodput:.1%}", r.goodput), ("wall time", _s(r.wall_s), r.wall_s),
+    items = [("goodput", percent(r.goodput), r.goodput), ("wall time", _s(r.wall_s), r.wall_s),
              ("productive", _s(r.productive_s), r.productive_s),
              ("failures", str(len(r.failures)), len(r.failures)),
-             ("steps lost", str(r.steps_lost), r.steps_lost),
+             ("steps lost", _n(r.steps_lost), r.steps_lost),
              ("final step", _n(r.final_step), r.final_step)]
     return '<div class="cards">' + "".join(
         f'<div class="card">{escape(k)}<b data-figure="{escape(k)}" data-value="{escape(json.dumps(v))}">'
@@ -88,10 +88,10 @@ def cards(r: RunReport) -> str:
 def summary(r: RunReport) -> str:
     by_class = ", ".join(f"{c} {n}" for c, n in sorted(r.failures_by_class.items())) or "none"
     rows = [("status", r.status), ("wall time", _s(r.wall_s)), ("productive", _s(r.productive_s)),
-            ("goodput", f"{r.goodput:.1%}"), ("final step", _n(r.final_step)), ("failures", by_class),
+            ("goodput", percent(r.goodput)), ("final step", _n(r.final_step)), ("failures", by_class),
             ("restarts", str(r.restarts)), ("node replacements", str(r.replacements)),
             ("requeues", str(r.requeues)), ("excluded nodes", ", ".join(r.excluded_nodes) or "none"),
-            ("steps lost", str(r.steps_lost))]
+            ("steps lost", _n(r.steps_lost))]
     return _table(["figure", "value"], [(escape(k), escape(v)) for k, v in rows])
 
 
@@ -150,7 +150,7 @@ def advice(d: RunData, picture: bytes | None) -> str:
     current = next((o for o in a.options if "current" in o.label.split(", ")), None)
     if current is not None:
         opts += (f"<p class=sub>At this run's interval the model gives {current.goodput:.1%}; the run "
-                 f"measured {d.report.goodput:.1%} (the model leaves out the queue wait and the first "
+                 f"measured {percent(d.report.goodput)} (the model leaves out the queue wait and the first "
                  "start, which no interval changes).</p>")
     return (f"<p>Recommended checkpoint interval: <b>train.ckpt_interval_steps={a.recommended_steps}</b> "
             f"(Daly {a.daly_s:.1f} s, Young sqrt(2CM) {a.young_s:.1f} s of compute).</p>"

@@ -269,6 +269,9 @@ def _cost(data: RunData) -> Cost | None:
         return None
     allocs = _allocations(data.events)
     gpu_hours = sum((b - a) * n * gpn for a, b, n in allocs) / 3600.0
+    if data.report.productive_s is None:
+        data.notes.append("no training seen in the ledger (no step of the program was read): no cost figures")
+        return None
     useful = data.report.productive_s * train_nodes * gpn / 3600.0
     per_step = _tokens_per_step(data.metrics)
     starts = [int(_num(e.get("step"))) for e in data.events if e.get("event") == TRAIN_STARTED]

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from slurmkit.errors import ConfigError, print_error
 from slurmkit.ledger.ledger import LEDGER_NAME, read_ledger
-from slurmkit.ledger.summary import FailureReport, RunReport, summarize
+from slurmkit.ledger.summary import FailureReport, RunReport, percent, summarize
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -54,10 +54,10 @@ def summary_table(r: RunReport) -> Table:
     t.add_column("value")
     by_class = ", ".join(f"{c} {n}" for c, n in sorted(r.failures_by_class.items())) or "none"
     rows = [("status", r.status), ("wall time", _s(r.wall_s)), ("productive", _s(r.productive_s)),
-            ("goodput", f"{r.goodput:.1%}"), ("final step", _n(r.final_step)),
+            ("goodput", percent(r.goodput)), ("final step", _n(r.final_step)),
             ("failures", by_class), ("restarts", str(r.restarts)),
             ("node replacements", str(r.replacements)), ("requeues", str(r.requeues)),
-            ("excluded nodes", ", ".join(r.excluded_nodes) or "none"), ("steps lost", str(r.steps_lost))]
+            ("excluded nodes", ", ".join(r.excluded_nodes) or "none"), ("steps lost", _n(r.steps_lost))]
     for name, value in rows:
         t.add_row(name, value)
     return t

@@ -108,3 +108,30 @@ def test_a_glob_names_the_folder_absolute_or_in_the_run_directory(tmp_path: Path
     absolute = ProgramWatch("none", command=["python", "/x/t.py"], run_dir="/elsewhere",
                             glob=f"{run_dir}/ckpt/snap-{{step}}.bin")
     assert absolute.folders == [str(run_dir / "ckpt")]
+
+
+def test_each_generation_starts_from_the_programs_newest_save_once_its_first_step_line_comes(tmp_path: Path) -> None:
+    clock = Clock()
+    folder = tmp_path / "out" / "checkpoint"
+    watch = ProgramWatch("torchtitan", command=TITAN, run_dir=str(tmp_path), clock=clock)
+    watch.begin_generation()
+    assert watch.new_checkpoints() == [] and watch.generation_start() is None  # no step line yet
+    watch.on_line(0, TITAN_LINE.replace("step:  5", "step:  1"))
+    assert watch.generation_start() == 0  # a fresh start: no save
+    assert watch.generation_start() is None  # once per generation
+    _titan_save(folder, 10)
+    watch.on_line(0, TITAN_LINE.replace("step:  5", "step: 12"))
+    # generation 1: the save finished just before the failure is listed at once (not 10 s later)
+    watch.begin_generation()
+    assert watch.sample() == {"total_steps": 40}  # the last generation's step and figures are not its own
+    assert watch.new_checkpoints() == [(10, str(folder / "step-10"))]
+    watch.on_line(0, TITAN_LINE.replace("step:  5", "step: 11"))
+    assert watch.generation_start() == 10
+
+
+def test_a_program_whose_saves_cannot_be_seen_starts_from_the_step_before_its_first_line(tmp_path: Path) -> None:
+    watch = ProgramWatch("none", command=["python", "train.py"], run_dir=str(tmp_path),
+                         pattern=r"^it (?P<step>\d+)$")
+    watch.begin_generation()
+    watch.on_line(0, "it 31")
+    assert watch.generation_start() == 30

@@ -265,3 +265,22 @@ def test_cli_json(run_dir: str) -> None:
 def test_cli_without_ledger(tmp_path, capsys) -> None:
     assert main([str(tmp_path)], out=Console(record=True)) == 2
     assert "Detected: no ledger.jsonl" in capsys.readouterr().err
+
+
+def test_a_run_whose_training_nobody_saw_has_unknown_goodput_and_steps_lost_never_0(tmp_path) -> None:
+    # a program that neither beats nor prints a step anything reads: ranks start and fail, no
+    # train_started ever (issue 36: the report said goodput 0.0% and steps lost 0)
+    events = [e for e in restart_run() if e["event"] not in ("train_started", "heartbeat", "ckpt_saved",
+                                                              "ckpt_durable", "ckpt_restored", "train_finished")]
+    r = summarize(events)
+    assert r.productive_s is None and r.goodput is None and r.steps_lost is None and r.final_step is None
+    (f,) = r.failures
+    assert (f.fault_step, f.restored_step, f.steps_lost) == (34, None, None)  # the test's own record of the fault
+    ledger = Ledger(str(tmp_path / "ledger.jsonl"))
+    for e in events:
+        ledger.append(e["event"], **{k: v for k, v in e.items() if k not in ("t", "event")})
+    console = Console(record=True, width=200)
+    assert main(["report", str(tmp_path)], out=console) == 0
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in console.export_text().splitlines()
+            if line.count("│") >= 3}
+    assert rows["goodput"] == "-" and rows["steps lost"] == "-" and rows["productive"] == "-", rows
