@@ -15,6 +15,9 @@ from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.errors import SlurmError
 from slurmkit.slurm.runner import SubprocessRunner
 
+#: The command of a job that only checks its world: every rank all-reduces its rank (slurmkit.examples).
+ALLREDUCE = "job.command=[python,-m,slurmkit.examples.allreduce]"
+
 TERMINAL = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"]
 
 

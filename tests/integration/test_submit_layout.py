@@ -9,10 +9,11 @@ import pytest
 
 from slurmkit.contract import parse_device, visible_count
 from slurmkit.layout import read_layout
-from tests.integration.helpers import parse_submitted, read_json, read_ledger, slurm_env, submit_cli, wait_terminal
+from tests.integration.helpers import (
+    ALLREDUCE, parse_submitted, read_json, read_ledger, slurm_env, submit_cli, wait_terminal,
+)
 
 pytestmark = pytest.mark.integration
-ALLREDUCE = "job.command=[python,-m,slurmkit.examples.allreduce]"
 
 
 def _run(args: list[str], cluster_env, tmp_path) -> tuple[str, dict]:

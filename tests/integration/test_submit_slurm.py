@@ -1,13 +1,14 @@
-"""Real jobs on the real local Slurm cluster (tools/local-cluster), and local mode without Slurm."""
+"""Real jobs on the real local Slurm cluster (tools/local-cluster); local mode without Slurm is
+test_submit_local.py (no Slurm version matters there)."""
 
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
 from tests.integration.helpers import (
+    ALLREDUCE,
     parse_submitted,
     read_json,
     read_ledger,
@@ -17,7 +18,6 @@ from tests.integration.helpers import (
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm_version]  # CI: on 22.05 and 24.11
-ALLREDUCE = "job.command=[python,-m,slurmkit.examples.allreduce]"
 
 
 def _submit_and_wait(args, env, tmp_path):
@@ -71,18 +71,6 @@ def test_bad_partition_is_refused_and_nothing_is_left(cluster_env, tmp_path) -> 
     assert "Invalid partition" in res.stderr and "Fix:" in res.stderr
     # Neither the run directory nor its parent submit.run_root/<job.name> is left behind.
     assert not (tmp_path / "badpart").exists()
-
-
-def test_local_mode_on_a_path_without_slurm(tmp_path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-    env["PATH"] = os.path.dirname(sys.executable)
-    res = submit_cli(["+exp=tiny", "job.name=laptop", "submit.wait=true", ALLREDUCE,
-                      f"submit.run_root={tmp_path}"], env, str(tmp_path), timeout_s=300)
-    assert res.returncode == 0, res.stdout + res.stderr
-    job_id, run_dir = parse_submitted(res.stdout)
-    assert "(local)" in res.stdout
-    out = read_json(os.path.join(run_dir, "allreduce.json"))
-    assert out["world_size"] == 4 and out["sum"] == 6.0
 
 
 def test_expedited_requeue_refused_by_sbatch_falls_back_to_requeue(cluster_env, tmp_path) -> None:
