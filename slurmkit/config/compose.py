@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import hashlib
 import logging
 import os
 import re
+import types
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -176,10 +180,65 @@ def check_resolvers(raw: Any) -> None:
                                   "non-secret NAME", f"write the value itself in {path}")
 
 
+def _dataclass_of(hint: Any) -> type | None:
+    """The dataclass a field holds (``X`` or ``X | None``), else None."""
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        return hint
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        found = [a for a in typing.get_args(hint) if dataclasses.is_dataclass(a) and isinstance(a, type)]
+        return found[0] if len(found) == 1 else None
+    return None
+
+
+def unknown_keys(tree: Mapping[str, Any], schema: type = SlurmkitConfig,
+                 prefix: str = "") -> list[tuple[str, list[str]]]:
+    """Every key of ``tree`` the schema does not define, as (its dotted path, the known names
+    of its section). A section that is a dataclass is walked; a mapping field (``job.env``)
+    holds any key."""
+    hints = typing.get_type_hints(schema)
+    names = [f.name for f in dataclasses.fields(schema)]  # type: ignore[arg-type]
+    out: list[tuple[str, list[str]]] = []
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if key not in names:
+            out.append((path, names))
+            continue
+        section = _dataclass_of(hints.get(key))
+        if section is not None and isinstance(value, Mapping):
+            out += unknown_keys(value, section, f"{path}.")
+    return out
+
+
+def check_known_keys(raw: Any, overrides: list[str]) -> None:
+    """Refuse a key the schema does not define (``+train.stpes=20``, ``+optimizer=adamw``):
+    Hydra adds it with ``+``, and the typed config would drop it without a word."""
+    try:
+        tree = OmegaConf.to_container(raw, resolve=False)
+    except OmegaConfBaseException:
+        return  # to_typed reports it
+    if not isinstance(tree, Mapping):
+        return
+    found = unknown_keys(typing.cast(Mapping[str, Any], tree))
+    if not found:
+        return
+    path, names = found[0]
+    section, _, key = path.rpartition(".")
+    known = [f"{section}.{n}" if section else n for n in names]
+    close = difflib.get_close_matches(path, known, n=3, cutoff=0.6)
+    given = next((ov for ov in overrides if ov.lstrip("+~").partition("=")[0] == path), None)
+    where = f" (from the override {given})" if given else ""
+    raise ConfigError(
+        f"{path}{where}, a key the schema does not define" + (f" (did you mean {' or '.join(close)}?)" if close else ""),
+        f"a key of {section or 'the top level'}: {', '.join(names)}",
+        f"write {close[0]}=..." if close else
+        "fix the name (docs/config.md lists every key); a `+` adds only what the schema defines")
+
+
 def compose(overrides: list[str], directory: str | None = None) -> SlurmkitConfig:
     """Compose and validate: the one way to get a config from conf/ and command-line overrides."""
     raw = compose_dict(overrides, directory)
     check_resolvers(raw)
+    check_known_keys(raw, overrides)
     return to_typed(raw)
 
 
