@@ -7,11 +7,14 @@ own checkpoints: rank 0 ``torch.save``s the model and optimizer every ``every`` 
 ``$SLURMKIT_RUN_DIR/user_ckpt/step_<N>.pt`` (a temporary file, fsync, rename), and every rank
 starts from the newest one there (``torch.load(weights_only=True)``), printing
 ``resumed at step <N>``. After each step it calls ``report_step``; after each save, unless run
-with ``no-report``, ``report_checkpoint``. At the end rank 0 writes ``user_final.json`` (its
+with ``no-report``, ``report_checkpoint``; ``silent`` calls no slurmkit.userapi at all (never a
+heartbeat: only its printed lines and its files tell its progress). A rank that finds
+``$SLURMKIT_RUN_DIR/hang_rank<RANK>`` at a step takes it (renamed ``.taken``) and sleeps there
+for good, a hang that is no stopped process: its peers wait in the next all-reduce. At the end rank 0 writes ``user_final.json`` (its
 step, the step it last resumed from, its parameters); :func:`uninterrupted_params` computes
 what they must be.
 
-    python ddp_user_program.py <steps> <every> <delay_s> report|no-report
+    python ddp_user_program.py <steps> <every> <delay_s> report|no-report|silent
 """
 
 from __future__ import annotations
@@ -125,11 +128,17 @@ def main() -> int:
         opt.step()
         if mode == "report":  # the step with its loss (status shows it)
             userapi.report_metrics(step, loss=loss.item())
-        else:
+        elif mode == "no-report":
             userapi.report_step(step)
+        hang = os.path.join(run_dir, f"hang_rank{rank}")
+        if os.path.exists(hang):
+            os.replace(hang, hang + ".taken")
+            print(f"rank {rank}: hanging at step {step}", flush=True)
+            while True:
+                time.sleep(3600)
         if rank == 0:  # in its own words (a pattern can read them), and to compare with status
-            print(f"generation {os.environ.get('SLURMKIT_GENERATION')} step {step} loss {loss.item()!r}",
-                  flush=True)
+            print(f"generation {os.environ.get('SLURMKIT_GENERATION')} step {step} loss {loss.item()!r} "
+                  f"at {time.time():.3f}", flush=True)
         if rank == 0 and (step % every == 0 or step == steps):
             path = os.path.join(ckpt_dir, f"step_{step:08d}.pt")
             save(path, model, opt, step)

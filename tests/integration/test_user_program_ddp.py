@@ -8,7 +8,9 @@ with 93), every failure restarted, the program resumed from its own checkpoints 
 an uninterrupted run of the same program ends (to float rounding). The same program without
 report_checkpoint is stopped as a crash loop (93) at the first kill: only the report made the
 difference. Read through ``job.progress_pattern`` and ``job.checkpoint_glob`` instead (no
-userapi call), its own saves count again and its step and loss reach status.
+userapi call at all, not even a beat), its own saves count again, its step and loss reach
+status, and a rank that hangs without being stopped is found by the clock of rank 0's step
+lines (slurmkit.launch.monitor.RankMonitor.on_progress) and restarted.
 """
 
 from __future__ import annotations
@@ -18,16 +20,18 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable
 
 import pytest
 
 from slurmkit.ledger.ledger import read_ledger
+from slurmkit.ledger.summary import summarize
 from slurmkit.runview import build_view
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.runner import SubprocessRunner
 from slurmkit.train.heartbeat import local_heartbeat_path
 from slurmkit.userapi import marker_path
-from tests.integration.faults import diagnose, events, finish, mark_fault, submit, wait_while_running
+from tests.integration.faults import diagnose, events, finish, mark_fault, rank_pid, submit, wait_while_running
 from tests.integration.helpers import slurm_env, submitter_uid
 
 pytestmark = pytest.mark.integration
@@ -156,43 +160,90 @@ def test_the_same_program_without_reports_is_stopped_as_a_crash_loop(cluster_env
     assert view.total_steps is None and view.loss is None and view.step is not None, view
 
 
-def _printed_losses(run_dir: str) -> dict[tuple[int, int], float]:
-    """(generation, step) -> the loss rank 0 printed."""
+def _printed(run_dir: str) -> dict[tuple[int, int], tuple[float, float]]:
+    """(generation, step) -> (the loss rank 0 printed, when it printed it)."""
     out = {}
     with open(os.path.join(run_dir, "logs", "rank0.log"), errors="replace") as f:
-        for m in re.finditer(r"^generation (\d+) step (\d+) loss (\S+)$", f.read(), re.M):
-            out[int(m.group(1)), int(m.group(2))] = float(m.group(3))
+        for m in re.finditer(r"^generation (\d+) step (\d+) loss (\S+) at (\S+)$", f.read(), re.M):
+            out[int(m.group(1)), int(m.group(2))] = (float(m.group(3)), float(m.group(4)))
     return out
 
 
-def test_the_program_read_through_a_pattern_and_a_glob_survives_without_reports(cluster_env, tmp_path) -> None:
+def _printed_losses(run_dir: str) -> dict[tuple[int, int], float]:
+    """(generation, step) -> the loss rank 0 printed."""
+    return {k: loss for k, (loss, _) in _printed(run_dir).items()}
+
+
+def test_the_program_read_through_a_pattern_and_a_glob_survives_a_kill_and_a_hang_without_reports(
+        cluster_env, tmp_path) -> None:
     env = slurm_env(cluster_env)
-    since = time.time()
-    # 0.25 s steps: the agent lists the program's folder every 10 s, and the kill comes after
-    # it recorded a save, well before the program's 80 steps are done
-    args = [*_args("user-ddp-adapted", "no-report", delay_s=0.25),
-            "job.progress_pattern='^generation \\d+ step (?P<step>\\d+) loss (?P<loss>[-+0-9.e]+)$'",
+    # 0.25 s steps: the agent lists the program's folder every 10 s, and each fault comes after
+    # it recorded a save in that generation, well before the program's 80 steps are done
+    args = [*_args("user-ddp-adapted", "silent", delay_s=0.25),
+            "job.progress_pattern='^generation \\d+ step (?P<step>\\d+) loss (?P<loss>[-+0-9.e]+) at '",
             "job.checkpoint_glob='user_ckpt/step_{step}.pt'"]
     job, run_dir = submit(args, env, str(tmp_path))
 
-    def credited() -> int | None:  # the agent saw a finished save of the program's, and rank 3 beats
-        m = _read(marker_path(run_dir))
-        beat = _beat(run_dir, 3, since)
-        if m is None or m.get("by") != "adapter:none" or beat is None or beat.get("generation") != m["generation"]:
-            return None
-        return int(beat["pid"])
-    pid = wait_while_running("a save of the program's recorded by its adapter", credited, job, run_dir, env)
+    def credited(after: int) -> Callable[[], int | None]:
+        """A save of the program's past step ``after`` recorded by its adapter: its step."""
+        def check() -> int | None:
+            m = _read(marker_path(run_dir))
+            ok = m is not None and m.get("by") == "adapter:none" and int(m.get("step", -1)) > after
+            return int(m["step"]) if ok and m is not None else None
+        return check
+
+    def resumed_in(generation: int) -> Callable[[], int | None]:
+        """The step generation ``generation`` trains from, once its first step line came."""
+        return lambda: next((int(e["step"]) for e in events(run_dir, "train_started")
+                             if e["generation"] == generation), None)
+    wait_while_running("a save of the program's recorded by its adapter", credited(0), job, run_dir, env)
     mark_fault(run_dir, "sigkill", rank=3)
-    os.kill(pid, signal.SIGKILL)
-    state = finish(job, env, timeout_s=180, run_dir=run_dir)
-    assert state == "COMPLETED", f"job {job} ended {state}\n{diagnose(run_dir, job, env)}"
+    os.kill(rank_pid(run_dir, 3), signal.SIGKILL)
+    # generation 1: once it trains and saved again, rank 2 sleeps inside a step (no process
+    # stopped, no beat ever)
+    again = wait_while_running("generation 1 training", resumed_in(1), job, run_dir, env)
+    wait_while_running("a save in generation 1", credited(again), job, run_dir, env)
+    mark_fault(run_dir, "hang", rank=2)
+    with open(os.path.join(run_dir, "hang_rank2"), "w"):
+        pass
+    state = finish(job, env, timeout_s=240, run_dir=run_dir)
+    story = diagnose(run_dir, job, env)
+    assert state == "COMPLETED", f"job {job} ended {state}\n{story}"
+    assert os.path.exists(os.path.join(run_dir, "hang_rank2.taken")), story  # the rank did hang
     # max_restarts_without_progress=1 and no report: the saves the glob found were the progress
-    assert [(f["cls"], f["rank"]) for f in events(run_dir, "failure")] == [("rank_crash", 3)]
-    assert [d["action"] for d in events(run_dir, "decision")] == ["restart"]
-    saved = [e for e in events(run_dir, "ckpt_saved") if e.get("tier") == "user"]
-    assert all(e["uri"].endswith(f"step_{e['step']:08d}.pt") for e in saved), saved
+    failures = events(run_dir, "failure")
+    assert [(f["cls"], f["rank"], f["generation"]) for f in failures] == [("rank_crash", 3, 0), ("hang", 2, 1)], story
+    # the hang was named by the stacks (rank 2 outside any collective) and timed by rank 0's
+    # printed steps, nothing else beating: generation 1 was stopped heartbeat_timeout_s (20 s, more
+    # than three of its gaps between lines) after rank 0's last line, long before the program's
+    # own 60 s gloo timeout would have ended it as a crash
+    assert "not inside a collective" in failures[1]["evidence"], failures[1]
+    printed = _printed(run_dir)
+    last_line_t = max(t for (g, _), (_, t) in printed.items() if g == 1)
+    (stopping,) = [e for e in events(run_dir, "state") if e["new"] == "stopping" and e["why"] == "generation 1"]
+    assert 20.0 <= stopping["t"] - last_line_t < 40.0, (stopping, last_line_t)
+    assert [d["action"] for d in events(run_dir, "decision")] == ["restart", "restart"], story
+    saved_events = [e for e in events(run_dir, "ckpt_saved") if e.get("tier") == "user"]
+    assert all(e["uri"].endswith(f"step_{e['step']:08d}.pt") for e in saved_events), saved_events
     marker = _read(marker_path(run_dir))
-    assert marker is not None and marker["by"] == "adapter:none" and marker["step"] == max(e["step"] for e in saved)
+    assert marker is not None and marker["by"] == "adapter:none" and \
+        marker["step"] == max(e["step"] for e in saved_events)
+    # the report, as for the reference trainer: per failure, the steps lost are what the log
+    # shows (the last step rank 0 printed in that generation less the step the next resumed
+    # from), and the goodput is within 5 points of the one computed from the logged step times
+    report = summarize(read_ledger(os.path.join(run_dir, "ledger.jsonl")))
+    last_of = {g: max(s for gg, s in printed if gg == g) for g, _ in printed}
+    first_of = {g: min(s for gg, s in printed if gg == g) for g, _ in printed}
+    with open(os.path.join(run_dir, "logs", "rank0.log"), errors="replace") as f:
+        resumed = [0] + [int(x) for x in re.findall(r"^rank 0 \(local 0\): resumed at step (\d+) from ", f.read(), re.M)]
+    assert sorted(last_of) == [0, 1, 2] and len(resumed) >= 3, (last_of, resumed, story)
+    assert [f.steps_lost for f in report.failures] == [last_of[0] - resumed[1], last_of[1] - resumed[2]], \
+        (report.failures, last_of, resumed)
+    kept = [min(last_of[g], resumed[g + 1]) if g < 2 else last_of[g] for g in range(3)]
+    productive = sum(printed.get((g, kept[g]), printed[g, first_of[g]])[1] - printed[g, first_of[g]][1]
+                     for g in range(3))
+    assert report.goodput is not None and abs(report.goodput - productive / report.wall_s) <= 0.05, \
+        (report.goodput, productive, report.wall_s)
     # status: the step and loss rank 0 printed, from the agent's samples; no total (none said)
     view = build_view(run_dir, list(read_ledger(os.path.join(run_dir, "ledger.jsonl"))), full=True)
     sampled = [e for e in events(run_dir, "heartbeat") if e.get("metrics")]
