@@ -183,10 +183,11 @@ def test_no_ticks_from_node0_is_wait_not_bad(store_port: int) -> None:
     assert r.verdict == Verdict.WAIT and "node 0" in r.message
 
 
-def link_checks(port: int, n: int, gen: int, slots: dict[str, int | None]) -> dict[str, object]:
+def link_checks(port: int, n: int, gen: int, slots: dict[str, int | None],
+                min_ratio: float = 0.5) -> dict[str, object]:
     connect = connector(port)
     return {name: LinkCheck(connect, Round(gen, slot), node=name, train_nodes=n, probe_bytes=1 << 20,
-                            min_ratio=0.5, backend="gloo") for name, slot in slots.items()}
+                            min_ratio=min_ratio, backend="gloo") for name, slot in slots.items()}
 
 
 def test_four_agents_measure_their_ring_links_and_the_judge_names_nobody(store_port: int) -> None:
@@ -221,8 +222,10 @@ def test_a_node_with_a_slow_nic_is_named_bad_by_the_judge_and_told_so(store_port
 
 def test_a_neighbour_that_never_comes_is_wait_and_the_others_are_judged(store_port: int) -> None:
     # n3 (slot 3) never starts its check: its neighbours' links to it time out; nobody is bad.
-    checks = link_checks(store_port, 4, 5, {"n0": 0, "n1": 1, "n2": 2})
-    got = run_all(checks, 3.0)
+    # What is tested is the missing neighbour, not speed: a link judged slow by the ratio (a CI
+    # rehearsal's starved thread measured one at under half the median) is out of scope here.
+    checks = link_checks(store_port, 4, 5, {"n0": 0, "n1": 1, "n2": 2}, min_ratio=0.01)
+    got = run_all(checks, 6.0)
     assert {n: r.verdict for n, r in got.items()} == {"n0": Verdict.OK, "n1": Verdict.OK, "n2": Verdict.OK}
     assert got["n0"].figures["links_missed"] == 1 and got["n2"].figures["links_missed"] == 1
     assert got["n0"].figures["judged"] == 3
