@@ -10,7 +10,11 @@ the newest run under the run root.
 ``--watch`` redraws in place until every run shown has ended. Each refresh reads only what the
 run's files gained (see :mod:`slurmkit.runview`) and costs Slurm one batched query for all jobs
 shown (see :mod:`slurmkit.jobstates`); when nothing changed the interval doubles up to
-``--max-interval-s``. Exit codes: 0, 2 for a target that names no run.
+``--max-interval-s``. Exit codes (so a script can act on them): 0 while every run shown is
+queued, running or ended well (completed, cancelled, handed on at a signal); 1 when one failed
+(its ledger ended ``stopped`` or ``failed``, or its job is over in a failed state without an
+``end`` record: FAILED, NODE_FAIL, TIMEOUT, OUT_OF_MEMORY, ..., or GONE locally); 2 for a
+target that names no run. ``--watch`` exits with the final code.
 """
 
 from __future__ import annotations
@@ -147,6 +151,13 @@ class Shown:
         return JobRef(job_id, executor)
 
 
+#: How a run's ledger ends when it failed (slurmkit.supervise.exits.endings, the agent).
+FAILED_ENDS = frozenset({"stopped", "failed"})
+#: Jobs over without an ``end`` record in a state that is no failure of the run.
+JOB_STATES_NOT_FAILED = frozenset({"COMPLETED", "CANCELLED", "PREEMPTED", "REVOKED"})
+EXIT_FAILED = 1
+
+
 class StatusBoard:
     """The runs of one status target, refreshed together."""
 
@@ -189,6 +200,20 @@ class StatusBoard:
             elif not (v is not None and v.ended):
                 return False
         return True
+
+    def failed(self) -> list[str]:
+        """The runs shown that failed (see the module's exit codes), as their directories."""
+        out = []
+        for s in self.shown:
+            ref, v = s.ref(), s.watcher.view
+            job = self.jobs.get(ref) if ref is not None else None
+            if v is not None and v.ended:
+                bad = v.phase in FAILED_ENDS
+            else:
+                bad = job is not None and job.over and job.state not in JOB_STATES_NOT_FAILED
+            if bad:
+                out.append(s.watcher.run_dir)
+        return out
 
     def render(self) -> RenderableType:
         views = [(s, s.watcher.view) for s in self.shown]
@@ -270,10 +295,10 @@ def main(argv: list[str], env: Mapping[str, str] | None = None, console: Console
     if args.watch:
         watch(board, poller, console, interval_s=max(0.1, args.interval_s),
               max_interval_s=max(args.interval_s, args.max_interval_s))
-        return 0
-    board.refresh(poller)
-    console.print(board.render())
-    return 0
+    else:
+        board.refresh(poller)
+        console.print(board.render())
+    return EXIT_FAILED if board.failed() else 0
 
 
 if __name__ == "__main__":

@@ -311,13 +311,32 @@ def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console,
     if cfg.submit.wait:
         from slurmkit.progress import follow_progress
 
-        left_s = follow_progress(submitted.run_dir, submitted.job_id, submitted.executor, env, console,
-                                 cfg.submit.timeout_s)
-        code = wait_job(submitted, env, left_s)
+        try:
+            left_s = follow_progress(submitted.run_dir, submitted.job_id, submitted.executor, env, console,
+                                     cfg.submit.timeout_s)
+            code = wait_job(submitted, env, left_s)
+        except KeyboardInterrupt:
+            print_detached(err, submitted)
+            return DETACHED_EXIT
         (console if code == 0 else err).print(f"job {submitted.job_id} "
                                               f"{'completed' if code == 0 else 'did not complete'}")
         return code
     return 0
+
+
+#: ``submit.wait=true`` interrupted (Ctrl-C): the command stopped waiting, the job runs on.
+DETACHED_EXIT = 130
+
+
+def print_detached(err: Console, s: Submitted) -> None:
+    """Ctrl-C while waiting stops the waiting, not the job (a local job's agents run in a
+    session of their own: slurmkit.launch.local), as submitit's and SkyPilot's users expect."""
+    q = shlex.quote(s.run_dir)
+    err.print(f"\n[bold yellow]detached[/]: job {s.job_id} keeps running (Ctrl-C stops only the waiting).",
+              highlight=False)
+    err.print(f"  watch it again : slurmkit status --watch {escape(q)}", highlight=False)
+    err.print(f"  save and stop  : slurmkit cancel --checkpoint {escape(q)}", highlight=False)
+    err.print(f"  stop now       : slurmkit cancel {escape(q)}", highlight=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.errors import SlurmError
@@ -101,6 +101,15 @@ def run_as_submitter(cmd: list[str], env: Mapping[str, str], cwd: str,
     own = {**user_env(env, pw, cwd), **{k: v for k, v in env.items() if k.startswith("SLURMKIT_")}}
     return subprocess.run(["runuser", "-u", pw.pw_name, "--", "env", "-i", *(f"{k}={v}" for k, v in own.items()),
                            *cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.2) -> None:
+    """Wait on a condition (never a fixed sleep); fail saying what never came."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(poll_s)
 
 
 def parse_submitted(stdout: str) -> tuple[str, str]:

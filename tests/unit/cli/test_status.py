@@ -100,9 +100,34 @@ def test_sweep_shows_one_line_per_variant(tmp_path: Path) -> None:
     (sweep / "sweep.json").write_text(json.dumps({"kind": "sweep", "name": "tiny", "job_id": None,
                                                   "array": "0-1", "variants": variants}))
     c = _console()
-    assert status.main([str(sweep)], env={"PATH": ""}, console=c) == 0
+    # 1: both variants' local processes are gone without an `end` record
+    assert status.main([str(sweep)], env={"PATH": ""}, console=c) == 1
     lines = [ln for ln in _out(c).splitlines() if "train.lr=" in ln]
     assert len(lines) == 2
     assert "train.lr=1e-3" in lines[0] and "5/60" in lines[0] and "5.0000" in lines[0]
     assert "train.lr=2e-3" in lines[1] and "9/60" in lines[1] and "4.0000" in lines[1]
     assert all("GONE / training" in ln for ln in lines)  # local ids that are no live process
+
+
+def _code(run_dir: str) -> int:
+    return status.main([run_dir], env={"PATH": ""}, console=_console())
+
+
+def test_the_exit_code_says_whether_a_run_failed(tmp_path: Path) -> None:
+    """0 running or ended well, 1 failed: a script (or CI) can act on `slurmkit status RUN`."""
+    running = run_with_one_crash(str(tmp_path / "running"))
+    assert _code(running.run_dir) == 0
+    done = run_with_one_crash(str(tmp_path / "done"))
+    done.finish(60)
+    assert _code(done.run_dir) == 0
+    for i, (status_, code) in enumerate([("stopped", 1), ("failed", 1), ("cancelled", 0), ("signalled", 0)]):
+        run = FakeRun(str(tmp_path / f"e{i}"))
+        run.submitted()
+        run.allocation()
+        run.agent.append("end", status=status_, exit_code=93 if code else 0, reason="test")
+        assert _code(run.run_dir) == code, status_
+    # a local job whose processes are gone without an `end` record (killed with its terminal)
+    gone = FakeRun(str(tmp_path / "gone"))
+    gone.submitted(job_id="999999999", executor="local")
+    assert _code(gone.run_dir) == 1
+    assert status.main([str(tmp_path / "nothing")], env={"PATH": ""}, console=_console()) == 2
