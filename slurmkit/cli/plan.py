@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from slurmkit.cli import hydraflags
 from slurmkit.config.compose import compose
 from slurmkit.errors import ConfigError, print_error
 from slurmkit.slurm.capabilities import CACHE_TTL_S, SiteCapabilities
@@ -137,6 +138,9 @@ def main(argv: list[str] | None = None, console: Console | None = None,
         return 0
     env = os.environ if env is None else env
     try:
+        done = hydraflags.handle(overrides, console)  # --cfg job, --info, ...; hydra.* refused
+        if done is not None:
+            return done
         cfg = compose(overrides)
         # submit would refuse a script job.command names that is not there: so does the plan
         with_command_resolved(cfg, os.getcwd() if cwd is None else cwd)

@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from slurmkit.atomic import atomic_write
+from slurmkit.cli import hydraflags
 from slurmkit.config import SlurmkitConfig, compose, config_hash, to_yaml
 from slurmkit.errors import ConfigError, SlurmkitError, SubmissionError, print_error
 from slurmkit.failures.programs import is_reference_trainer
@@ -249,7 +250,11 @@ def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console,
     job.command is looked for (slurmkit/submit_checks.py)."""
     if any(a in ("-h", "--help") for a in argv):
         console.print(USAGE, markup=False, highlight=False)
+        console.print(hydraflags.info_text(), markup=False, highlight=False)
         return 0
+    done = hydraflags.handle(argv, console)  # --cfg job, --info, ...; hydra.* refused
+    if done is not None:
+        return done
     from slurmkit.sweep import split_multirun
 
     # job.command's files, after the secret checks of build_jobspec (which never echo what they
