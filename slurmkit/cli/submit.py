@@ -188,6 +188,21 @@ def warn_singleton(spec: JobSpec, env: Mapping[str, str], console: Console) -> N
         "job.singleton=false or another job.name.", highlight=False)
 
 
+def require_experiment(argv: list[str]) -> None:
+    """No submission without ``+exp=NAME``: without one the root config's defaults made a job
+    of the all-reduce example's shape that nobody asked for (a 1-hour, 2-node allocation on a
+    site, sent as soon as a controller answered)."""
+    if any(a.lstrip("+").startswith("exp=") for a in argv):
+        return
+    from slurmkit.config.compose import available
+
+    names = available("exp")
+    raise ConfigError("no experiment on the command line", f"+exp=NAME, one of: {', '.join(names)} "
+                      "(or a file exp/NAME.yaml in $SLURMKIT_CONF_DIR)",
+                      "add +exp=tiny to try the reference trainer on this machine; a program of your own "
+                      "runs with +exp=tiny job.command=[python,train.py] (docs/trainers.md)")
+
+
 def refuse_sweep_without_multirun(argv: list[str]) -> None:
     from slurmkit.sweep import sweeping
 
@@ -255,6 +270,7 @@ def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console,
     done = hydraflags.handle(argv, console)  # --cfg job, --info, ...; hydra.* refused
     if done is not None:
         return done
+    require_experiment(argv)
     from slurmkit.sweep import split_multirun
 
     # job.command's files, after the secret checks of build_jobspec (which never echo what they

@@ -106,10 +106,14 @@ def _check_group_choices(overrides: list[str], dirs: list[str]) -> None:
             choices.update(available(key, d))
         if value not in choices:
             where = " or ".join(os.path.join(d, key) for d in dirs)
+            # The packaged directory is no place for a site's file (a reinstall loses it)
+            add = (f"add {os.path.join(dirs[0], key, value)}.yaml" if len(dirs) > 1 else
+                   f"write {key}/{value}.yaml in a directory of your own and point SLURMKIT_CONF_DIR at it "
+                   "(searched before the packaged configs; docs/config.md)")
             raise ConfigError(
                 f"{key}={value!r}, which is not in {where}",
                 f"one of: {', '.join(sorted(choices))}",
-                f"pick one of those, or add {os.path.join(dirs[0], key, value)}.yaml",
+                f"pick one of those, or {add}",
             )
 
 
@@ -130,6 +134,9 @@ def compose_dict(overrides: list[str], directory: str | None = None) -> Any:
         raise ConfigError(str(exc).splitlines()[0], "an existing config option",
                           f"see the files under {' and '.join(dirs)}") from exc
     except (HydraException, OmegaConfBaseException) as exc:
+        typed = type_error(exc, overrides)
+        if typed is not None:
+            raise typed from exc
         raise ConfigError(f"invalid configuration or override: {_one_line(str(exc))}",
                           "keys and values that the schema in slurmkit/config/schema.py defines",
                           "check the spelling of the override (key=value, +key=value to add)") from exc
@@ -188,6 +195,47 @@ def _dataclass_of(hint: Any) -> type | None:
         found = [a for a in typing.get_args(hint) if dataclasses.is_dataclass(a) and isinstance(a, type)]
         return found[0] if len(found) == 1 else None
     return None
+
+
+def field_type(path: str, schema: type = SlurmkitConfig) -> str | None:
+    """The schema's type of a dotted key, as written there (``int``, ``list[str]``), else None."""
+    section: type | None = schema
+    head, _, rest = path.partition(".")
+    while section is not None:
+        hints = typing.get_type_hints(section)
+        if head not in hints:
+            return None
+        if not rest:
+            hint = hints[head]
+            return getattr(hint, "__name__", None) if isinstance(hint, type) else str(hint).replace("typing.", "")
+        section = _dataclass_of(hints[head])
+        head, _, rest = rest.partition(".")
+    return None
+
+
+#: How to write a value of a type on Hydra's command line ({k}: the key).
+_WRITE = {"list": "a list in brackets: {k}=[a,b] (job.command=[python,train.py])",
+          "dict": "a mapping in braces, {k}={{a:1}}, or one entry: +{k}.a=1",
+          "int": "a whole number: {k}=20", "float": "a number: {k}=3e-4", "bool": "true or false: {k}=true"}
+
+
+def type_error(exc: BaseException, overrides: list[str]) -> ConfigError | None:
+    """A value of the wrong type (``train.steps=abc``, ``job.command=python train.py``) as a
+    message that keeps OmegaConf's own words and says the type the schema expects."""
+    cause: BaseException | None = exc
+    while cause is not None and not (isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None)):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return None
+    key = str(getattr(cause, "full_key"))
+    said = _one_line(str(cause).splitlines()[0]).rstrip(".")
+    given = next((ov for ov in overrides if ov.lstrip("+~").partition("=")[0] == key), None)
+    expected = field_type(key)
+    if expected is None:
+        return None
+    how = next((w for t, w in _WRITE.items() if expected.startswith(t)), f"a value of type {expected}")
+    return ConfigError(f"{given or key}: {said}", f"{key} is {expected} in the schema "
+                       "(slurmkit/config/schema.py, docs/config.md)", f"give {key} {how.format(k=key)}")
 
 
 def unknown_keys(tree: Mapping[str, Any], schema: type = SlurmkitConfig,
