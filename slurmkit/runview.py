@@ -542,12 +542,14 @@ def default_run_root(env: Mapping[str, str]) -> str:
     """``submit.run_root`` of the composed default config (the root submit writes into)."""
     from slurmkit.config.compose import compose_dict
 
+    from slurmkit.config.schema import absolute_run_root
+
     try:
         raw = compose_dict([])
         root = _get(raw, "submit.run_root")
     except Exception:  # an unreadable site conf must not stop a listing: fall back to the default
         root = None
-    return str(root or "runs")
+    return absolute_run_root(str(root or ""), env)
 
 
 def resolve(target: str, run_root: str) -> tuple[str, str]:

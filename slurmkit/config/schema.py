@@ -11,6 +11,7 @@ a DictConfig. A field that holds one of a fixed set of words is listed in its cl
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -152,6 +153,16 @@ class JobConfig:
             adapters.compile_glob(adapters.split_glob(self.checkpoint_glob, ".")[1])
 
 
+#: Where runs go when neither submit.run_root nor $SLURMKIT_RUN_ROOT says.
+DEFAULT_RUN_ROOT = "~/slurmkit-runs"
+
+
+def absolute_run_root(value: str, env: Mapping[str, str] | None = None) -> str:
+    """submit.run_root as an absolute path: "" is $SLURMKIT_RUN_ROOT or ~/slurmkit-runs."""
+    env = os.environ if env is None else env
+    return os.path.abspath(os.path.expanduser(value or env.get("SLURMKIT_RUN_ROOT") or DEFAULT_RUN_ROOT))
+
+
 @dataclass
 class SubmitConfig:
     CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = {"emit": SUBMIT_EMITS}
@@ -160,13 +171,18 @@ class SubmitConfig:
     # "sbatch": write a standalone sbatch script into the run directory; "": submit through
     # submitit (its pickles in the run directory).
     emit: str = ""
-    run_root: str = "runs"  # run directories are created below this (a shared file system)
+    # Run directories are created below this, on a file system every node sees. "" (the
+    # default): $SLURMKIT_RUN_ROOT, else ~/slurmkit-runs. Always made absolute at compose (a
+    # relative root named another directory, and another user's runs, from every working
+    # directory); submit prints the run directory it made.
+    run_root: str = ""
     wait: bool = False  # block until the job ends (and exit with its status)
     timeout_s: float = 0  # with wait: give up after this long (0: no limit)
     array_parallelism: int = 0  # a sweep (-m): at most this many variants at once (0: no limit)
 
     def __post_init__(self) -> None:
         check_choices("submit", self, self.CHOICES)
+        self.run_root = absolute_run_root(self.run_root)
         if self.array_parallelism < 0:
             raise ConfigError(f"submit.array_parallelism={self.array_parallelism}", "a value >= 0",
                               "set submit.array_parallelism=0 (no limit) or the most variants at once")
