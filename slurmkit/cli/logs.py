@@ -124,8 +124,34 @@ def follow(path: str, out: TextIO, *, lines: int, follow_file: bool,
                 f = open(path, "rb")
                 continue
             sleep(poll_s)
+        if follow_file:  # stopped: what was written before the end, too
+            _write(out, f.read())
     finally:
         f.close()
+
+
+#: How a run's ledger ends for good; ``signalled`` hands the run to a requeued or successor job.
+FINAL_ENDS = frozenset({"completed", "stopped", "failed", "cancelled"})
+
+
+class RunEnd:
+    """``stop()`` for ``-f``: true once the run's ledger ended for good. Following asks once per
+    poll (0.5 s); the ledger is read at every ``every``-th question (2 s), only what it gained,
+    so following ends with the job. ``follow`` prints what the log gained up to then first."""
+
+    def __init__(self, run_dir: str, every: int = 4) -> None:
+        self.watcher, self.every = RunWatcher(run_dir), max(1, every)
+        self.status = ""
+        self._asked = 0
+
+    def __call__(self) -> bool:
+        if not self.status and self._asked % self.every == 0:
+            self.watcher.refresh()
+            v = self.watcher.view
+            if v is not None and v.ended and v.phase in FINAL_ENDS:
+                self.status = v.phase
+        self._asked += 1
+        return bool(self.status)
 
 
 def pick(run_dir: str, args: argparse.Namespace) -> str:
@@ -164,10 +190,17 @@ def main(argv: list[str], out: TextIO | None = None,
             raise ConfigError(f"{args.run_dir} is not a run directory",
                               "a directory holding config.yaml and ledger.jsonl",
                               "pass the run directory printed at submit (slurmkit runs lists them)")
-        path = pick(os.path.abspath(args.run_dir), args)
+        run_dir = os.path.abspath(args.run_dir)
+        path = pick(run_dir, args)
+        over = RunEnd(run_dir)
         while not os.path.isfile(path):  # -f on a rank log not written yet
+            if over():
+                print(f"the run ended ({over.status}) before {path} was written", file=sys.stderr)
+                return 0
             sleep(0.5)
-        follow(path, out, lines=args.lines, follow_file=args.follow, sleep=sleep)
+        follow(path, out, lines=args.lines, follow_file=args.follow, sleep=sleep, stop=over)
+        if args.follow and over.status:
+            print(f"-- the run ended: {over.status}", file=sys.stderr)
     except ConfigError as exc:  # may quote a node name read from the ledger
         print(f"error: {safe_line(str(exc))}", file=sys.stderr)
         return 2

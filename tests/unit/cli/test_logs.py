@@ -82,3 +82,41 @@ def test_missing_log_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixt
     err = capsys.readouterr().err
     assert "rank 3's log" in err and "Fix:" in err
     assert logs.main([str(tmp_path)], out=io.StringIO()) == 2
+
+
+def test_follow_ends_with_the_run_and_prints_its_last_lines(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """`logs -f`, the command submit prints, never exited when the job ended (issue 37)."""
+    run = FakeRun(str(tmp_path / "r"))
+    run.submitted()
+    run.allocation()
+    log = Path(logs.rank_log(run.run_dir, 0))
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("step 1 loss 5.0\n")
+    sleeps: list[float] = []
+
+    def sleep(s: float) -> None:  # the job goes on writing, then ends
+        sleeps.append(s)
+        if len(sleeps) == 2:
+            with log.open("a") as f:
+                f.write("step 2 loss 4.0\n")
+        if len(sleeps) == 3:
+            with log.open("a") as f:
+                f.write("step 3 loss 3.0\n")
+            run.finish(3)
+        assert len(sleeps) < 50, "following did not end with the run"
+
+    out = io.StringIO()
+    assert logs.main([run.run_dir, "-f"], out=out, sleep=sleep) == 0
+    assert out.getvalue().splitlines() == ["step 1 loss 5.0", "step 2 loss 4.0", "step 3 loss 3.0"]
+    assert "the run ended: completed" in capsys.readouterr().err
+
+
+def test_a_handover_at_a_signal_is_no_end(tmp_path: Path) -> None:
+    run = FakeRun(str(tmp_path / "r"))
+    run.submitted()
+    run.agent.append("end", status="signalled", signal="USR1", exit_code=0)
+    assert not logs.RunEnd(run.run_dir, every=1)()
+    run.agent.append("end", status="stopped", exit_code=93, reason="gave up")
+    end = logs.RunEnd(run.run_dir, every=1)
+    assert end() and end.status == "stopped"
