@@ -134,6 +134,9 @@ class TrainConfig:
     data_dtype: str = "uint16"  # memmap: token width in the file
     ckpt_interval_steps: int = 100  # checkpoint every N steps; 0 = only on signal / at the end
     ckpt_at_end: bool = True  # save a checkpoint after the last step
+    # Rank 0 logs "step N/M loss L ... tok/s ... mfu" every this many steps (and at the first
+    # and last step), into its rank log (`slurmkit logs -f RUN`); 0 = never.
+    log_interval_steps: int = 10
     # Stop after this step with a durable checkpoint and exit 95 as if signalled; 0 = off.
     stop_at_step: int = 0
     # torch.use_deterministic_algorithms, and DDP gradients summed in rank order whatever the
@@ -149,7 +152,7 @@ class TrainConfig:
                   lr=self.lr, cpu_peak_tflops=self.cpu_peak_tflops)
         check_choices("train", self, self.CHOICES)
         for name in ("global_batch", "warmup_steps", "ckpt_interval_steps", "stop_at_step",
-                     "grad_clip", "weight_decay"):
+                     "grad_clip", "weight_decay", "log_interval_steps"):
             if getattr(self, name) < 0:
                 raise ConfigError(
                     detected=f"train.{name}={getattr(self, name)}",

@@ -33,6 +33,14 @@ def step_metrics(*, step: int, loss: float, lr: float, step_time_s: float, token
                        ckpt_blocking_s=ckpt_blocking_s, generation=generation)
 
 
+def step_line(m: StepMetrics, total: int) -> str:
+    """The step as one line a person reads in the rank log (``slurmkit logs -f``), e.g.
+    ``step 20/60 loss 4.1234 lr 3.0e-04 0.25 s/step 12,345 tok/s mfu 1.2% ckpt 0.031 s``."""
+    line = (f"step {m.step}/{total} loss {m.loss:.4f} lr {m.lr:.1e} {m.step_time_s:.3g} s/step "
+            f"{m.tokens_per_s:,.0f} tok/s mfu {m.mfu:.1%}")
+    return line + (f" ckpt {m.ckpt_blocking_s:.3f} s" if m.ckpt_blocking_s > 0 else "")
+
+
 class MetricsWriter:
     """Appends one JSON object per step.
 

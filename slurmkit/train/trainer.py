@@ -30,7 +30,7 @@ from slurmkit.train.data import MemmapTokens, ShardedLoader, SyntheticTokens, To
 from slurmkit.train.faults import FaultInjector
 from slurmkit.train.flops import flops_per_token
 from slurmkit.train.heartbeat import Heartbeat
-from slurmkit.train.metrics import MetricsWriter, step_metrics
+from slurmkit.train.metrics import MetricsWriter, step_line, step_metrics
 from slurmkit.train.model import Transformer, compile_blocks, loss_fn
 from slurmkit.train.parallel import Runtime, param_digest, require_supported, unwrap, wrap
 from slurmkit.train.reduce import CommClock
@@ -110,6 +110,7 @@ class Trainer:
         # part of the last save (slurmkit.supervise.stragglers).
         self.comm_clock = CommClock()
         self.sections: dict[str, float] = {"data": 0.0, "compute": 0.0, "comm": 0.0, "ckpt": 0.0}
+        self._first_step = 1  # the first step of this generation (logged whatever the interval)
         self._build()
 
     # ---- construction -------------------------------------------------------------------
@@ -240,6 +241,7 @@ class Trainer:
         writer = self._metrics_writer()
         handle: SaveHandle | None = None
         try:
+            self._first_step = start + 1
             for step in range(start + 1, self.t.steps + 1):
                 stopped, handle = self._one_step(step, writer, handle)
                 if stopped:
@@ -279,11 +281,15 @@ class Trainer:
             handle = new_handle or handle
         self.sections["ckpt"] = blocking
         if writer is not None:
-            writer.write(step_metrics(
+            m = step_metrics(
                 step=step, loss=loss, lr=lr, step_time_s=self._clock() - began,
                 tokens=self.global_batch * self.t.seq_len, world_size=self.ctx.world_size,
                 flops_per_token=self.flops_token, peak_tflops=self.ctx.peak_tflops,
-                ckpt_blocking_s=blocking, generation=self.ctx.generation))
+                ckpt_blocking_s=blocking, generation=self.ctx.generation)
+            writer.write(m)
+            every = self.t.log_interval_steps
+            if every > 0 and (step % every == 0 or step == self.t.steps or step == self._first_step):
+                log.info("%s", step_line(m, self.t.steps))
         return stop, handle
 
     def _stop(self, step: int, handle: SaveHandle | None) -> int:

@@ -166,3 +166,16 @@ def test_tensor_parallel_is_rejected_with_a_clear_error(tmp_path: Any) -> None:
         Trainer(MODEL, ParallelConfig(tensor=2), t, ctx=RankContext(rank=0, world_size=1),
                 runtime=select_runtime(t, 0, cuda=False), strategy="fsdp", store=None,
                 stop=StopRequest())
+
+
+def test_rank0_logs_a_step_line_at_the_interval(group: None, tmp_path: Any, caplog: Any) -> None:
+    """`slurmkit logs -f RUN` showed no training: rank 0 now logs its steps (issue 37)."""
+    caplog.set_level("INFO", logger="slurmkit.train.trainer")
+    assert trainer(MemoryStore(), str(tmp_path), steps=7, log_interval_steps=3).run() == 0
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert [ln.split()[1] for ln in lines] == ["1/7", "3/7", "6/7", "7/7"], lines
+    metrics = [json.loads(x) for x in open(os.path.join(str(tmp_path), "metrics.jsonl"))]
+    assert f"loss {metrics[2]['loss']:.4f}" in lines[1] and "tok/s" in lines[1] and "mfu" in lines[1]
+    caplog.clear()
+    assert trainer(MemoryStore(), str(tmp_path / "quiet"), steps=3, log_interval_steps=0).run() == 0
+    assert not [r for r in caplog.records if r.getMessage().startswith("step ")]
