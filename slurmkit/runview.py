@@ -238,6 +238,10 @@ class RunView:
     report: RunReport | None = field(default=None, compare=False, repr=False)
     # node -> (score, step) of its newest ``straggler`` event (a node that stayed slow)
     stragglers: dict[str, tuple[float, int | None]] = field(default_factory=dict)
+    submitted_at: float | None = None  # epoch seconds of the first ``submitted``
+    ended_at: float | None = None  # epoch seconds of the ``end`` that ended it
+    time_limit: str | None = None  # job.time of the frozen config (Slurm's --time, per allocation)
+    step_time_s: float | None = None  # rank 0's newest step, checkpoint blocking included
 
 
 def _int(value: Any) -> int | None:
@@ -371,6 +375,8 @@ def build_view(run_dir: str, events: Sequence[Mapping[str, Any]], *, full: bool,
     name = _get(cfg, "job.name") or (str(_latest(events, SUBMITTED).get("name"))  # type: ignore[union-attr]
                                      if _latest(events, SUBMITTED) else os.path.basename(run_dir))
     nodes = alloc.get("train_nodes") or alloc.get("nodes") if alloc else None
+    first_submit = next((e for e in events if e.get("event") == SUBMITTED), None)
+    last_end = _latest(events, END)
     return RunView(
         run_dir=run_dir, name=str(name), job_id=job_id, executor=executor, phase=phase, ended=ended,
         nodes=[str(n) for n in nodes] if isinstance(nodes, list) else [],
@@ -381,7 +387,11 @@ def build_view(run_dir: str, events: Sequence[Mapping[str, Any]], *, full: bool,
         mfu=_float(metrics.get("mfu")) if metrics else figures.get("mfu"),
         checkpoints=checkpoints_by_tier(events), failures=failures,
         goodput=report.goodput if report is not None else None, report=report,
-        stragglers=stragglers_of(events))
+        stragglers=stragglers_of(events),
+        submitted_at=_float(first_submit.get("t")) if first_submit else None,
+        ended_at=_float(last_end.get("t")) if ended and last_end else None,
+        time_limit=str(_get(cfg, "job.time")) if _get(cfg, "job.time") else None,
+        step_time_s=_float(metrics.get("step_time_s")) if metrics else None)
 
 
 class RunWatcher:

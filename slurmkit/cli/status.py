@@ -96,6 +96,36 @@ def goodput_text(v: RunView) -> str:
     return "-" if v.goodput is None else f"{v.goodput:.1%}"
 
 
+def duration_text(seconds: float | None) -> str:
+    """``3h 05m``, ``4m 10s``, ``12s``; "-" when unknown."""
+    if seconds is None or seconds < 0:
+        return "-"
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 60}m {s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def elapsed_text(v: RunView, now: float) -> str:
+    """Since submit (queueing and requeues included), to the end once the run ended."""
+    if v.submitted_at is None:
+        return "-"
+    return duration_text((v.ended_at if v.ended_at is not None else now) - v.submitted_at)
+
+
+def eta_text(v: RunView) -> str:
+    """The steps left at the newest step's pace: no queueing, restarts or saves to come."""
+    if v.ended or v.step is None or not v.total_steps or v.step_time_s is None:
+        return "-"
+    return f"{duration_text(max(0, v.total_steps - v.step) * v.step_time_s)} at the last step's pace"
+
+
+def goodput_row(v: RunView) -> str:
+    if v.goodput is None:
+        return "- (no training start recorded yet)" if not v.ended else "-"
+    return f"{v.goodput:.1%} of the time since submit trained toward the result (queue and start-up count)"
+
+
 def run_table(v: RunView, job: JobState | None) -> Table:
     t = Table(title=clean(v.name), show_header=False, title_justify="left")
     t.add_column("figure", style="bold")
@@ -108,7 +138,10 @@ def run_table(v: RunView, job: JobState | None) -> Table:
         ("step", step_text(v)), ("loss", _num(v.loss, ".4f")), ("tokens/s", tokens_text(v)),
         ("MFU", mfu_text(v)), ("checkpoints", ckpt_text(v)), ("failures", failures_text(v)),
         ("last failure", last_failure_text(v)),
-        ("stragglers", stragglers_text(v)), ("goodput so far", goodput_text(v)),
+        ("stragglers", stragglers_text(v)), ("goodput so far", goodput_row(v)),
+        ("elapsed", elapsed_text(v, time.time())), ("time limit", f"{v.time_limit} per allocation"
+                                                    if v.time_limit else "-"),
+        ("ETA", eta_text(v)),
     ]
     for name, value in rows:
         t.add_row(name, clean(value))

@@ -131,3 +131,26 @@ def test_the_exit_code_says_whether_a_run_failed(tmp_path: Path) -> None:
     gone.submitted(job_id="999999999", executor="local")
     assert _code(gone.run_dir) == 1
     assert status.main([str(tmp_path / "nothing")], env={"PATH": ""}, console=_console()) == 2
+
+
+def test_elapsed_time_limit_and_eta(tmp_path: Path) -> None:
+    """Elapsed since submit, the time limit, and the steps left at the last step's pace."""
+    run = run_with_one_crash(str(tmp_path / "r"))  # step 30 of 60, 0.5 s steps
+    v = status.RunWatcher(run.run_dir)
+    v.refresh()
+    view = v.view
+    assert view is not None and view.step == 30 and view.step_time_s == 0.5
+    assert status.eta_text(view) == "15s at the last step's pace"  # 30 steps x 0.5 s
+    assert status.elapsed_text(view, run.clock() + 60) == status.duration_text(
+        run.clock() + 60 - view.submitted_at)  # type: ignore[operator]
+    run.finish(60)
+    v.refresh()
+    done = v.view
+    assert done is not None and done.ended and status.eta_text(done) == "-"
+    # once ended, elapsed stops at the end record, however late status is asked
+    assert status.elapsed_text(done, run.clock() + 10_000) == status.elapsed_text(done, run.clock())
+    assert [status.duration_text(s) for s in (12, 250, 11_100, None)] == ["12s", "4m 10s", "3h 05m", "-"]
+    c = _console()
+    status.main([run.run_dir], env={"PATH": ""}, console=c)
+    out = _out(c)
+    assert "elapsed" in out and "ETA" in out and "time limit" in out
