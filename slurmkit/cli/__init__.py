@@ -28,6 +28,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "runs": ("slurmkit.cli.runs", "list recent runs under a run root"),
     "logs": ("slurmkit.cli.logs", "show or follow (-f) a run's rank and agent logs"),
     "cancel": ("slurmkit.cli.cancel", "cancel a run cleanly (--checkpoint: a final checkpoint first)"),
+    "clean": ("slurmkit.cli.clean", "remove finished runs of yours below a run root (lists first; --yes)"),
     "report": ("slurmkit.report", "write a run's report.html with plots and checkpoint interval advice"),
     "plan": ("slurmkit.cli.plan",
              "memory estimate of an experiment's parallel layout on a cluster, before submit"),
