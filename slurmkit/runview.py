@@ -486,7 +486,7 @@ class Sweep:
 
 
 def read_sweep(path: str) -> Sweep:
-    """The sweep directory's ``sweep.json`` (see the sweep layout in the README)."""
+    """The sweep directory's ``sweep.json`` (see docs/cli.md, "Sweeps: one job array")."""
     file = os.path.join(path, SWEEP_NAME)
     try:
         raw = parse_json(read_regular(file, SWEEP_BYTES), max_bytes=SWEEP_BYTES)

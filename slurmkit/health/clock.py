@@ -33,7 +33,7 @@ from slurmkit.health.result import CheckResult, bad, ok, skipped, wait
 log = logging.getLogger(__name__)
 NAME = "clock"
 TICK_S = 0.05  # node 0 posts its time this often
-# Tests only (README "Pre-flight"): "NODE:SECONDS[,NODE:SECONDS]" shifts those nodes' clocks as
+# Tests only (docs/health.md "Pre-flight"): "NODE:SECONDS[,NODE:SECONDS]" shifts those nodes' clocks as
 # the clock check and node 0's ticks see them, so a test can make one node's clock wrong.
 TEST_OFFSET_ENV = "SLURMKIT_TEST_CLOCK_OFFSET_S"
 

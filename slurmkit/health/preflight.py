@@ -125,7 +125,7 @@ def network_checks(health: HealthConfig, peers: Peers, node: str, env: Mapping[s
     """The clock offset to node 0 and the link test, each on its own store connection."""
     checks = []
     if health.max_clock_offset_s > 0:
-        shift = injected_offset_s(env, node)  # a test hook (README "Pre-flight"); 0 otherwise
+        shift = injected_offset_s(env, node)  # a test hook (docs/health.md "Pre-flight"); 0 otherwise
         clock = ClockCheck(peers.connect, node_rank=peers.node_rank, num_nodes=peers.num_nodes,
                            max_offset_s=health.max_clock_offset_s, now=lambda: time.time() + shift)
         checks.append(Check("clock", clock, health.timeout_s, _NODE_TIMEOUT))

@@ -622,7 +622,7 @@ def peer_checks(ctx: NodeContext, channel: Channel, port: int, cfg: SlurmkitConf
                                         timeout=timedelta(seconds=30), use_libuv=True))
 
     if ctx.node_rank == 0 and ctx.num_nodes > 1 and cfg.health.enabled and cfg.health.max_clock_offset_s > 0:
-        shift = injected_offset_s(env, ctx.node_name)  # a test hook (README "Pre-flight")
+        shift = injected_offset_s(env, ctx.node_name)  # a test hook (docs/health.md "Pre-flight")
         ClockTicker(connect, now=lambda: time.time() + shift).start()
     return Peers(connect, ctx.node_rank, ctx.num_nodes, train_nodes)
 

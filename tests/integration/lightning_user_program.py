@@ -3,7 +3,7 @@
 It imports nothing from slurmkit. Its place in the world comes from Lightning's own
 ``SLURMEnvironment`` (``SLURM_NTASKS``, ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID``,
 ``MASTER_ADDR``/``MASTER_PORT``), which is why slurmkit gives every rank Slurm's task variables as
-if srun had started it (README, "Exit codes and the rank environment"). ``auto_requeue=False``:
+if srun had started it (docs/design.md, "Exit codes and the rank environment"). ``auto_requeue=False``:
 slurmkit requeues the job itself.
 
     python lightning_user_program.py <max_steps> <every_n_steps> <delay_s> <out_dir>

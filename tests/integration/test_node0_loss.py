@@ -7,7 +7,7 @@ without node 0 within seconds; the requeued attempt resumes from the last checkp
 bit-exact with the uninterrupted run. With a spare the answer is the same requeue, not a
 continuation on the spare: the batch script died with node 0, and Slurm keeps a --no-kill job
 RUNNING without its batch host (shrunk to the survivors) until its time limit, so only a
-requeue gives the job a batch script and an end again (README, "Losing node 0").
+requeue gives the job a batch script and an end again (docs/control-plane.md, "Losing node 0").
 
 One run, with a spare: without one the survivors' answer is the same requeue by the same path (a
 survivor decides node 0's loss as a requeue whatever spares the job holds: the successor path in

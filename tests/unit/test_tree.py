@@ -4,7 +4,7 @@
 deeper package), ``tests/unit/testkit/`` those of ``testkit/`` (``tests/unit/testkit/chaos/`` for
 ``testkit/chaos/``), and the top of ``tests/unit/`` those of slurmkit's top-level modules and of
 the package as a whole (the import contract, the wheel's contents). The one folder that names no
-package is ``tests/unit/hostile/``: the untrusted-input suites, whose rows (README, "Security")
+package is ``tests/unit/hostile/``: the untrusted-input suites, whose rows (docs/security.md)
 cross packages. docs/layers.md ("Where the tests are") says the same to the reader.
 
 Read from the file system, nothing imported. A failure names each misplaced file or folder and

@@ -19,7 +19,7 @@ resumed (``train_resumed``), the jobs it took and their sacct states, the next j
 multifactor`` weighs age and fair share as a center does), and whether anything of the job
 survived it. A plain
 ``scontrol requeue`` without a release waits Slurm's requeue delay (EligibleTime = requeue + ~121 s;
-README) and is not run here.
+docs/supervisor.md) and is not run here.
 
 Usage: ``python tools/bench/requeue_choice.py [--choices successor,in_place] [--deadline-s 150]``
 (the cluster must be up: ``tools/local-cluster up``). Ends with one ``RESULT`` line.

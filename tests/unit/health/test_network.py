@@ -206,7 +206,7 @@ def test_four_agents_measure_their_ring_links_and_the_judge_names_nobody(store_p
 
 def test_a_node_with_a_slow_nic_is_named_bad_by_the_judge_and_told_so(store_port: int) -> None:
     # CPU quotas do not slow gloo over loopback (measured: a node held to 10% of a core still
-    # moved ~1 GB/s; README "Pre-flight"), so the slow NIC is n2's own report: its real
+    # moved ~1 GB/s; docs/health.md "Pre-flight"), so the slow NIC is n2's own report: its real
     # exchanges, each figure a tenth of what it measured. Its neighbours' figures stay real.
     def slow_nic(*args, **kwargs) -> float:  # noqa: ANN002, ANN003
         return exchange_mib_s(*args, **kwargs) / 10
