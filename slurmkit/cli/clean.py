@@ -97,6 +97,18 @@ def select(found: list[Finished], *, older_than_s: float, keep: int, now: float)
     return [f for f in found[keep:] if now - f.last_write >= older_than_s]
 
 
+def prune_empty_parents(path: str, root: str) -> None:
+    """Remove the now empty ``<run_root>/<job.name>/`` folders up to (not including) the root."""
+    root = os.path.abspath(root)
+    path = os.path.abspath(path)
+    while path.startswith(root + os.sep):
+        try:
+            os.rmdir(path)  # only an empty one
+        except OSError:
+            return
+        path = os.path.dirname(path)
+
+
 def _mb(n: int) -> str:
     return f"{n / 1e6:,.1f} MB"
 
@@ -138,6 +150,7 @@ def main(argv: list[str], console: Console | None = None, *,
         return 0
     for f in going:
         shutil.rmtree(f.path)
+        prune_empty_parents(os.path.dirname(f.path), root)
     console.print(clean(f"removed {len(going)} run(s), {_mb(total)}; checkpoints on tiers outside the run "
                         "directories are kept (slurmkit store gc prunes them)"))
     return 0

@@ -52,6 +52,8 @@ HYDRA_KEYS = {
     "hydra.searchpath": "SLURMKIT_CONF_DIR=DIR in the environment",
     "hydra.launcher": "-m with key=a,b: one Slurm job array per sweep (submit.array_parallelism=K)",
     "hydra.sweeper": "-m with key=a,b, range() or choice(): Hydra's basic sweeper grammar",
+    "hydra/launcher": "-m with key=a,b: one Slurm job array per sweep (submit.array_parallelism=K)",
+    "hydra/sweeper": "-m with key=a,b, range() or choice(): Hydra's basic sweeper grammar",
 }
 
 HYDRA_HELP = """\
@@ -70,8 +72,8 @@ def refuse_hydra_overrides(overrides: list[str]) -> None:
     """``hydra.run.dir=...`` and friends were composed and then silently ignored."""
     for ov in overrides:
         key = ov.lstrip("+~").partition("=")[0]
-        if key == "hydra" or key.startswith("hydra."):
-            instead = next((v for k, v in HYDRA_KEYS.items() if key == k or key.startswith(k + ".")),
+        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
+            instead = next((v for k, v in HYDRA_KEYS.items() if key == k or key.startswith((k + ".", k + "/"))),
                            "there is no counterpart: Hydra's own settings do not apply to a slurmkit run")
             raise ConfigError(f"the override {ov!r}, a setting of Hydra's application runner",
                               "slurmkit's own keys: it composes with Hydra but never runs a Hydra app "

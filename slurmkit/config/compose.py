@@ -138,7 +138,7 @@ def compose_dict(overrides: list[str], directory: str | None = None) -> Any:
         raise ConfigError(str(exc).splitlines()[0], "an existing config option",
                           f"see the files under {' and '.join(dirs)}") from exc
     except (HydraException, OmegaConfBaseException) as exc:
-        typed = type_error(exc, overrides)
+        typed = type_error(exc, overrides) or unknown_override(exc, overrides)
         if typed is not None:
             raise typed from exc
         raise ConfigError(f"invalid configuration or override: {_one_line(str(exc))}",
@@ -261,6 +261,52 @@ def unknown_keys(tree: Mapping[str, Any], schema: type = SlurmkitConfig,
     return out
 
 
+_COULD_NOT_OVERRIDE = re.compile(r"Could not override '([^']+)'")
+
+
+def unknown_override(exc: BaseException, overrides: list[str]) -> ConfigError | None:
+    """``train.lrr=1e-3`` (no ``+``): Hydra's own advice was to add it with ``+``, which the
+    schema then refused; say at once what the schema has instead."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        m = _COULD_NOT_OVERRIDE.search(str(cause))
+        if m:
+            break
+        cause = cause.__cause__ or cause.__context__
+    if cause is None or m is None:
+        return None
+    path = m.group(1)
+    section, _, _key = path.rpartition(".")
+    names = _section_names(section)
+    if names is None:
+        return None
+    return unknown_key_error(path, names, overrides)
+
+
+def _section_names(section: str, schema: type = SlurmkitConfig) -> list[str] | None:
+    """The field names of a dotted section of the schema ("" for the top), None if no section."""
+    cls: type | None = schema
+    for part in [p for p in section.split(".") if p]:
+        hints = typing.get_type_hints(cls) if cls is not None else {}
+        cls = _dataclass_of(hints.get(part))
+        if cls is None:
+            return None
+    return [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+
+
+def unknown_key_error(path: str, names: list[str], overrides: list[str]) -> ConfigError:
+    section = path.rpartition(".")[0]
+    known = [f"{section}.{n}" if section else n for n in names]
+    close = difflib.get_close_matches(path, known, n=3, cutoff=0.6)
+    given = next((ov for ov in overrides if ov.lstrip("+~").partition("=")[0] == path), None)
+    where = f" (from the override {given})" if given else ""
+    return ConfigError(
+        f"{path}{where}, a key the schema does not define" + (f" (did you mean {' or '.join(close)}?)" if close else ""),
+        f"a key of {section or 'the top level'}: {', '.join(names)}",
+        f"write {close[0]}=..." if close else
+        "fix the name (docs/config.md lists every key); a `+` adds only what the schema defines")
+
+
 def check_known_keys(raw: Any, overrides: list[str]) -> None:
     """Refuse a key the schema does not define (``+train.stpes=20``, ``+optimizer=adamw``):
     Hydra adds it with ``+``, and the typed config would drop it without a word."""
@@ -274,16 +320,7 @@ def check_known_keys(raw: Any, overrides: list[str]) -> None:
     if not found:
         return
     path, names = found[0]
-    section, _, key = path.rpartition(".")
-    known = [f"{section}.{n}" if section else n for n in names]
-    close = difflib.get_close_matches(path, known, n=3, cutoff=0.6)
-    given = next((ov for ov in overrides if ov.lstrip("+~").partition("=")[0] == path), None)
-    where = f" (from the override {given})" if given else ""
-    raise ConfigError(
-        f"{path}{where}, a key the schema does not define" + (f" (did you mean {' or '.join(close)}?)" if close else ""),
-        f"a key of {section or 'the top level'}: {', '.join(names)}",
-        f"write {close[0]}=..." if close else
-        "fix the name (docs/config.md lists every key); a `+` adds only what the schema defines")
+    raise unknown_key_error(path, names, overrides)
 
 
 def compose(overrides: list[str], directory: str | None = None) -> SlurmkitConfig:

@@ -43,6 +43,10 @@ def test_lists_then_removes_only_what_ended_for_good(tmp_path: Path) -> None:
     assert code == 0 and "removed 2 run(s)" in out
     assert not os.path.exists(done.run_dir) and not os.path.exists(failed.run_dir)
     assert os.path.isdir(running.run_dir) and os.path.isdir(handed.run_dir)
+    running.agent.append("end", status="completed", exit_code=0)
+    handed.agent.append("end", status="cancelled", exit_code=0)
+    assert _clean(["--root", str(tmp_path), "--yes"])[0] == 0
+    assert not (tmp_path / "tiny").exists() and tmp_path.is_dir()  # the emptied job.name folder too
 
 
 def test_keep_age_and_owner(tmp_path: Path) -> None:

@@ -44,6 +44,7 @@ def test_help_lists_the_groups_too() -> None:
 @pytest.mark.parametrize("argv, fix", [
     (["hydra.run.dir=/x", "+exp=tiny"], "submit.run_root=DIR"),
     (["+hydra.job.name=a", "+exp=tiny"], "job.name=NAME"),
+    (["hydra/launcher=basic", "+exp=tiny"], "job array"),
     (["--config-dir", "/x", "+exp=tiny"], "SLURMKIT_CONF_DIR"),
     (["--cfg", "hydra"], "--cfg job"),
     (["--cfg"], "--cfg job"),

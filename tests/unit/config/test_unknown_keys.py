@@ -15,6 +15,9 @@ from slurmkit.errors import ConfigError
     ("+optimizer=adamw", "optimizer (from the override +optimizer=adamw)", "a key of the top level"),
     ("+job.nodess=2", "job.nodess", "did you mean job.nodes"),
     ("+store.tiers.nvme.pathh=/x", "store.tiers", None),
+    # without `+`: Hydra's own advice was to add it with `+`, which was then refused
+    ("train.lrr=1e-3", "train.lrr (from the override train.lrr=1e-3)", "did you mean train.lr"),
+    ("nosuch=1", "nosuch (from the override nosuch=1)", "a key of the top level"),
 ])
 def test_an_unknown_key_is_refused_with_what_is_known(override: str, named: str, hint: str | None) -> None:
     with pytest.raises(ConfigError) as err:
