@@ -203,6 +203,12 @@ class Failure:
     in_collective: bool | None = None  # a hang: whether the root's stack is inside a collective
     line: str = ""  # the failing rank's own last word (Evidence.last_line), "" if none
 
+    def where(self) -> str:
+        """``user_error on rank 1 (node2): <evidence>``, with the rank's own last word when it
+        says more (a traceback's header decides user_error; its ``ValueError: ...`` says why)."""
+        said = f" -> {self.line}" if self.line and self.line != self.evidence else ""
+        return f"{self.cls.value} on rank {self.rank} ({self.node}): {self.evidence}{said}"
+
 
 # When one rank shows several kinds of evidence, the most telling wins (lower = stronger).
 # A traceback outranks a signal exit: the exception is why the rank went down, the abort that

@@ -286,6 +286,6 @@ class Decider:
                             f"nodes relaunched on {names} (nodes kept)", moved.exclude)
         # The node's agent, not the program, failed: a restart, but not one more toward the crash loop.
         self.history = self.history.restarted()
-        where = f"{failure.cls.value} on rank {failure.rank} ({failure.node}): {failure.evidence}"
+        where = failure.where()
         return Decision(Action.RESTART, f"{where}; agent relaunched on {names} (node kept): "
                         f"restart {self.history.restarts} in the allocation")

@@ -163,7 +163,7 @@ def decide(failure: Failure, history: History, ckpt_step: int | None, limits: Li
 
     ``history`` is not changed."""
     info = CLASS_INFO[failure.cls]
-    where = f"{failure.cls.value} on rank {failure.rank} ({failure.node}): {failure.evidence}"
+    where = failure.where()
     if warned is not None and (warned != "time_limit" or not can_requeue) and (
             info.restartable or failure.cls in _ALLOCATION_ENDS):
         why = ("SIGTERM (a preemption, which Slurm requeues itself, or a cancel): no requeue from here"

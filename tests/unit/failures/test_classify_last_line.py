@@ -68,3 +68,15 @@ def test_the_line_crosses_the_channel_bounded() -> None:
     hostile = {**ev.to_json(), "last_line": "\x1b]0;title\x07" + "y" * 5000}
     back = Evidence.from_json(hostile)
     assert back.last_line.startswith("?]0;title?") and len(back.last_line) == DETAIL_LIMIT
+
+
+def test_the_decisions_words_carry_the_ranks_last_word() -> None:
+    """A traceback's header decides user_error; the decision and end reasons used to quote only
+    it ("... (node2): Traceback (most recent call last):"), not what went wrong."""
+    from slurmkit.failures.classify import Failure
+
+    f = Failure(cls=F.USER_ERROR, rank=1, node="node2", time=0.0,
+                evidence="Traceback (most recent call last):", ranks_affected=(1,), line="ValueError: boom")
+    assert f.where() == "user_error on rank 1 (node2): Traceback (most recent call last): -> ValueError: boom"
+    same = Failure(cls=F.RANK_CRASH, rank=0, node="n", time=0.0, evidence="x", ranks_affected=(0,), line="x")
+    assert same.where() == "rank_crash on rank 0 (n): x"
