@@ -353,7 +353,9 @@ class NodeAgent:
             _, env = self._launch(gen, 0, slot, 0, None, plans)
             if threading.current_thread() is threading.main_thread():  # tied to the agent's main thread
                 try:
-                    self.forks = forkserver.ForkServer.start(env, cwd=self.run_dir, parent=os.getpid())
+                    late = [m for m in standby.LATE_IMPORTS if m != "s3fs" or self.cfg.store.object_uri]
+                    self.forks = forkserver.ForkServer.start(env, cwd=self.run_dir, parent=os.getpid(),
+                                                             late_imports=late)
                     return
                 except OSError as exc:
                     log.warning("no fork server: %s; warm standbys instead", exc)

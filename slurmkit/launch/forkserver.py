@@ -222,17 +222,20 @@ class ForkServer:
         return cls(ForkedProc(pid, None), ours, os.environ, early=True)
 
     @classmethod
-    def start(cls, env: Mapping[str, str], *, cwd: str | None, parent: int, subreaper: bool = True) -> ForkServer:
+    def start(cls, env: Mapping[str, str], *, cwd: str | None, parent: int, subreaper: bool = True,
+              late_imports: Sequence[str] = standby.LATE_IMPORTS) -> ForkServer:
         """Start the server with ``env`` (local rank 0's environment for the first generation),
         tied to ``parent`` (this process), after making this process a subreaper (unless
-        ``subreaper=False``: the caller makes itself one around each fork). OSError if it
-        cannot be started."""
+        ``subreaper=False``: the caller makes itself one around each fork). It imports
+        ``late_imports`` ahead too (the agent leaves out s3fs for a run without an object
+        tier: 0.3-0.5 s of CPU per node and allocation). OSError if it cannot be started."""
         if subreaper and not set_subreaper():
             raise OSError("prctl(PR_SET_CHILD_SUBREAPER) failed: forked ranks would not be this agent's children")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             safe = ["-P"] if sys.version_info >= (3, 11) else []
-            proc = subprocess.Popen([sys.executable, *safe, "-m", MODULE, str(parent), str(theirs.fileno())],
+            proc = subprocess.Popen([sys.executable, *safe, "-m", MODULE, str(parent), str(theirs.fileno()),
+                                     ",".join(late_imports)],
                                     env=dict(env), stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
                                     start_new_session=True, cwd=cwd)
         except OSError:
@@ -499,11 +502,12 @@ def _fork_rank(request: tuple[dict[str, str], list[str], list[str], str | None, 
 
 
 def serve(argv: Sequence[str]) -> int:
-    """The server's life: ``AGENT_PID SOCKET_FD``."""
-    if len(argv) != 2 or not all(a.isdigit() for a in argv):
-        print("usage: python -m slurmkit.launch.forkserver AGENT_PID SOCKET_FD", file=sys.stderr)
+    """The server's life: ``AGENT_PID SOCKET_FD [LATE,IMPORTS]`` (default: standby.LATE_IMPORTS)."""
+    if len(argv) not in (2, 3) or not all(a.isdigit() for a in argv[:2]):
+        print("usage: python -m slurmkit.launch.forkserver AGENT_PID SOCKET_FD [MODULE,...]", file=sys.stderr)
         return 2
     agent_pid, fd = int(argv[0]), int(argv[1])
+    late = [m for m in argv[2].split(",") if m] if len(argv) == 3 else list(standby.LATE_IMPORTS)
     arm(agent_pid)
     from slurmkit.train.signals import StopRequest
 
@@ -514,7 +518,9 @@ def serve(argv: Sequence[str]) -> int:
     sock = socket.socket(fileno=fd)
     import slurmkit.train.__main__ as trainer
 
-    for name in standby.LATE_IMPORTS:
+    for name in late:
+        if name not in standby.LATE_IMPORTS:  # only the modules named there, whatever argv says
+            continue
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - optional: the rank imports it itself if it needs it

@@ -128,3 +128,18 @@ def test_the_server_refuses_a_bad_command_line(argv) -> None:
     res = subprocess.run([sys.executable, "-m", forkserver.MODULE, *argv], cwd=REPO, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 2 and "usage:" in res.stderr
+
+
+@pytest.mark.parametrize("late, loaded", [(("torch._dynamo", "s3fs"), True), (("torch._dynamo",), False)])
+def test_the_server_imports_s3fs_ahead_only_when_asked(tmp_path, late, loaded) -> None:
+    """The agent leaves s3fs out of the late imports for a run without an object tier. Seen from
+    outside: s3fs's own C extensions (aiohttp's multidict) mapped into the server or not."""
+    server = forkserver.ForkServer.start(BASE, cwd=str(tmp_path), parent=os.getpid(), subreaper=False,
+                                         late_imports=late)
+    try:
+        assert server.why_not(180.0) is None  # ready: every late import done
+        with open(f"/proc/{server.pid}/maps") as f:
+            maps = f.read()
+        assert ("multidict" in maps) == loaded, [ln for ln in maps.splitlines() if "site-packages" in ln][-5:]
+    finally:
+        server.stop()
