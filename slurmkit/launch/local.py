@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -65,6 +66,13 @@ def controller_env(env: Mapping[str, str], command: str, parameters: Mapping[str
             "SUBMITIT_LOCAL_WITH_SHELL": ""}
 
 
+def default_sigint() -> None:
+    """In the controller before it starts: SIGINT back to its default. A command started in
+    the background of a script (or under nohup) has SIGINT ignored, which a child inherits and
+    Python then keeps: such a controller ignored the SIGINT of ``slurmkit cancel`` for good."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _executor_class() -> type:
     import submitit
     from submitit.local.local import LocalJob
@@ -86,7 +94,7 @@ def _executor_class() -> type:
                 proc = subprocess.Popen([sys.executable, "-m", "submitit.local._local", str(self.folder)],
                                         env=controller_env(os.environ, command, self.parameters),
                                         stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=default_sigint)
             return LocalJob(folder=self.folder, job_id=str(proc.pid), process=proc,
                             tasks=list(range(int(self.parameters.get("tasks_per_node", 1)))))
 

@@ -45,7 +45,10 @@ def test_ctrl_c_while_waiting_detaches_and_the_job_runs_on(tmp_path, request) ->
         [sys.executable, "-m", "slurmkit.submit", "+exp=tiny", "job.name=detach", "submit.wait=true",
          "job.nodes=1", "job.ranks_per_node=1", "job.command=[sleep,600]", f"submit.run_root={tmp_path}"],
         env=env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)  # its own process group, as a terminal's foreground job
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+        # as at a terminal, whatever this test runs under (a background job of a script, as
+        # CI's streams are, has SIGINT ignored, and its children inherit that)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     run_dir = ""
     try:
         assert proc.stdout is not None
