@@ -28,6 +28,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "runs": ("slurmkit.cli.runs", "list recent runs under a run root"),
     "logs": ("slurmkit.cli.logs", "show or follow (-f) a run's rank and agent logs"),
     "cancel": ("slurmkit.cli.cancel", "cancel a run cleanly (--checkpoint: a final checkpoint first)"),
+    "resume": ("slurmkit.cli.resume", "continue a run that ended from its newest checkpoint, under a new job"),
     "clean": ("slurmkit.cli.clean", "remove finished runs of yours below a run root (lists first; --yes)"),
     "report": ("slurmkit.report", "write a run's report.html with plots and checkpoint interval advice"),
     "plan": ("slurmkit.cli.plan",

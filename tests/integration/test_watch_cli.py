@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import subprocess
@@ -59,14 +60,17 @@ def test_logs_follow_a_growing_rank_log(tmp_path) -> None:
         follower.wait(timeout=60)
 
 
-def test_local_cancel_with_checkpoint(tmp_path) -> None:
+RESUME_STEPS = 60
+
+
+def test_local_cancel_with_checkpoint_then_resume(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
     env["PATH"] = os.path.dirname(sys.executable) + ":/usr/bin:/bin"
     # Output to a file: the job's processes inherit it and outlive submit (a pipe would wait).
     out_path = tmp_path / "submit.out"
     with open(out_path, "w") as out_file:
-        res = subprocess.run([sys.executable, "-m", "slurmkit.submit", "+exp=tiny", "cluster=local",
-                              "job.name=localcancel", "train.steps=200",
+        res = subprocess.run([sys.executable, "-m", "slurmkit.submit", "+exp=tiny", "model=micro", "cluster=local",
+                              "job.name=localcancel", f"train.steps={RESUME_STEPS}", "train.ckpt_interval_steps=10",
                               "+job.env.SLURMKIT_STEP_DELAY_S=0.2", f"submit.run_root={tmp_path}"],
                              env=env, cwd=str(tmp_path), stdout=out_file, stderr=subprocess.STDOUT,
                              timeout=300)
@@ -82,7 +86,7 @@ def test_local_cancel_with_checkpoint(tmp_path) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     events = read_ledger(run_dir)
     stopped = next(e for e in events if e["event"] == "train_stopped")
-    assert 3 <= stopped["step"] < 200
+    assert 3 <= stopped["step"] < RESUME_STEPS
     assert any(e["event"] == "ckpt_saved" and e["step"] == stopped["step"] for e in events)
     ends = [e for e in events if e["event"] == "end"]
     assert len(ends) == 1 and ends[0]["status"] == "cancelled" and ends[0]["source"].startswith("agent:")
@@ -90,3 +94,21 @@ def test_local_cancel_with_checkpoint(tmp_path) -> None:
     for pid in pids:  # the controller, the agents' ranks: nothing of the job is left running
         assert not os.path.exists(f"/proc/{pid}") or \
             open(f"/proc/{pid}/stat").read().rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+    # `slurmkit resume`: the same run directory goes on under a new job from that checkpoint
+    again = subprocess.run([sys.executable, "-m", "slurmkit.resume", run_dir, "--wait"], env=env, cwd=str(tmp_path),
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    events = read_ledger(run_dir)
+    (resubmitted,) = [e for e in events if e["event"] == "submitted" and e["source"] == "resume"]
+    assert resubmitted["resumes"] == job_id and resubmitted["job_id"] != job_id, resubmitted
+    restored = [e for e in events if e["event"] == "ckpt_restored"]
+    assert [e["step"] for e in restored][:1] == [stopped["step"]], restored
+    assert [e["status"] for e in events if e["event"] == "end"][-1] == "completed"
+    with open(os.path.join(run_dir, "final.json")) as f:
+        assert json.load(f)["step"] == RESUME_STEPS
+    # a completed run is not resumed again
+    twice = subprocess.run([sys.executable, "-m", "slurmkit.resume", run_dir], env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert twice.returncode == 2 and "completed" in twice.stderr, twice.stderr
