@@ -32,7 +32,7 @@ from rich.text import Text
 from slurmkit.errors import ConfigError
 from slurmkit.jobstates import JobPoller, JobRef, JobState, make_client
 from slurmkit.ledger.ledger import LEDGER_NAME, Ledger
-from slurmkit.ledger.names import CANCEL_REQUESTED, CHECKPOINTED_ON_SIGNAL, END, RANKS_STARTED
+from slurmkit.ledger.names import CANCEL_REQUESTED, CHECKPOINTED_ON_SIGNAL, END, RANKS_STARTED, SUBMITTED
 from slurmkit.runview import RunWatcher, default_run_root, read_sweep, resolve
 from slurmkit.slurm.client import INVALID_JOB, SlurmClient
 from slurmkit.slurm.errors import SlurmCommandError
@@ -227,6 +227,10 @@ def handed_over(t: Target) -> list[Target]:
     return [Target(t.run_dir, JobRef(j, "slurm")) for j in successor_chain(t.run_dir, t.ref.job_id)[1:]]
 
 
+#: An end the run wrote by itself, which a later cancel does not overwrite.
+ENDED_BY_ITSELF = frozenset({"completed", "stopped", "failed"})
+
+
 def _record_end(t: Target, state: JobState) -> None:
     """The ledger's last word is the cancel (unless node 0 already wrote it), and the request
     file goes: a later time-limit warning of a job that survived must requeue as usual."""
@@ -240,6 +244,11 @@ def _record_end(t: Target, state: JobState) -> None:
     requested = next((e for e in reversed(w.tail.events) if e.get("event") == CANCEL_REQUESTED), None)
     if last_end is not None and last_end.get("status") == "cancelled" and requested is not None \
             and float(last_end.get("t", 0)) >= float(requested.get("t", 0)):
+        return
+    # The run ended by itself before the cancel reached it (completed, or the supervisor
+    # stopped it), and no new job took it on since: its own end stays the last word.
+    last_edge = next((e for e in reversed(w.tail.events) if e.get("event") in (END, SUBMITTED)), None)
+    if last_edge is not None and last_edge.get("event") == END and last_edge.get("status") in ENDED_BY_ITSELF:
         return
     Ledger(os.path.join(t.run_dir, LEDGER_NAME), source="cancel").append(
         "end", status="cancelled", job_id=t.ref.job_id, job_state=state.state)

@@ -195,3 +195,18 @@ def test_a_running_job_with_no_step_yet_is_cancelled_outright(tmp_path: Path) ->
     assert fake.calls.index(["scancel", "--signal=USR1", target.ref.job_id]) < \
         fake.calls.index(["scancel", target.ref.job_id])
     assert fake.jobs[target.ref.job_id].signals == []
+
+
+def test_a_run_that_ended_by_itself_keeps_its_own_end(tmp_path: Path) -> None:
+    """A local run that completed just before `cancel` reached it: its `completed` stays the
+    ledger's last word (a `cancelled` after it made status say the run was cancelled)."""
+    run = FakeRun(str(tmp_path / "r"))
+    run.submitted(job_id="999999999", executor="local")  # no such process any more
+    run.allocation(job_id="999999999")
+    run.start_generation()
+    run.finish(60)
+    target = Target(run.run_dir, JobRef("999999999", "local"))
+    cancel([target], Canceller(None, JobPoller(None), user="bob"), checkpoint=True, timeout_s=5,
+           console=_console())
+    ends = [e for e in _events(run) if e["event"] == "end"]
+    assert [e["status"] for e in ends] == ["completed"], ends
