@@ -198,15 +198,27 @@ def test_a_running_job_with_no_step_yet_is_cancelled_outright(tmp_path: Path) ->
 
 
 def test_a_run_that_ended_by_itself_keeps_its_own_end(tmp_path: Path) -> None:
-    """A local run that completed just before `cancel` reached it: its `completed` stays the
-    ledger's last word (a `cancelled` after it made status say the run was cancelled)."""
+    """A local run that completes while `cancel --checkpoint` waits for it: its `completed`
+    stays the ledger's last word (a `cancelled` after it made status say it was cancelled)."""
+    code = ("import signal, sys\n"
+            "signal.signal(signal.SIGTERM, lambda s, f: sys.exit(0))\n"
+            "print('ready', flush=True)\n"
+            "signal.pause()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     run = FakeRun(str(tmp_path / "r"))
-    run.submitted(job_id="999999999", executor="local")  # no such process any more
-    run.allocation(job_id="999999999")
+    run.submitted(job_id=str(proc.pid), executor="local")
+    run.allocation(job_id=str(proc.pid))
     run.start_generation()
-    run.finish(60)
-    target = Target(run.run_dir, JobRef("999999999", "local"))
-    cancel([target], Canceller(None, JobPoller(None), user="bob"), checkpoint=True, timeout_s=5,
-           console=_console())
+    target = Target(run.run_dir, JobRef(str(proc.pid), "local"))
+
+    def sleep(s: float) -> None:  # the run reaches its last step first, then the job ends
+        if not [e for e in _events(run) if e["event"] == "end"]:
+            run.finish(60)
+        proc.poll()
+
+    final = cancel([target], Canceller(None, JobPoller(None), user="bob", sleep=sleep), checkpoint=True,
+                   timeout_s=600, console=_console())
+    assert final[target.ref].over and proc.wait() == 0
     ends = [e for e in _events(run) if e["event"] == "end"]
     assert [e["status"] for e in ends] == ["completed"], ends
