@@ -19,6 +19,7 @@ import os
 import secrets
 import shlex
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -188,6 +189,25 @@ def warn_singleton(spec: JobSpec, env: Mapping[str, str], console: Console) -> N
         "job.singleton=false or another job.name.", highlight=False)
 
 
+def git_commit(cwd: str, timeout_s: float = 5.0) -> str:
+    """The git commit of the directory submit runs in (the user's code, for the report's
+    header), with ``-dirty`` when tracked files changed; "" outside a repository or without git."""
+    git = shutil.which("git")
+    if git is None:
+        return ""
+    try:
+        head = subprocess.run([git, "rev-parse", "--short=12", "HEAD"], cwd=cwd, capture_output=True,
+                              text=True, timeout=timeout_s)
+        if head.returncode != 0:
+            return ""
+        dirty = subprocess.run([git, "diff", "--quiet", "HEAD", "--"], cwd=cwd, capture_output=True,
+                               timeout=timeout_s).returncode == 1
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    sha = head.stdout.strip()
+    return f"{sha}-dirty" if dirty and sha else sha
+
+
 def require_experiment(argv: list[str]) -> None:
     """No submission without ``+exp=NAME``: without one the root config's defaults made a job
     of the all-reduce example's shape that nobody asked for (a 1-hour, 2-node allocation on a
@@ -325,9 +345,11 @@ def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console,
     except BaseException:
         remove_created(created, run_dir)
         raise
+    commit = git_commit(os.getcwd() if cwd is None else cwd)
     Ledger(os.path.join(run_dir, LEDGER_NAME), source="submit").append(
         "submitted", job_id=submitted.job_id, executor=submitted.executor, name=spec.name,
-        nodes=spec.nodes, ranks_per_node=spec.ranks_per_node, config_hash=config_hash(cfg))
+        nodes=spec.nodes, ranks_per_node=spec.ranks_per_node, config_hash=config_hash(cfg),
+        overrides=list(argv), **({"commit": commit} if commit else {}))
     print_submitted(console, submitted, spec)
     if cfg.submit.wait:
         from slurmkit.progress import follow_progress

@@ -57,7 +57,7 @@ EVENTS: dict[str, EventSpec] = {
     # --- the CLI (submit, sweep, cancel)
     names.SUBMITTED: _spec("", "job_id:str executor:str name:str nodes:int ranks_per_node:int "
                                "config_hash:str array_job_id:str array_task_id:int sweep_dir:str "
-                               "overrides:list resumes:str"),
+                               "overrides:list resumes:str commit:str"),
     names.CANCEL_REQUESTED: _spec("", "job_id:str checkpoint:bool by:str job_state:str"),
     names.CANCEL_FORCED: _spec("", "job_id:str waited_s:num"),
     # --- node agents (the supervisor)

@@ -25,6 +25,10 @@ def test_local_mode_on_a_path_without_slurm(tmp_path) -> None:
     assert "(local)" in res.stdout
     out = read_json(os.path.join(run_dir, "allreduce.json"))
     assert out["world_size"] == 4 and out["sum"] == 6.0
+    # the report's header reads what was asked for from the ledger (no git repository here)
+    (sub,) = [e for e in read_ledger(os.path.join(run_dir, "ledger.jsonl")) if e["event"] == "submitted"]
+    assert sub["overrides"] == ["+exp=tiny", "job.name=laptop", "submit.wait=true", ALLREDUCE,
+                                f"submit.run_root={tmp_path}"] and "commit" not in sub, sub
 
 
 def _events(run_dir: str) -> list[str]:

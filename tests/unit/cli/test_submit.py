@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -80,3 +81,18 @@ def test_emit_sbatch_writes_a_standalone_script_and_frozen_config(tmp_path) -> N
     from slurmkit.config import load_frozen
 
     assert load_frozen(str(run_dir / "config.yaml")).job == frozen.job
+
+
+def test_git_commit_names_the_code_submit_runs_from(tmp_path) -> None:
+    from slurmkit.cli.submit import git_commit
+
+    assert git_commit(str(tmp_path)) == ""  # no repository
+    run = functools.partial(subprocess.run, cwd=str(tmp_path), check=True, capture_output=True)
+    run(["git", "init", "-q"])
+    (tmp_path / "train.py").write_text("print(1)\n")
+    run(["git", "add", "train.py"])
+    run(["git", "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qm", "x"])
+    sha = run(["git", "rev-parse", "--short=12", "HEAD"], text=True).stdout.strip()
+    assert git_commit(str(tmp_path)) == sha
+    (tmp_path / "train.py").write_text("print(2)\n")
+    assert git_commit(str(tmp_path)) == f"{sha}-dirty"
