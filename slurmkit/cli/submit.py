@@ -77,12 +77,29 @@ def validate(cfg: SlurmkitConfig, layout: Layout | None = None) -> None:
     from slurmkit.supervise.timeouts import check_timeouts
 
     layout = resolve_layout(cfg) if layout is None else layout
+    check_auto_site(cfg, layout)
     check_timeouts(cfg)
     check_store_backends(cfg.store)
     if is_reference_trainer(cfg.job.command):  # the trainer's memory plan: nothing for another program
         from slurmkit.train.planner import check_config
 
         check_config(cfg, layout=layout)
+
+
+def check_auto_site(cfg: SlurmkitConfig, layout: Layout) -> None:
+    """cluster=auto found a Slurm controller but no site profile says where jobs go: a job of
+    several nodes is refused rather than sent to whatever partition and account the site
+    defaults to (from a login node, as soon as ``scontrol ping`` answered). One node may try."""
+    c = cfg.cluster
+    if c.name != "auto" or c.kind != "slurm" or c.partition or c.account or layout.nodes <= 1:
+        return
+    raise ConfigError(
+        f"cluster=auto found Slurm (a controller answered) but no site profile: a {layout.nodes}-node job "
+        "with neither cluster.partition nor cluster.account",
+        "a cluster profile that says where multi-node jobs go (partition, account, GPUs per node)",
+        "write cluster/<site>.yaml in a directory named by SLURMKIT_CONF_DIR (docs/site.md; `slurmkit submit "
+        "--info` shows where configs are looked for) and submit with cluster=<site>; or name them here: "
+        "cluster.partition=P cluster.account=A; or try one node with job.nodes=1")
 
 
 def topology_srun_args(cfg: SlurmkitConfig) -> list[str]:

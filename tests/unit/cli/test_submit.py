@@ -38,7 +38,9 @@ def _run(argv: list[str], tmp_path) -> tuple[int, str]:
     (["+exp=tiny", "supervisor.heartbeat_timeout_s=900"], ["heartbeat_timeout_s=900", "pg_timeout_s=600"]),
 ])
 def test_bad_input_fails_clearly_and_creates_nothing(argv, fragments, tmp_path) -> None:
-    code, text = _run([*argv, "cluster.kind=slurm"] if "cluster=nowhere" not in argv else argv, tmp_path)
+    # Slurm, and a partition as a site profile names one (else cluster=auto refuses a 2-node job first)
+    code, text = _run([*argv, "cluster.kind=slurm", "cluster.partition=debug"] if "cluster=nowhere" not in argv
+                      else argv, tmp_path)
     assert code == -1, "bad input must not be submitted"
     for frag in fragments:
         assert frag in text, (frag, text)
@@ -96,3 +98,18 @@ def test_git_commit_names_the_code_submit_runs_from(tmp_path) -> None:
     assert git_commit(str(tmp_path)) == sha
     (tmp_path / "train.py").write_text("print(2)\n")
     assert git_commit(str(tmp_path)) == f"{sha}-dirty"
+
+
+@pytest.mark.parametrize("extra, refused", [
+    ([], True),  # a login node, no site profile: no partition, no account, 2 nodes
+    (["job.nodes=1"], False),  # one node may try
+    (["cluster.partition=gpu"], False), (["cluster.account=proj"], False),
+    (["cluster=local_slurm"], False),  # a site profile
+])
+def test_auto_without_a_site_profile_refuses_a_multi_node_job(extra, refused, tmp_path) -> None:
+    argv = ["+exp=tiny", "cluster.kind=slurm", *extra, "submit.dry_run=true"]
+    code, text = _run(argv, tmp_path)
+    if refused:
+        assert code == -1 and "no site profile" in text and "SLURMKIT_CONF_DIR" in text, text
+    else:
+        assert code == 0, text
