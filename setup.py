@@ -9,5 +9,6 @@ DATA = {"slurmkit.conf": "conf", "slurmkit.sbatch_templates": "sbatch_templates"
 setup(
     packages=find_packages(include=["slurmkit", "slurmkit.*"]) + list(DATA),
     package_dir=DATA,
-    package_data={"slurmkit.conf": ["*.yaml", "*/*.yaml"], "slurmkit.sbatch_templates": ["*.j2"]},
+    package_data={"slurmkit.conf": ["*.yaml", "*/*.yaml"], "slurmkit.sbatch_templates": ["*.j2"],
+                  "slurmkit.report": ["templates/*.j2"]},
 )

@@ -33,6 +33,10 @@ CLASS_COLORS = ["#b71c1c", "#4a148c", "#e65100", "#1a237e", "#004d40", "#880e4f"
 ACTION_MARKERS = {"restart": ("o", "#ef6c00"), "replace_node": ("s", "#00838f"),
                   "requeue": ("^", "#5d4037"), "stop": ("x", "#000000")}
 TIER_ORDER = ("nvme", "buddy", "scratch", "lustre", "object")
+# The timeline's text, in points: report.html shows it at the page's full width (a sweep too: one
+# variant per row), at about 1.5 px a point (dpi 110), so 9 pt stays ~13 px on screen
+TIMELINE_TEXT_PT = 9
+TIMELINE_LABEL_PT = 11
 
 
 def png(fig: Figure) -> bytes:
@@ -61,12 +65,13 @@ def class_style(classes: Sequence[str]) -> dict[str, tuple[str, str]]:
             for i, c in enumerate(sorted(set(classes)))}
 
 
-def _bars(ax: Any, y: float, items: Sequence[tuple[float, float, str, str]]) -> None:
+def _bars(ax: Any, y: float, items: Sequence[tuple[float, float, str, str]],
+          fontsize: float = TIMELINE_TEXT_PT) -> None:
     """(start, end, colour, text) bars in one lane."""
     for a, b, color, text in items:
         ax.barh(y, b - a, left=a, height=0.6, color=color, edgecolor="white", linewidth=0.5)
         if text:
-            ax.text(a + (b - a) / 2, y, text, ha="center", va="center", fontsize=7, color="white")
+            ax.text(a + (b - a) / 2, y, text, ha="center", va="center", fontsize=fontsize, color="white")
 
 
 def timeline(data: RunData) -> bytes:
@@ -74,7 +79,7 @@ def timeline(data: RunData) -> bytes:
     tiers = _tiers(data)
     lanes = ["allocations", "generations", "time", "failures", "decisions", *[f"ckpt {t}" for t in tiers]]
     y = {name: len(lanes) - 1 - i for i, name in enumerate(lanes)}
-    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.55 * len(lanes)))
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.65 * len(lanes)))
     end = _rel(data, data.report.start + data.report.wall_s)
 
     allocs = _of(data, ALLOCATION_START)
@@ -105,12 +110,12 @@ def timeline(data: RunData) -> bytes:
         ax.scatter([_rel(data, f.fault_time)], [y["failures"]], marker=marker, color=color, s=90,
                    zorder=3, label=f"{f.cls}")
         ax.annotate(f"{f.cls}\n{where}", (_rel(data, f.fault_time), y["failures"]),
-                    xytext=(0, 9), textcoords="offset points", ha="center", fontsize=7)
+                    xytext=(0, 9), textcoords="offset points", ha="center", fontsize=TIMELINE_TEXT_PT)
     for e in _of(data, DECISION):
         marker, color = ACTION_MARKERS.get(str(e.get("action")), ("o", "#000000"))
         ax.scatter([_rel(data, float(e["t"]))], [y["decisions"]], marker=marker, color=color, s=50)
         ax.annotate(str(e.get("action")), (_rel(data, float(e["t"])), y["decisions"]),
-                    xytext=(0, 7), textcoords="offset points", ha="center", fontsize=7)
+                    xytext=(0, 7), textcoords="offset points", ha="center", fontsize=TIMELINE_TEXT_PT)
     for e in _of(data, REQUEUE):
         ax.axvline(_rel(data, float(e["t"])), color="#5d4037", linestyle="--", linewidth=0.8)
     for tier in tiers:
@@ -122,16 +127,18 @@ def timeline(data: RunData) -> bytes:
                 ax.scatter(ts, [lane] * len(ts), marker=marker, color=color, s=80 if marker == "|" else 40,
                            label=name.replace("ckpt_", "checkpoint "))
     ax.set_yticks(list(y.values()), list(y.keys()))
+    ax.tick_params(labelsize=TIMELINE_LABEL_PT)
     ax.set_xlim(0, max(end, 1.0))
     ax.set_ylim(-0.7, len(lanes) - 0.2)
-    ax.set_xlabel("seconds since submission")
-    ax.set_title(f"{data.name}: timeline")
+    ax.set_xlabel("seconds since submission", fontsize=TIMELINE_LABEL_PT)
+    ax.set_title(f"{data.name}: timeline", fontsize=TIMELINE_LABEL_PT + 2)
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
     for label in LABELS:
         if any(s.label == label for s in parts):
             uniq[label] = plt.Rectangle((0, 0), 1, 1, color=COLORS[label])
-    ax.legend(uniq.values(), uniq.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
+    ax.legend(uniq.values(), uniq.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              fontsize=TIMELINE_TEXT_PT)
     ax.grid(axis="x", alpha=0.3)
     return png(fig)
 

@@ -86,13 +86,17 @@ class Advice:
     daly_s: float
     recommended_steps: int  # Daly's interval rounded to whole steps (at least 1)
     options: list[Option]
+    # the failures M rests on and the time they fell in (this run's nodes held); None: M was given
+    mtbf_failures: int | None = None
+    mtbf_held_s: float | None = None
 
 
 def steps_of(seconds: float, f: Figures) -> int:
     return max(1, round(seconds / f.step_s))
 
 
-def advise(f: Figures, current_steps: int, mtbf_source: str, recovery_source: str = "") -> Advice:
+def advise(f: Figures, current_steps: int, mtbf_source: str, recovery_source: str = "", *,
+           mtbf_failures: int | None = None, mtbf_held_s: float | None = None) -> Advice:
     """The intervals worth comparing, each with the goodput the model gives it.
 
     Compared: the run's own interval, Young's, Daly's, and halves and doubles around Daly's,
@@ -109,4 +113,4 @@ def advise(f: Figures, current_steps: int, mtbf_source: str, recovery_source: st
             labels.setdefault(steps, []).append(label)
     options = [Option(", ".join(names), steps, steps * f.step_s, goodput(steps * f.step_s, f))
                for steps, names in sorted(labels.items())]
-    return Advice(f, mtbf_source, recovery_source, young, daly, rec, options)
+    return Advice(f, mtbf_source, recovery_source, young, daly, rec, options, mtbf_failures, mtbf_held_s)

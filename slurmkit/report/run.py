@@ -19,7 +19,8 @@ from typing import Any
 
 from slurmkit.errors import ConfigError
 from slurmkit.ledger.ledger import LEDGER_NAME, read_ledger
-from slurmkit.ledger.names import ALLOCATION_START, CKPT_SAVED, END, REQUEUE, TRAIN_STARTED
+from slurmkit.ledger.names import (ALLOCATION_START, CKPT_SAVED, END, REQUEUE, SUBMITTED, SUCCESSOR,
+                                   TRAIN_STARTED)
 from slurmkit.ledger.summary import RunReport, summarize
 from slurmkit.report.breakdown import breakdown
 from slurmkit.report.model import Advice, Figures, advise
@@ -29,6 +30,24 @@ from slurmkit.untrusted import UntrustedDataError, bounded_lines, parse_object
 METRICS_LINE_BYTES = 64 * 1024  # one step's metrics line is ~300 bytes
 # the fields the figures read as numbers (float(m[...])): anything else in them refuses the row
 METRICS_NUMBERS = ("loss", "tokens_per_s", "step_time_s", "ckpt_blocking_s", "mfu")
+# Below this many failures this run's own mean time between failures is a guess, not a rate: the
+# advice says so and asks for --mtbf-h
+MTBF_MIN_FAILURES = 3
+
+
+@dataclass(frozen=True)
+class Header:
+    """Who and what the run was, from the ledger and the frozen config. ``None`` is unknown (an
+    older ledger, a missing config.yaml): the page shows "-", never an empty or made-up value."""
+
+    jobs: list[str]  # every job the run ran as: submitted events' job_id, then successors, in order
+    command: list[str] | None  # the frozen config's job.command
+    overrides: list[str] | None  # as given at submit (the newest submitted event's)
+    commit: str | None  # the git commit submit ran from ("...-dirty": with uncommitted changes)
+    resumes: list[str]  # the jobs `slurmkit resume` went on from
+    hosts: list[str]  # every allocation's nodes, deduplicated, in order
+    submitted: float | None  # epoch seconds of the first submitted event
+    ended: float | None  # epoch seconds of the last end, None while the run goes on
 
 
 @dataclass(frozen=True)
@@ -62,6 +81,7 @@ class RunData:
     advice: Advice | None
     cost: Cost | None
     notes: list[str] = field(default_factory=list)  # figures the run's files do not hold
+    header: Header | None = None
 
 
 def _jsonl(path: str, notes: list[str] | None = None) -> list[dict[str, Any]]:
@@ -213,6 +233,39 @@ def _recovery_s(report: RunReport, events: Sequence[Mapping[str, Any]]) -> tuple
     return 0.0, "unknown (0)"
 
 
+def _strings(value: Any) -> list[str] | None:
+    """A list of strings from the ledger or the config (a single string is one item)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return None
+
+
+def _dedup(items: Sequence[str]) -> list[str]:
+    return list(dict.fromkeys(i for i in items if i))
+
+
+def header(events: Sequence[Mapping[str, Any]], config: Mapping[str, Any]) -> Header:
+    """The run page's header. Ledger fields are read with care: a hand-written or older ledger
+    may lack any of them (check_read has already refused a field of the wrong type)."""
+    subs = [e for e in events if e.get("event") == SUBMITTED]
+    jobs = _dedup([str(e.get("job_id") or "") for e in events if e.get("event") in (SUBMITTED, SUCCESSOR)])
+    newest = subs[-1] if subs else {}
+    commit = newest.get("commit")
+    hosts = _dedup([str(n) for e in events if e.get("event") == ALLOCATION_START
+                    for n in (e.get("nodes") or [])])
+    ends = [e for e in events if e.get("event") == END]
+    # a run resumed after its end goes on: its end is the one after the newest submission
+    ended = _num(ends[-1].get("t")) if ends and (not subs or _num(ends[-1].get("t")) >= _num(newest.get("t"))) \
+        else None
+    return Header(jobs=jobs, command=_strings(_get(config, "job.command")),
+                  overrides=_strings(newest.get("overrides")) if "overrides" in newest else None,
+                  commit=str(commit) if isinstance(commit, str) and commit else None,
+                  resumes=_dedup([str(e.get("resumes") or "") for e in subs]), hosts=hosts,
+                  submitted=_num(subs[0].get("t")) if subs else None, ended=ended)
+
+
 def _advice(data: RunData, mtbf_h: float | None) -> Advice | None:
     blocking = [s["blocking_s"] for s in data.saves if s["blocking_s"] is not None]
     step_s = _step_time(data.metrics)
@@ -225,12 +278,14 @@ def _advice(data: RunData, mtbf_h: float | None) -> Advice | None:
         data.notes.append("no step times in metrics.jsonl: no interval advice")
         return None
     r = data.report
+    failures: int | None = None  # the failures M rests on: None when the user gave M
+    held = r.wall_s - data.breakdown["queue"]
     if mtbf_h is not None:
         mtbf, source = mtbf_h * 3600.0, f"--mtbf-h {mtbf_h:g}"
     elif r.failures:
-        held = r.wall_s - data.breakdown["queue"]
-        mtbf = held / len(r.failures)
-        source = f"this run: {len(r.failures)} failures in {held / 3600:.3g} h holding nodes"
+        failures = len(r.failures)
+        mtbf = held / failures
+        source = f"this run: {failures} failure{'s' if failures != 1 else ''} in {held / 3600:.3g} h holding nodes"
     else:
         data.notes.append("no failure in this run and no --mtbf-h: no interval advice "
                           "(pass --mtbf-h with your cluster's mean time between failures)")
@@ -238,7 +293,8 @@ def _advice(data: RunData, mtbf_h: float | None) -> Advice | None:
     recovery, why = _recovery_s(r, data.events)
     figures = Figures(save_s=sum(blocking) / len(blocking), mtbf_s=mtbf, recovery_s=recovery,
                       step_s=step_s)
-    return advise(figures, current, source, why)
+    return advise(figures, current, source, why, mtbf_failures=failures,
+                  mtbf_held_s=None if failures is None else held)
 
 
 def _layout_of(data: RunData) -> tuple[int, int]:
@@ -299,7 +355,7 @@ def load_run(run_dir: str, mtbf_h: float | None = None) -> RunData:
     data = RunData(run_dir=run_dir, name=str(_get(config, "job.name", os.path.basename(run_dir))),
                    events=events, report=summarize(events), breakdown=breakdown(events),
                    metrics=metrics, config=config, saves=save_rows(events, metrics),
-                   advice=None, cost=None, notes=notes)
+                   advice=None, cost=None, notes=notes, header=header(events, config))
     data.advice = _advice(data, mtbf_h)
     data.cost = _cost(data)
     return data

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 
 from slurmkit.atomic import atomic_write
 from slurmkit.report import figures
-from slurmkit.report.html import SweepHead, run_page, sweep_page
+from slurmkit.report.html import SweepHead, SweepVariant, run_page, sweep_page
 from slurmkit.report.run import RunData, load_run
 from slurmkit.runfiles import LEDGER_NAME, REPORT_NAME, SWEEP_NAME
 
@@ -53,28 +53,30 @@ def write_run(run_dir: str, out: str | None = None, mtbf_h: float | None = None)
 
 
 def write_sweep(sweep_dir: str, out: str | None = None, mtbf_h: float | None = None) -> list[str]:
-    """Report every variant of a sweep side by side (variants without a ledger yet are noted)."""
+    """Report every variant of a sweep: a table of them, then each one's figures (variants without a
+    ledger yet are in the table and noted)."""
     from slurmkit.sweepdir import load_sweep  # checks every run_dir is <sweep_dir>/<index>
 
     sweep = load_sweep(sweep_dir)
     out = out or sweep.sweep_dir
     os.makedirs(out, exist_ok=True)
     runs: list[RunData] = []
-    waiting = []
+    variants = []
     for v in sweep.variants:
         if not os.path.isfile(os.path.join(v.run_dir, LEDGER_NAME)):
-            waiting.append(f"{v.index}: {' '.join(v.overrides) or 'defaults'}")
+            variants.append(SweepVariant(v.index, list(v.overrides), None))
             continue  # not started yet: nothing to draw
         data = load_run(v.run_dir, mtbf_h)
         data.name = f"{v.index}: {' '.join(v.overrides) or 'defaults'}"
         runs.append(data)
+        variants.append(SweepVariant(v.index, list(v.overrides), data))
     per = [run_pngs(d) for d in runs]
     shared = {"goodput": figures.goodput_bar(runs), "loss": figures.loss_overlay(runs)}
     written = _save_pngs(out, shared)
     for v_png, d in zip(per, runs):
         written += _save_pngs(out, v_png, prefix=f"v{d.name.split(':')[0]}-")
     html = os.path.join(out, REPORT_NAME)
-    head = SweepHead(sweep.name, sweep.job_id, sweep.array, waiting)
+    head = SweepHead(sweep.name, sweep.job_id, sweep.array, variants, list(sweep.common_overrides))
     _put(html, sweep_page(head, runs, per, shared).encode("utf-8"))
     return [html, *written]
 
