@@ -1,6 +1,8 @@
 """slurmkit installs like any tool: a wheel built from the checkout, installed into a fresh virtual
 environment outside it, runs a dry run and a local job from another directory, with the configs
-and templates it carries as package data.
+and templates it carries as package data; then a newcomer's walk through the README's daily loop
+with that install (status, runs, logs with the trainer's step lines, report, a site profile in
+SLURMKIT_CONF_DIR and the #SBATCH lines it renders, clean).
 
 The environment borrows the dependencies already installed for the test run (a read-only view of
 this interpreter's site-packages, minus slurmkit itself, on its path), so pip resolves the
@@ -110,3 +112,29 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path) -> None:
     assert any(e["event"] == "end" and e.get("status") == "completed" for e in events), events
     assert any(e["event"] == "ckpt_saved" for e in events), events  # the store runs (numpy) too
     assert all((run_dir / "logs" / f"rank{r}.log").is_file() for r in range(4))
+
+    # The newcomer's walk on from there, as the README's "daily loop" has it, with this wheel:
+    # status (exit 0 for a completed run), runs, logs (the trainer's step lines), report, clean.
+    status = _run([slurmkit, "status", str(run_dir)], cwd=work, env=env)
+    assert "completed" in status.stdout and "elapsed" in status.stdout, status.stdout
+    listed = _run([slurmkit, "runs", "--root", str(work / "runs")], cwd=work, env=env)
+    assert str(run_dir) in listed.stdout.replace("\n", ""), listed.stdout
+    logs = _run([slurmkit, "logs", str(run_dir), "--rank", "0"], cwd=work, env=env)
+    assert re.search(r"step 6/6 loss \d+\.\d+", logs.stdout), logs.stdout[-2000:]
+    _run([slurmkit, "report", str(run_dir)], cwd=work, env=env)
+    assert (run_dir / "report.html").is_file()
+    # A site profile in SLURMKIT_CONF_DIR, outside the installed package, and what it renders
+    site = work / "site-conf"
+    (site / "cluster").mkdir(parents=True)
+    (site / "cluster" / "mysite.yaml").write_text(
+        "name: mysite\nkind: slurm\npartition: gpu\naccount: my-project\ngpus_per_node: 8\n"
+        "cpus_per_node: 112\nmem_gb_per_node: 1000\n")
+    site_env = {**env, "SLURMKIT_CONF_DIR": str(site)}
+    rendered = _run([slurmkit, "submit", "+exp=tiny", "cluster=mysite", "submit.dry_run=true"], cwd=work,
+                    env=site_env)
+    assert "#SBATCH --partition=gpu" in rendered.stdout and "#SBATCH --account=my-project" in rendered.stdout
+    info = _run([slurmkit, "submit", "--info"], cwd=work, env=site_env)
+    assert str(site) in info.stdout and "mysite" in info.stdout, info.stdout
+    # and the run is removed when done with
+    gone = _run([slurmkit, "clean", "--root", str(work / "runs"), "--yes"], cwd=work, env=env)
+    assert "removed 1 run(s)" in gone.stdout and not run_dir.exists(), gone.stdout
