@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.text import Text
 
 from slurmkit.errors import ConfigError
-from slurmkit.jobstates import JobPoller, JobRef, JobState, make_client
+from slurmkit.jobstates import GONE, JobPoller, JobRef, JobState, make_client
 from slurmkit.ledger.ledger import LEDGER_NAME, Ledger
 from slurmkit.ledger.names import CANCEL_REQUESTED, CHECKPOINTED_ON_SIGNAL, END, RANKS_STARTED, SUBMITTED
 from slurmkit.runview import RunWatcher, default_run_root, read_sweep, resolve
@@ -180,7 +180,8 @@ def cancel(ts: list[Target], canceller: Canceller, *, checkpoint: bool, timeout_
     asked: list[Target] = []
     for t in ts:
         if states[t.ref].over:
-            console.print(Text(f"job {t.ref.job_id} is over already ({states[t.ref].state})"))
+            console.print(Text(f"job {t.ref.job_id} is over already "
+                           f"({states[t.ref].state if states[t.ref].state != GONE else 'its processes are gone'})"))
             continue
         ledger = Ledger(os.path.join(t.run_dir, LEDGER_NAME), source="cancel")
         ledger.append("cancel_requested", job_id=t.ref.job_id, checkpoint=checkpoint,
@@ -294,7 +295,8 @@ def main(argv: list[str], env: Mapping[str, str] | None = None, console: Console
         Console(stderr=True).print(Text(f"error: {exc}"))
         return 2
     for t in ts:
-        console.print(Text(f"job {t.ref.job_id}: {final[t.ref].state}; {final_checkpoint(t.run_dir)}"))
+        word = final[t.ref].state if final[t.ref].state != GONE else "ended"  # a local job's processes are gone
+        console.print(Text(f"job {t.ref.job_id}: {word}; {final_checkpoint(t.run_dir)}"))
     return 0 if all(s.over for s in final.values()) else 1
 
 

@@ -13,7 +13,8 @@ shown (see :mod:`slurmkit.jobstates`); when nothing changed the interval doubles
 ``--max-interval-s``. Exit codes (so a script can act on them): 0 while every run shown is
 queued, running or ended well (completed, cancelled, handed on at a signal); 1 when one failed
 (its ledger ended ``stopped`` or ``failed``, or its job is over in a failed state without an
-``end`` record: FAILED, NODE_FAIL, TIMEOUT, OUT_OF_MEMORY, ..., or GONE locally); 2 for a
+``end`` record: FAILED, NODE_FAIL, TIMEOUT, OUT_OF_MEMORY, ..., or a local job's processes
+gone, shown as "FAILED (no end record)"); 2 for a
 target that names no run. ``--watch`` exits with the final code.
 """
 
@@ -32,7 +33,7 @@ from rich.table import Table
 from rich.text import Text
 
 from slurmkit.errors import ConfigError
-from slurmkit.jobstates import UNKNOWN, JobPoller, JobRef, JobState, make_client
+from slurmkit.jobstates import GONE, UNKNOWN, JobPoller, JobRef, JobState, make_client
 from slurmkit.ledger.summary import failure_text
 from slurmkit.runview import (
     RunView,
@@ -79,8 +80,16 @@ def stragglers_text(v: RunView) -> str:
                      for node, (score, step) in sorted(v.stragglers.items())) or "none"
 
 
+#: A local job's processes are gone: Slurm's word for how its ledger ended.
+LOCAL_END_STATES = {"completed": "COMPLETED", "cancelled": "CANCELLED", "stopped": "FAILED", "failed": "FAILED",
+                    "signalled": "PREEMPTED"}
+
+
 def state_text(v: RunView, job: JobState | None) -> str:
+    """Slurm's state of the job (for a local job, the one Slurm would show) / the run's phase."""
     slurm = job.state if job is not None else "-"
+    if slurm == GONE:  # a local job, its processes gone: say it in Slurm's words
+        slurm = LOCAL_END_STATES.get(v.phase, "FAILED") if v.ended else "FAILED (no end record)"
     return f"{slurm} / {v.phase}"
 
 

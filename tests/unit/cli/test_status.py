@@ -106,7 +106,8 @@ def test_sweep_shows_one_line_per_variant(tmp_path: Path) -> None:
     assert len(lines) == 2
     assert "train.lr=1e-3" in lines[0] and "5/60" in lines[0] and "5.0000" in lines[0]
     assert "train.lr=2e-3" in lines[1] and "9/60" in lines[1] and "4.0000" in lines[1]
-    assert all("GONE / training" in ln for ln in lines)  # local ids that are no live process
+    # local ids that are no live process, without an end record: Slurm's word, not "GONE"
+    assert all("FAILED (no end record) / training" in ln for ln in lines)
 
 
 def _code(run_dir: str) -> int:
