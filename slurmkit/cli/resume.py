@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None,
         code = sub.wait_job(submitted, env, left_s)
     except KeyboardInterrupt:
         sub.print_detached(err, submitted)
-        return sub.DETACHED_EXIT
+        return sub.after_detach(err, submitted)
     (console if code == 0 else err).print(f"job {submitted.job_id} {'completed' if code == 0 else 'did not complete'}")
     return code
 

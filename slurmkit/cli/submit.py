@@ -377,7 +377,7 @@ def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console,
             code = wait_job(submitted, env, left_s)
         except KeyboardInterrupt:
             print_detached(err, submitted)
-            return DETACHED_EXIT
+            return after_detach(err, submitted)
         (console if code == 0 else err).print(f"job {submitted.job_id} "
                                               f"{'completed' if code == 0 else 'did not complete'}")
         return code
@@ -397,6 +397,42 @@ def print_detached(err: Console, s: Submitted) -> None:
     err.print(f"  watch it again : slurmkit status --watch {escape(q)}", highlight=False)
     err.print(f"  save and stop  : slurmkit cancel --checkpoint {escape(q)}", highlight=False)
     err.print(f"  stop now       : slurmkit cancel {escape(q)}", highlight=False)
+
+
+#: After the first Ctrl-C, how long a second one is waited for (then the command exits).
+SECOND_CTRL_C_S = 3.0
+
+
+def after_detach(err: Console, s: Submitted, *, interactive: bool | None = None,
+                 wait: Callable[[float], None] = time.sleep, ask: Callable[[str], str] = input,
+                 cancel: Callable[[list[str]], int] | None = None) -> int:
+    """At a terminal, a second Ctrl-C within SECOND_CTRL_C_S asks whether to cancel the job
+    (with a final checkpoint, at once, or not at all); never without asking, never off a
+    terminal (a script's SIGINT only detaches). Returns the command's exit code."""
+    if interactive is None:
+        interactive = sys.stdin.isatty() and sys.stderr.isatty()
+    if not interactive:
+        return DETACHED_EXIT
+    err.print(f"(Ctrl-C again within {SECOND_CTRL_C_S:g} s to be asked whether to cancel the job)", highlight=False)
+    try:
+        wait(SECOND_CTRL_C_S)
+        return DETACHED_EXIT
+    except KeyboardInterrupt:
+        pass
+    try:
+        answer = ask(f"cancel job {s.job_id}? [c]heckpoint first / [n]ow / anything else: keep it running: ")
+    except (KeyboardInterrupt, EOFError):
+        answer = ""
+    how = {"c": ["--checkpoint"], "checkpoint": ["--checkpoint"], "n": [], "now": []}.get(answer.strip().lower())
+    if how is None:
+        err.print(f"job {s.job_id} keeps running", highlight=False)
+        return DETACHED_EXIT
+    if cancel is None:
+        from slurmkit.cli.cancel import main as cancel_main
+
+        def cancel(argv: list[str]) -> int:
+            return cancel_main(argv)
+    return cancel([s.run_dir, *how])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,8 +6,11 @@ so the test covers the command line wait_job builds, with an injected clock and 
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
+
+from rich.console import Console
 
 from slurmkit.cli.submit import Submitted, wait_job
 from tests.unit.slurm.test_client import FakeTime
@@ -34,3 +37,40 @@ def test_wait_job_polls_sacct_with_backoff(tmp_path: Path) -> None:
     assert wait_job(job, env, 0, clock=t.clock, sleep=t.sleep) == 0
     assert t.sleeps == [1, 2, 4, 8, 16, 30, 30, 30, 30]
     assert (tmp_path / "sacct.count").read_text().strip() == "10"
+
+
+def _detached(tmp_path):  # type: ignore[no-untyped-def]
+    from slurmkit.cli.submit import Submitted
+
+    return Submitted("4242", str(tmp_path / "run"), "slurm", None)
+
+
+def _raise_interrupt(_s: float) -> None:
+    raise KeyboardInterrupt
+
+
+def test_off_a_terminal_ctrl_c_only_detaches(tmp_path) -> None:
+    from slurmkit.cli.submit import DETACHED_EXIT, after_detach
+
+    cancelled: list[list[str]] = []
+    code = after_detach(Console(file=io.StringIO()), _detached(tmp_path), interactive=False,
+                        wait=_raise_interrupt, ask=lambda q: "n", cancel=lambda a: cancelled.append(a) or 0)
+    assert code == DETACHED_EXIT and cancelled == []
+
+
+def test_a_second_ctrl_c_asks_before_cancelling(tmp_path) -> None:
+    from slurmkit.cli.submit import DETACHED_EXIT, after_detach
+
+    s = _detached(tmp_path)
+    for answer, expected in (("c", [[s.run_dir, "--checkpoint"]]), ("now", [[s.run_dir]]), ("", []), ("no", [])):
+        cancelled: list[list[str]] = []
+        out = io.StringIO()
+        code = after_detach(Console(file=out), s, interactive=True, wait=_raise_interrupt,
+                            ask=lambda q, a=answer: a, cancel=lambda argv: cancelled.append(argv) or 0)
+        assert cancelled == expected, answer
+        assert code == (0 if expected else DETACHED_EXIT)
+    # no second Ctrl-C within the wait: detached, nothing asked
+    asked: list[str] = []
+    assert after_detach(Console(file=io.StringIO()), s, interactive=True, wait=lambda t: None,
+                        ask=lambda q: asked.append(q) or "c", cancel=lambda a: 1) == DETACHED_EXIT
+    assert asked == []
