@@ -368,6 +368,8 @@ def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console,
         nodes=spec.nodes, ranks_per_node=spec.ranks_per_node, config_hash=config_hash(cfg),
         overrides=list(argv), **({"commit": commit} if commit else {}))
     print_submitted(console, submitted, spec)
+    if cfg.submit.keep_finished_runs:
+        prune_finished(cfg, console)
     if cfg.submit.wait:
         from slurmkit.progress import follow_progress
 
@@ -382,6 +384,26 @@ def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console,
                                               f"{'completed' if code == 0 else 'did not complete'}")
         return code
     return 0
+
+
+def prune_finished(cfg: SlurmkitConfig, console: Console) -> None:
+    """submit.keep_finished_runs=N: this user's finished runs of this job.name beyond the newest
+    N go (slurmkit.cli.clean's rules: ended for good, the user's own). Never fails a submission."""
+    from slurmkit.cli.clean import finished_runs, prune_empty_parents, select
+
+    root = os.path.join(cfg.submit.run_root, cfg.job.name)
+    try:
+        going = select(finished_runs(root, os.getuid()), older_than_s=0, keep=cfg.submit.keep_finished_runs,
+                       now=time.time())
+        for f in going:
+            shutil.rmtree(f.path)
+            prune_empty_parents(os.path.dirname(f.path), root)
+    except OSError as exc:
+        log.warning("submit.keep_finished_runs: %s", exc)
+        return
+    if going:
+        console.print(f"  removed {len(going)} finished run(s) of {escape(cfg.job.name)} beyond the newest "
+                      f"{cfg.submit.keep_finished_runs} (submit.keep_finished_runs)", highlight=False)
 
 
 #: ``submit.wait=true`` interrupted (Ctrl-C): the command stopped waiting, the job runs on.

@@ -179,10 +179,16 @@ class SubmitConfig:
     wait: bool = False  # block until the job ends (and exit with its status)
     timeout_s: float = 0  # with wait: give up after this long (0: no limit)
     array_parallelism: int = 0  # a sweep (-m): at most this many variants at once (0: no limit)
+    # Retention: after a submission, remove this user's finished runs of the same job.name
+    # beyond the newest N (`slurmkit clean --keep N` below <run_root>/<job.name>); 0 keeps all.
+    keep_finished_runs: int = 0
 
     def __post_init__(self) -> None:
         check_choices("submit", self, self.CHOICES)
         self.run_root = absolute_run_root(self.run_root)
+        if self.keep_finished_runs < 0:
+            raise ConfigError(f"submit.keep_finished_runs={self.keep_finished_runs}", "a value >= 0",
+                              "set submit.keep_finished_runs=0 (keep every run) or how many to keep")
         if self.array_parallelism < 0:
             raise ConfigError(f"submit.array_parallelism={self.array_parallelism}", "a value >= 0",
                               "set submit.array_parallelism=0 (no limit) or the most variants at once")

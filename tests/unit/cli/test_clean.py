@@ -80,3 +80,25 @@ def test_a_sweep_goes_whole_once_every_variant_ended(tmp_path: Path) -> None:
 def test_a_missing_root_is_a_clear_error(tmp_path: Path, capsys) -> None:
     assert clean.main(["--root", str(tmp_path / "nope")]) == 2
     assert "Fix:" in capsys.readouterr().err
+
+
+def test_submit_keeps_the_newest_finished_runs_it_is_told_to(tmp_path: Path) -> None:
+    """submit.keep_finished_runs=N: at submit, the user's finished runs of that job.name beyond
+    the newest N go; a running one and another job.name's stay."""
+    from slurmkit.cli.submit import prune_finished
+    from slurmkit.config import compose
+
+    runs = [_run(tmp_path, f"r{i}", "completed") for i in range(3)]
+    for i, r in enumerate(runs):
+        t = 1_000_000 + i * 100
+        os.utime(os.path.join(r.run_dir, "ledger.jsonl"), (t, t))
+    running = _run(tmp_path, "r9", None)
+    other = FakeRun(str(tmp_path / "other" / "x"))
+    other.submitted()
+    other.agent.append("end", status="completed", exit_code=0)
+    cfg = compose(["+exp=tiny", f"submit.run_root={tmp_path}", "submit.keep_finished_runs=1"])
+    out = io.StringIO()
+    prune_finished(cfg, Console(file=out, width=300))
+    assert [os.path.isdir(r.run_dir) for r in runs] == [False, False, True]
+    assert os.path.isdir(running.run_dir) and os.path.isdir(other.run_dir)
+    assert "removed 2 finished run(s) of tiny" in out.getvalue()
