@@ -12,7 +12,7 @@ anyway.)
 
 :func:`assert_sweep_in_chromium` does the same for a sweep directory's report: its table of
 variants, as Chromium built it, holds each variant of sweep.json with its figures. Neither needs
-the cluster itself (tests/unit/report/test_report_in_chromium.py runs both on written run
+the cluster itself (tests/unit/report/test_in_chromium.py runs both on written run
 directories; they skip without Chromium).
 """
 

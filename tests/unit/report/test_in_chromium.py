@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 from tests.integration.browser import assert_header, assert_report_in_chromium, assert_sweep_in_chromium
-from tests.unit.report.test_report_page import HOSTILE, _command, _sweep, crashed_run
+from tests.unit.report.test_page import HOSTILE, _command, _sweep, crashed_run
 
 pytestmark = pytest.mark.skipif(shutil.which("chromium") is None, reason="no chromium")
 
