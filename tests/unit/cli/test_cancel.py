@@ -59,6 +59,17 @@ def _console() -> Console:
     return Console(file=io.StringIO())
 
 
+def _controller() -> subprocess.Popen[str]:
+    """A real process standing in for submitit's local controller: it exits 0 on SIGTERM."""
+    code = ("import signal, sys\n"
+            "signal.signal(signal.SIGTERM, lambda s, f: sys.exit(0))\n"
+            "print('ready', flush=True)\n"
+            "signal.pause()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
 def test_checkpoint_cancel_signals_the_agents_and_leaves_the_end_to_node0(tmp_path: Path) -> None:
     fake, run, target = _setup(tmp_path, start=True)
     seen_request: list[dict | None] = []
@@ -113,13 +124,7 @@ def test_a_finished_job_is_left_alone(tmp_path: Path) -> None:
 
 
 def test_local_checkpoint_cancel_sends_sigterm_to_the_controller(tmp_path: Path) -> None:
-    # A real process standing in for submitit's local controller: it records the signal.
-    code = ("import signal, sys, time\n"
-            "signal.signal(signal.SIGTERM, lambda s, f: sys.exit(0))\n"
-            "print('ready', flush=True)\n"
-            "signal.pause()\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc = _controller()
     run = FakeRun(str(tmp_path / "r"))
     run.submitted(job_id=str(proc.pid), executor="local")
     target = Target(run.run_dir, JobRef(str(proc.pid), "local"))
@@ -200,12 +205,7 @@ def test_a_running_job_with_no_step_yet_is_cancelled_outright(tmp_path: Path) ->
 def test_a_run_that_ended_by_itself_keeps_its_own_end(tmp_path: Path) -> None:
     """A local run that completes while `cancel --checkpoint` waits for it: its `completed`
     stays the ledger's last word (a `cancelled` after it made status say it was cancelled)."""
-    code = ("import signal, sys\n"
-            "signal.signal(signal.SIGTERM, lambda s, f: sys.exit(0))\n"
-            "print('ready', flush=True)\n"
-            "signal.pause()\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc = _controller()
     run = FakeRun(str(tmp_path / "r"))
     run.submitted(job_id=str(proc.pid), executor="local")
     run.allocation(job_id=str(proc.pid))
