@@ -128,6 +128,65 @@ def handle(argv: list[str], console: Console) -> int | None:
     return 0
 
 
+#: The sections whose keys ``--help`` lists (every key: ``--cfg job``, docs/config.md).
+MAIN_SECTIONS = ("job", "train", "submit", "cluster")
+
+
+def field_docs(cls: type) -> list[tuple[str, str, str]]:
+    """(name, default, doc) of a config dataclass's fields, the doc being the comment on the
+    field's line or the comment lines right above it (docs/config.md: "the comment on each
+    field says what it means")."""
+    import ast
+    import dataclasses
+    import inspect
+    import textwrap
+
+    try:
+        lines = textwrap.dedent(inspect.getsource(cls)).splitlines()
+    except (OSError, TypeError):
+        return []
+    defaults = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+                for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    out = []
+    for node in ast.parse("\n".join(lines)).body[0].body:  # type: ignore[attr-defined]
+        if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
+            continue
+        name = node.target.id
+        if name not in defaults:
+            continue
+        line = lines[node.lineno - 1]
+        doc = line.split("#", 1)[1].strip() if "#" in line else ""
+        above = node.lineno - 2
+        block: list[str] = []
+        while not doc and above >= 0 and lines[above].strip().startswith("#"):
+            block.insert(0, lines[above].strip().lstrip("#").strip())
+            above -= 1
+        doc = doc or " ".join(block)
+        default = defaults[name]
+        out.append((name, "(no default)" if default is dataclasses.MISSING or default == "???" else repr(default),
+                    doc))
+    return out
+
+
+def keys_text(sections: tuple[str, ...] = MAIN_SECTIONS) -> str:
+    """The main sections' keys with their defaults and docs, for ``--help``."""
+    import dataclasses
+    import typing
+
+    from slurmkit.config.schema import SlurmkitConfig
+
+    hints = typing.get_type_hints(SlurmkitConfig)
+    lines = ["Main keys (key=value on the command line; every key: --cfg job +exp=NAME, docs/config.md):"]
+    for section in sections:
+        cls = hints.get(section)
+        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+            continue
+        for name, default, doc in field_docs(cls):
+            text = f"  {section}.{name} = {default}"
+            lines.append(text + (f"    {doc[:110]}" if doc else ""))
+    return "\n".join(lines) + "\n"
+
+
 def info_text() -> str:
     from slurmkit.config.compose import available, conf_dirs
 

@@ -303,6 +303,7 @@ def run(argv: list[str], env: Mapping[str, str], console: Console, err: Console,
     if any(a in ("-h", "--help") for a in argv):
         console.print(USAGE, markup=False, highlight=False)
         console.print(hydraflags.info_text(), markup=False, highlight=False)
+        console.print(hydraflags.keys_text(), markup=False, highlight=False)
         return 0
     done = hydraflags.handle(argv, console)  # --cfg job, --info, ...; hydra.* refused
     if done is not None:

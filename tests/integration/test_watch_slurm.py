@@ -3,11 +3,13 @@
 - ``status --watch`` runs in a real terminal (tmux) next to a live ``+exp=tiny`` job: the
   screen shows the step advancing, then the job's end; ``runs`` and ``logs`` read the same run.
 - ``cancel --checkpoint``: the ranks save a final checkpoint at the step they reached, node 0
-  ends the run ``cancelled`` and Slurm records CANCELLED, with no requeue.
+  ends the run ``cancelled`` and Slurm records CANCELLED, with no requeue; then ``resume``
+  submits a new job that restores that checkpoint and completes the run.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -22,7 +24,8 @@ import pytest
 from slurmkit.runview import last_json_line
 from slurmkit.slurm.client import SlurmClient
 from slurmkit.slurm.runner import SubprocessRunner
-from tests.integration.helpers import parse_submitted, read_ledger, slurm_env, submit_cli, wait_terminal
+from tests.integration.helpers import (parse_submitted, read_ledger, run_as_submitter, slurm_env, submit_cli,
+                                       wait_terminal)
 
 pytestmark = pytest.mark.integration
 # A busy test machine can starve an agent for seconds: no node-loss verdicts here.
@@ -115,7 +118,7 @@ def test_status_watch_in_a_terminal_shows_the_step_advancing(cluster_env, tmp_pa
     assert agent.returncode == 0 and "supervisor" in agent.stdout, agent.stdout + agent.stderr
 
 
-def test_cancel_with_checkpoint_saves_then_ends_cancelled_without_requeue(cluster_env, tmp_path) -> None:
+def test_cancel_with_checkpoint_saves_then_ends_cancelled_without_requeue_and_resume_goes_on(cluster_env, tmp_path) -> None:
     env = slurm_env(cluster_env)
     job_id, run_dir = _submit(env, tmp_path, "cancelled")
     metrics = os.path.join(run_dir, "metrics.jsonl")
@@ -142,3 +145,17 @@ def test_cancel_with_checkpoint_saves_then_ends_cancelled_without_requeue(cluste
     assert wait_terminal(job_id, env) == "CANCELLED"
     runs = [r for r in client.sacct(job_id, duplicates=True) if not r.is_step]
     assert [r.state for r in runs] == ["CANCELLED"], runs  # one run of the job: never requeued
+
+    # `slurmkit resume`, by the user who submitted: a new Slurm job in the same run directory
+    # goes on from that checkpoint to the end (issue 37: no documented way back in before).
+    again = run_as_submitter([sys.executable, "-m", "slurmkit.resume", run_dir, "--wait", "--timeout-s", "600"],
+                             env, str(tmp_path), timeout_s=700)
+    assert again.returncode == 0, again.stdout + again.stderr
+    events = read_ledger(run_dir)
+    (resumed,) = [e for e in events if e["event"] == "submitted" and e["source"] == "resume"]
+    assert resumed["resumes"] == job_id and resumed["job_id"] != job_id, resumed
+    assert [e["step"] for e in events if e["event"] == "ckpt_restored"][:1] == [stopped["step"]], events[-12:]
+    assert [e["status"] for e in events if e["event"] == "end"][-1] == "completed"
+    assert wait_terminal(resumed["job_id"], env) == "COMPLETED"
+    with open(os.path.join(run_dir, "final.json")) as f:
+        assert json.load(f)["step"] == 40

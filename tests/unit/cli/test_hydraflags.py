@@ -36,9 +36,16 @@ def test_info_lists_the_groups_and_their_options() -> None:
     assert _run(["--info", "defaults"])[0] == 0  # Hydra's optional word is taken, not an override
 
 
-def test_help_lists_the_groups_too() -> None:
+def test_help_lists_the_groups_and_the_main_keys_with_their_docs() -> None:
     code, out, _ = _run(["--help"])
     assert code == 0 and "Config groups" in out and "llama8b" in out
+    lines = out.splitlines()
+    # the default from the dataclass, the doc from the comment on the field
+    assert any(ln.strip().startswith("train.steps = 200") and "optimizer steps of the whole run" in ln
+               for ln in lines), out
+    assert any(ln.strip().startswith("job.command = ['python', '-m', 'slurmkit.examples.allreduce']") or
+               ln.strip().startswith("job.command = [") for ln in lines), out
+    assert any(ln.strip().startswith("cluster.name = (no default)") for ln in lines), out
 
 
 @pytest.mark.parametrize("argv, fix", [
