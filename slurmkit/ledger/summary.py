@@ -38,7 +38,7 @@ from typing import Any
 
 from slurmkit.ledger.names import (CKPT_RESTORED, CKPT_SAVED, DECISION, END, EXCLUSION, FAILURE,
                                    FAULT_INJECTED, HEARTBEAT, RANKS_STARTED, REQUEUE, STATE, TRAIN_FINISHED,
-                                   TRAIN_STARTED, TRAIN_STOPPED)
+                                   SUBMITTED, TRAIN_STARTED, TRAIN_STOPPED)
 from slurmkit.untrusted import safe_line
 
 Event = Mapping[str, Any]
@@ -68,7 +68,7 @@ class FailureReport:
 class RunReport:
     start: float  # epoch seconds of the first event
     wall_s: float
-    status: str  # the last `end` event's status, "running" when there is none
+    status: str  # the last `end` event's status, "running" when there is none (or a resume came after it)
     failures_by_class: dict[str, int]
     restarts: int  # same nodes, next generation
     replacements: int  # a spare took a node's place
@@ -294,10 +294,14 @@ def summarize(raw: Iterable[Event]) -> RunReport:
     segs = segments(events)
     failures = failure_reports(events, segs)
     ends = _of(events, END)
+    resubmitted = [e for e in _of(events, SUBMITTED) if e.get("resumes") is not None]
+    # a run resumed after its end (slurmkit resume) runs again until its next end
+    running_again = bool(ends and resubmitted and _t(resubmitted[-1]) > _t(ends[-1]))
     productive = productive_seconds(segs) if segs else None
     decisions = _decisions(events)
     return RunReport(
-        start=start, wall_s=wall, status=str(ends[-1].get("status")) if ends else "running",
+        start=start, wall_s=wall,
+        status=str(ends[-1].get("status")) if ends and not running_again else "running",
         failures_by_class=dict(Counter(f.cls for f in failures)),
         restarts=decisions["restart"], replacements=decisions["replace_node"],
         requeues=len(_of(events, REQUEUE)), excluded_nodes=_excluded(events),
