@@ -60,10 +60,12 @@ def submitter_uid(env: Mapping[str, str] | None = None) -> int:
 
 
 def user_env(env: Mapping[str, str], pw: pwd.struct_passwd, home: str) -> dict[str, str]:
-    """What the user's login shell would hold: PATH, the cluster's SLURM_CONF, the S3 keys it
-    was given; its own HOME and USER, nothing else of root's."""
+    """What the user's login shell would hold: PATH, the cluster's SLURM_CONF and its site conf
+    directory (SLURMKIT_CONF_DIR, as a site's module or profile.d sets it), the S3 keys it was
+    given; its own HOME and USER, nothing else of root's."""
     keep = {k: v for k, v in env.items()
-            if k in ("PATH", "SLURM_CONF", "LANG", "LC_ALL", "TZ") or k.startswith(("AWS_", "SLURMKIT_S3_"))}
+            if k in ("PATH", "SLURM_CONF", "SLURMKIT_CONF_DIR", "LANG", "LC_ALL", "TZ")
+            or k.startswith(("AWS_", "SLURMKIT_S3_"))}
     return {**keep, "HOME": home, "USER": pw.pw_name, "LOGNAME": pw.pw_name}
 
 
