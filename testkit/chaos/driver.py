@@ -519,8 +519,14 @@ class Driver:
         self.mark(f, t, step, (node,), (), "training")
         self.cluster.say(f"    {full.path}: tmpfs of {full.size_bytes >> 20} MiB, "
                          f"{nvme.free_bytes(full.path)} bytes free after the filler")
+        # A save that ended while the tmpfs was being set up (seconds, on a loaded machine) is
+        # not the one that meets it: wait past the newest step saved by the time the tier is full
+        # (ci63: the save of step 12 ended during the fill, the filler was released at once, and
+        # the fault was reported as never noticed).
+        saved = self._saved_by(t)
+        after = max(s for s in (step, saved) if s is not None) if (step, saved) != (None, None) else None
         try:
-            self.wait("the save that meets the full NVMe tier", lambda: self._save_after(step, t, "nvme"))
+            self.wait("the save that meets the full NVMe tier", lambda: self._save_after(after, t, "nvme"))
         finally:
             nvme.release(full)
         return t
@@ -552,6 +558,12 @@ class Driver:
                     e.get("event") == CKPT_SAVED and int(e.get("step") or -1) >= self.plan.steps):
                 return self.plan.steps
         return None
+
+    def _saved_by(self, t: float) -> int | None:
+        """The newest step any tier recorded as saved at or before ``t``, None if none."""
+        steps = [int(e["step"]) for e in self.events()
+                 if e.get("event") == CKPT_SAVED and e.get("step") is not None and float(e.get("t", 0)) <= t]
+        return max(steps) if steps else None
 
     def _save_after(self, step: int | None, t: float, tier: str) -> dict[str, Any] | None:
         """The first sign that a save later than ``step`` is over: saved anywhere, failed on a

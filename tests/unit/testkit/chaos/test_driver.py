@@ -215,3 +215,22 @@ def test_a_tier_fault_placed_after_the_last_save_is_not_injected(tmp_path, monke
     assert d._last_save_made() == steps
     (tmp_path / "x").mkdir()
     assert driver(tmp_path / "x", RUN)._last_save_made() is None
+
+
+def test_a_save_that_ended_while_the_disk_was_being_filled_does_not_release_the_filler(tmp_path, monkeypatch) -> None:
+    """ci63: the tmpfs took a second to set up, the save of step 12 ended meanwhile, and that
+    save (later than the fault's step 10) released the filler at once: 'the fill missed'."""
+    from testkit.chaos import nvme
+
+    d = driver(tmp_path, [*RUN, (8.0, "ckpt_saved", {"step": 12, "tier": "nvme"})])
+    full = nvme.FullTier(path=str(tmp_path / "nvme"), size_bytes=1 << 20, filler_bytes=1 << 20, mounted=False)
+    monkeypatch.setattr(nvme, "node_nvme_dir", lambda run_dir, node: str(tmp_path / "nvme"))
+    monkeypatch.setattr(nvme, "preflight_min_free", lambda run_dir: 0)
+    monkeypatch.setattr(nvme, "fill_tier", lambda path, min_free: full)
+    monkeypatch.setattr(nvme, "release", lambda f: None)
+    monkeypatch.setattr(nvme, "free_bytes", lambda path: 0)
+    monkeypatch.setattr(d, "node_of_slot", lambda slot: "node1")
+    waited: list[object] = []
+    monkeypatch.setattr(d, "wait", lambda what, cond, **kw: waited.append(cond()))
+    d.fill_nvme(PlannedFault("nvme_full", "after_save", saves=1, offset=1, target=0), step=10)
+    assert waited == [None]  # step 12's save is no answer: it ended before the tier was full
