@@ -2,7 +2,8 @@
 environment outside it, runs a dry run and a local job from another directory, with the configs
 and templates it carries as package data; then a newcomer's walk through the README's daily loop
 with that install (status, runs, logs with the trainer's step lines, report, a site profile in
-SLURMKIT_CONF_DIR and the #SBATCH lines it renders, clean).
+SLURMKIT_CONF_DIR and the #SBATCH lines it renders, clean), and on the local cluster with a site
+profile of its own: a job submitted, cancelled with a checkpoint and resumed to its end.
 
 The environment borrows the dependencies already installed for the test run (a read-only view of
 this interpreter's site-packages, minus slurmkit itself, on its path), so pip resolves the
@@ -22,6 +23,9 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+
+from slurmkit.runview import last_json_line
+from tests.integration.helpers import parse_submitted, run_as_submitter, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -66,7 +70,7 @@ def _dependency_view(dest: Path) -> Path:
     return dest
 
 
-def test_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path) -> None:
+def test_wheel_installs_and_runs_outside_the_checkout(cluster_env, tmp_path: Path) -> None:
     py = sys.executable
     src = _source_copy(tmp_path / "src")
     wheels = tmp_path / "wheels"
@@ -138,3 +142,31 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path) -> None:
     # and the run is removed when done with
     gone = _run([slurmkit, "clean", "--root", str(work / "runs"), "--yes"], cwd=work, env=env)
     assert "removed 1 run(s)" in gone.stdout and not run_dir.exists(), gone.stdout
+
+    # The site: a profile for the local cluster in the user's SLURMKIT_CONF_DIR, a job submitted
+    # with it from the wheel's install (by the cluster's ordinary user in CI), stopped with a
+    # checkpoint, then resumed to its end: the README's way back in after a cancel.
+    (site / "cluster" / "localsite.yaml").write_text(
+        "name: localsite\nkind: slurm\npartition: debug\ncpus_per_node: 2\nmem_gb_per_node: 3.9\n"
+        "kill_wait_s: 10\nmax_nodes: 4\n")
+    cenv = {**env, "SLURM_CONF": cluster_env["SLURM_CONF"], "SLURMKIT_CONF_DIR": str(site)}
+    sub = run_as_submitter([slurmkit, "submit", "+exp=tiny", "model=micro", "cluster=localsite", "job.name=walk",
+                            "train.steps=40", "+job.env.SLURMKIT_STEP_DELAY_S=0.3", "supervisor.node_timeout_s=20",
+                            f"submit.run_root={work / 'siteruns'}"], cenv, str(work))
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    job_id, site_run = parse_submitted(sub.stdout)
+    metrics = Path(site_run, "metrics.jsonl")
+    wait_for(lambda: (last_json_line(str(metrics)) or {}).get("step", 0) >= 5, 600, "the site job's step 5")
+    stop = run_as_submitter([slurmkit, "cancel", site_run, "--checkpoint", "--timeout-s", "240"], cenv, str(work),
+                            timeout_s=400)
+    assert stop.returncode == 0 and "final checkpoint at step" in stop.stdout, stop.stdout + stop.stderr
+    back = run_as_submitter([slurmkit, "resume", site_run, "--wait", "--timeout-s", "600"], cenv, str(work),
+                            timeout_s=700)
+    assert back.returncode == 0 and "completed" in back.stdout, back.stdout + back.stderr
+    ledger = [json.loads(line) for line in Path(site_run, "ledger.jsonl").read_text().splitlines()]
+    (resumed,) = [e for e in ledger if e["event"] == "submitted" and e["source"] == "resume"]
+    stopped = next(e for e in ledger if e["event"] == "train_stopped")
+    assert resumed["resumes"] == job_id and [e["step"] for e in ledger if e["event"] == "ckpt_restored"][:1] == \
+        [stopped["step"]], ledger[-10:]
+    assert json.loads(Path(site_run, "final.json").read_text())["step"] == 40
+    assert run_as_submitter([slurmkit, "status", site_run], cenv, str(work)).returncode == 0
