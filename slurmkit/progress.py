@@ -17,15 +17,17 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from slurmkit.jobstates import JobPoller, JobRef, make_client
+from slurmkit.jobstates import GONE, JobPoller, JobRef, make_client
 from slurmkit.ledger.summary import RunReport, failure_text
 from slurmkit.runview import RunWatcher, clean
 from slurmkit.untrusted import safe_line
 
 
 def _description(phase: str, state: str) -> str:
-    # rich reads markup in a task description: brackets from the ledger are escaped too
-    return escape(safe_line(f"{state.lower()} / {phase}"))
+    # rich reads markup in a task description: brackets from the ledger are escaped too;
+    # a local job whose processes are gone is "ended" (the phase says how), not "gone"
+    word = "ended" if state == GONE else state.lower()
+    return escape(safe_line(f"{word} / {phase}"))
 
 
 def last_failure(report: RunReport) -> str | None:

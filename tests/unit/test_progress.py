@@ -46,3 +46,11 @@ def test_progress_follows_a_local_job_to_its_summary(tmp_path: Path) -> None:
     assert left == 0
     assert "8/8" in out and "loss 1.0000" in out  # the bar's last state: all steps, last loss
     assert "goodput" in out and "completed" in out and "final step" in out  # the summary table
+
+
+def test_a_local_job_whose_processes_are_gone_reads_ended_not_gone() -> None:
+    from slurmkit.jobstates import GONE
+    from slurmkit.progress import _description
+
+    assert _description("completed", GONE) == "ended / completed"
+    assert _description("training", "RUNNING") == "running / training"
