@@ -2,21 +2,17 @@
 multi-fault cluster job ends with), here on run directories the project's writers made: no
 cluster. The screenshot is a picture; the DOM Chromium built holds the run page's header (jobs,
 command, overrides, commit, hosts, dates), the failures and supervise's figures, and the sweep
-page's table of variants with each variant's figures. Skipped where Chromium is not installed
-(tools/setup --cluster installs Debian's package)."""
+page's table of variants with each variant's figures. Chromium is part of the test set-up
+(tools/setup --cluster installs Debian's package); without it the tests fail saying so."""
 
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 
 from tests.integration.browser import assert_header, assert_report_in_chromium, assert_sweep_in_chromium
 from tests.unit.report.test_page import HOSTILE, _command, _sweep, crashed_run
-
-pytestmark = pytest.mark.skipif(shutil.which("chromium") is None, reason="no chromium")
-
 
 def test_a_run_report_in_chromium_shows_its_header(tmp_path) -> None:
     run = str(tmp_path / "run")
