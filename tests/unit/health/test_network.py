@@ -190,11 +190,16 @@ def link_checks(port: int, n: int, gen: int, slots: dict[str, int | None],
                             min_ratio=min_ratio, backend="gloo") for name, slot in slots.items()}
 
 
+# What these two judge is a node's links against the others' (the judge's arithmetic and the
+# verdict each agent is told), not how fast four threads of one process move data on a shared
+# machine: CI's stop 49 saw one starved thread's best link at 0.36 of the median, so the bar sits at
+# 0.1 and the slow NIC below is a hundredth of what it measured, far under any bar.
+EQUAL_LINKS_RATIO = 0.1
+
+
 def test_four_agents_measure_their_ring_links_and_the_judge_names_nobody(store_port: int) -> None:
-    checks = link_checks(store_port, 4, 3, {n: i for i, n in enumerate(NODES)})
-    t = time.monotonic()
+    checks = link_checks(store_port, 4, 3, {n: i for i, n in enumerate(NODES)}, min_ratio=EQUAL_LINKS_RATIO)
     got = run_all(checks, 8.0)
-    assert time.monotonic() - t < 8.0
     for i, n in enumerate(NODES):
         r = got[n]
         assert r.verdict == Verdict.OK, r
@@ -207,15 +212,15 @@ def test_four_agents_measure_their_ring_links_and_the_judge_names_nobody(store_p
 def test_a_node_with_a_slow_nic_is_named_bad_by_the_judge_and_told_so(store_port: int) -> None:
     # CPU quotas do not slow gloo over loopback (measured: a node held to 10% of a core still
     # moved ~1 GB/s; docs/health.md "Pre-flight"), so the slow NIC is n2's own report: its real
-    # exchanges, each figure a tenth of what it measured. Its neighbours' figures stay real.
+    # exchanges, each figure a hundredth of what it measured. Its neighbours' figures stay real.
     def slow_nic(*args, **kwargs) -> float:  # noqa: ANN002, ANN003
-        return exchange_mib_s(*args, **kwargs) / 10
+        return exchange_mib_s(*args, **kwargs) / 100
 
-    checks = link_checks(store_port, 4, 4, {n: i for i, n in enumerate(NODES)})
+    checks = link_checks(store_port, 4, 4, {n: i for i, n in enumerate(NODES)}, min_ratio=EQUAL_LINKS_RATIO)
     checks["n2"].exchange = slow_nic  # type: ignore[attr-defined]
     got = run_all(checks, 8.0)
     assert got["n2"].verdict == Verdict.BAD_NODE, got["n2"]
-    assert "health.min_link_ratio=0.5" in got["n2"].message and float(got["n2"].figures["ratio"]) < 0.5
+    assert "health.min_link_ratio=0.1" in got["n2"].message and float(got["n2"].figures["ratio"]) < 0.1
     assert {n: r.verdict for n, r in got.items() if n != "n2"} == dict.fromkeys(("n0", "n1", "n3"), Verdict.OK)
     assert got["n0"].figures["named"] == "n2"
 
