@@ -36,6 +36,11 @@ CONFIG_ERROR_MARKER = "slurmkit: config-error: "
 # the one definition the writer (slurmkit.userapi.report_checkpoint, which re-exports them) and
 # node 0's reader (slurmkit.supervise.ckpt_progress) share.
 MARKER_MAX_BYTES = 8192
+#: A rank's beat may name what it does outside its steps (slurmkit.userapi.report_phase): an
+#: identifier of at most MAX_PHASE characters. PHASE_SAVING stops the agent's hang clock until
+#: the next beat (a save calls nothing until it is over); any other phase restarts it per beat.
+PHASE_SAVING = "saving"
+MAX_PHASE = 32
 
 
 def marker_path(run_dir: str) -> str:
@@ -61,6 +66,9 @@ NODE = "SLURMKIT_NODE"
 ATTEMPT = "SLURMKIT_ATTEMPT"  # <job id>-<requeue count>
 HEARTBEAT_FILE = "SLURMKIT_HEARTBEAT_FILE"
 DEVICE = "SLURMKIT_DEVICE"  # "cpu" or "cuda:<index>", index among the rank's visible devices
+#: The program adapter the agent resolved from job.program (slurmkit.adapters: "lightning",
+#: "torchtitan", "torchrun", "none", ...). "none" also turns off slurmkit's Lightning callback.
+PROGRAM = "SLURMKIT_PROGRAM"
 #: Set on an agents' srun step of several nodes (sbatch_templates/launch_agents.sh.j2, and node 0
 #: when it relaunches several agents in one step): the directory where each of its agents writes
 #: its own log (slurmkit.launch.context.group_log).

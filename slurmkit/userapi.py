@@ -6,6 +6,11 @@
     userapi.report_checkpoint(step, path=ckpt)  # after the program's own save completed
     userapi.report_metrics(step, loss=l, tokens_per_s=t)  # instead of report_step: with figures
     userapi.set_total_steps(n)                  # once: the run's length, for the bar and status
+    userapi.report_train_start(step)            # once per start: the step it resumed from (rank 0)
+    userapi.report_phase(step, "validation")    # alive but not stepping: evaluation, a save
+
+A Lightning ``Trainer`` makes these calls itself, without a line changed, through the callback
+slurmkit registers with Lightning (:mod:`slurmkit.integrations.lightning`).
 
 ``report_step`` and ``report_metrics`` beat the rank's node-local heartbeat (:mod:`slurmkit.train.heartbeat`): a few
 system calls on the node's memory, nothing on the shared file system, read by that node's agent
@@ -51,14 +56,16 @@ from slurmkit.contract import (
     MARKER_DIR,
     MARKER_MAX_BYTES,
     MARKER_NAME,
+    MAX_PHASE,
+    PHASE_SAVING,
     marker_path,
 )
 from slurmkit.errors import ActionableError
 from slurmkit.train.heartbeat import Heartbeat
 
 __all__ = ["CONFIG_ERROR_MARKER", "EXIT_CHECKPOINTED_ON_SIGNAL", "EXIT_CONFIG_ERROR", "MARKER_MAX_BYTES",
-           "ReportError", "Reporter", "marker_path", "report_checkpoint", "report_metrics", "report_step",
-           "set_total_steps"]
+           "PHASE_SAVING", "ReportError", "Reporter", "marker_path", "report_checkpoint", "report_metrics", "report_phase",
+           "report_step", "report_train_start", "set_total_steps"]
 
 MAX_PATH_CHARS = 4096  # PATH_MAX: the path is for people reading the ledger, never opened by slurmkit
 USER_TIER = "user"  # the tier name of a program's own checkpoints in the ledger
@@ -142,6 +149,7 @@ class Reporter:
         self._no_heartbeat = False
         self._warned: set[str] = set()
         self._total: int | None = None
+        self._figures: dict[str, float | None] | None = None  # the last report_metrics figures
 
     def _warn_once(self, what: str, exc: BaseException) -> None:
         if what not in self._warned:  # once per kind: a full disk must not flood the rank's log
@@ -166,7 +174,30 @@ class Reporter:
                               "call set_total_steps(int(n)) with the steps the run trains for")
         self._total = total
 
-    def _beat(self, step: int, figures: Mapping[str, float | None] | None) -> bool:
+    def phase(self, step: int, phase: str) -> bool:
+        """Beat with ``step`` (unchanged: no step was completed) from outside the step loop:
+        ``phase`` is what the rank does (an identifier, e.g. ``validation`` or :data:`PHASE_SAVING`).
+        The node's agent takes each such beat as a sign of life; the last figures ride along."""
+        check_step(step, "report_phase")
+        if not isinstance(phase, str) or not phase.isidentifier() or len(phase) > MAX_PHASE:
+            raise ReportError(f"report_phase(phase={phase!r:.60})",
+                              f"a Python identifier of at most {MAX_PHASE} characters",
+                              'name what the rank does, e.g. report_phase(step, "validation")')
+        return self._beat(step, self._figures, phase=phase)
+
+    def train_start(self, step: int) -> bool:
+        """Training (re)starts after ``step`` completed steps (0: from scratch, else the step of
+        the checkpoint it resumed): rank 0's call hands a ``train_started`` event to the node's
+        agent, which the report's segments, goodput and steps lost are read from; every rank
+        beats ``step``. True when rank 0's event was handed over."""
+        check_step(step, "report_train_start")
+        self._beat(step, None)
+        if self.rank != 0 or self.run_dir is None:
+            return False
+        return self._spool("train_started", step=step, generation=self.generation,
+                           node=self.env.get(contract.NODE, ""), by="userapi")
+
+    def _beat(self, step: int, figures: Mapping[str, float | None] | None, phase: str | None = None) -> bool:
         if self._heartbeat is None and not self._no_heartbeat:
             try:
                 self._heartbeat = Heartbeat.from_env(self.env, self.rank)
@@ -179,6 +210,9 @@ class Reporter:
         extra: dict[str, Any] = {}
         if figures is not None:
             extra["metrics"] = dict(figures)
+            self._figures = dict(figures)
+        if phase is not None:
+            extra["phase"] = phase
         if self._total is not None:
             extra["total_steps"] = self._total
         try:
@@ -214,17 +248,24 @@ class Reporter:
         return True
 
     def _ledger_event(self, step: int, where: str | None) -> None:
+        self._spool("ckpt_saved", step=step, tier=USER_TIER, rank=self.rank, uri=where,
+                    node=self.env.get(contract.NODE, ""), generation=self.generation)
+
+    def _spool(self, event: str, **fields: Any) -> bool:
+        """Hand ``event`` to the node's agent, which writes it into the ledger; False when there
+        is no agent (no spool) or the spool could not be written."""
         spool = self.env.get("SLURMKIT_EVENTS_FILE")
         if not spool:
-            return
+            return False
         from slurmkit.ledger.spool import SpoolWriter  # only rank 0 of a run under an agent needs it
 
         try:
-            SpoolWriter(spool, source=f"rank{self.rank}", clock=self._clock).append(
-                "ckpt_saved", step=step, tier=USER_TIER, rank=self.rank, uri=where,
-                node=self.env.get(contract.NODE, ""), generation=self.generation)
+            writer = SpoolWriter(spool, source=f"rank{self.rank}", clock=self._clock)
         except OSError as exc:  # the spool's directory could not be made: the marker still counts
-            self._warn_once("cannot hand the checkpoint event to the node agent", exc)
+            self._warn_once(f"cannot hand the {event} event to the node agent", exc)
+            return False
+        writer.append(event, **fields)
+        return writer.lost == 0
 
 
 _default: Reporter | None = None
@@ -262,3 +303,16 @@ def set_total_steps(total: int) -> None:
     """Once, before or during training: the number of steps the run trains for (the bar's end
     and status's ``step N/total``; unknown until it is called)."""
     default_reporter().total_steps(total)
+
+
+def report_phase(step: int, phase: str) -> bool:
+    """While the rank is busy outside its steps (``"validation"``, ``"saving"``: see
+    :data:`PHASE_SAVING`), at least every minute: it is alive, ``step`` steps are complete."""
+    return default_reporter().phase(step, phase)
+
+
+def report_train_start(step: int) -> bool:
+    """Once each time training starts, on every rank, after any restore: ``step`` steps were
+    already complete (the resumed checkpoint's step, 0 from scratch). Rank 0's call lets the
+    report count the steps each failure lost and the run's goodput."""
+    return default_reporter().train_start(step)

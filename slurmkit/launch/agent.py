@@ -48,7 +48,8 @@ from slurmkit.supervise.liveness import Beater
 from slurmkit.supervise.loop import Supervisor, Where
 from slurmkit.failures.programs import expects_heartbeats, is_reference_trainer
 from slurmkit.launch.monitor import RankMonitor
-from slurmkit.launch.programwatch import ProgramWatch
+from slurmkit.adapters.command import LIGHTNING
+from slurmkit.launch.programwatch import ProgramWatch, program_of
 from slurmkit.supervise.relaunch import Relauncher, read_rejoin, srun_spawn, srun_spawn_many
 from slurmkit.slurm.capabilities import read_run_dir_copy
 from slurmkit.supervise.stepsended import STEPS_ENDED_ENV, StepsEnded
@@ -150,6 +151,7 @@ class NodeAgent:
         # A third-party program's progress (rank 0's lines) and finished saves (its folder),
         # read where rank 0 runs (slurmkit.launch.programwatch); None for the reference trainer.
         self.program = ProgramWatch.for_job(cfg.job, run_dir)
+        self.program_name = program_of(cfg.job)
 
     def _sink(self, monitor: RankMonitor) -> Callable[[int, str], None]:
         """Where a rank's output lines go: the monitor, and the program's adapter when it reads them."""
@@ -195,6 +197,7 @@ class NodeAgent:
             "SLURMKIT_ATTEMPT": self.ctx.attempt,
             "SLURMKIT_HEARTBEAT_FILE": os.path.join(self.local_dir, "heartbeat", f"rank{rank}.json"),
             "SLURMKIT_EVENTS_FILE": os.path.join(self.local_dir, "events", f"{self.ctx.attempt}.rank{rank}.jsonl"),
+            contract.PROGRAM: self.program_name,
             STACK_FILE_ENV: self._stack_file(rank),
             flightrec.PIPE_ENV: self._fr_stem(gen, rank) + ".pipe",
             flightrec.FILE_ENV: self._fr_stem(gen, rank) + ".json",
@@ -460,7 +463,9 @@ class NodeAgent:
         self._watch_kernel_log(gen)
         holds_rank0 = any(p.rank == 0 for p in self.procs)
         if self.program is not None and holds_rank0:
-            self._record_program_checkpoints(gen)
+            if not (self.program.adapter == LIGHTNING and 0 in beats):
+                # (a Lightning rank 0 that beats runs slurmkit's callback: it reports its saves)
+                self._record_program_checkpoints(gen)
             resumed = self.program.generation_start()
             if resumed is not None:  # its first step line: the program trains (from its newest save)
                 self.ledger.append("train_started", step=resumed, generation=gen, node=self.ctx.node_name,

@@ -12,6 +12,10 @@ lines instead (:meth:`RankMonitor.on_progress`): once two step lines came, no ne
 ``heartbeat_timeout_s``) is a hang. A program logs every Kth step (torchtitan's
 ``--metrics.log_freq``, 10): the gap it keeps is its own measure. A save it announces (torchtitan's
 ``Saving the checkpoint`` ... ``Finished saving``) stops that clock until it is over.
+
+A beat that names a phase (slurmkit.userapi.report_phase: an evaluation loop, a save) is a sign
+of life without a new step: each new one restarts the clock, and while the last one says
+``saving`` the clock stands (a save calls nothing until it is over).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from slurmkit.contract import EXIT_CHECKPOINTED_ON_SIGNAL  # saved on SIGUSR1/SIGTERM, left on purpose
+from slurmkit.contract import MAX_PHASE, PHASE_SAVING
 from slurmkit.failures.classes import FailureClass
 from slurmkit.failures.classify import DETAIL_LIMIT, Evidence, classify_exit, classify_line, telling_line
 from slurmkit.untrusted import UntrustedDataError, parse_object, read_regular
@@ -68,6 +73,7 @@ class _RankWatch:
     line_wall: float = 0.0
     line_gap: float = 0.0  # the longest time between two step lines so far (0: one line yet)
     saving: bool = False  # between the program's "saving" and "finished saving" lines
+    beat_saving: bool = False  # its last beat said phase "saving" (slurmkit.userapi.report_phase)
 
 
 def _proc_state(pid: int) -> str:
@@ -202,9 +208,13 @@ class RankMonitor:
             if got is not None:
                 beat, step, written = got
                 beats[w.rank] = beat
-                if step != w.last_step:
+                phase = beat.get("phase")
+                busy = isinstance(phase, str) and phase.isidentifier() and len(phase) <= MAX_PHASE
+                if step != w.last_step or (busy and written > w.last_beat_wall):
+                    # a new step, or a new sign of life outside the steps (an evaluation loop)
                     w.last_step, w.last_change = step, now
                     w.last_beat_wall = written
+                w.beat_saving = busy and phase == PHASE_SAVING
             self._check_hang(w, now)
         return beats
 
@@ -242,6 +252,9 @@ class RankMonitor:
 
     def _check_hang(self, w: _RankWatch, now: float) -> None:
         if w.hang_reported:
+            return
+        if w.beat_saving:  # a save calls nothing until it is over: its clock restarts after it
+            w.last_change = now
             return
         if w.last_step is None and w.line_gap > 0 and not w.saving:
             self._check_lines(w, now)

@@ -13,7 +13,8 @@ DDP over gloo trains a tiny regression model on synthetic data. A ``ModelCheckpo
 ``every_n_steps`` steps into ``<out_dir>/ckpt`` (each file written to a temporary name, fsynced,
 then renamed, so a rank killed mid-save never leaves a torn checkpoint under a final name), and
 a (re)started program resumes from the newest one there (``fit(ckpt_path=...)``). Each training
-step sleeps ``delay_s``: the program's workload, slow enough to be interrupted mid-run.
+step sleeps ``delay_s``: the program's workload, slow enough to be interrupted mid-run. Rank 0
+prints every step (``generation G step N loss L at T``), its own log of its progress.
 
 Every rank writes ``<out_dir>/ranks/rank<R>.pid<PID>.json`` when training starts: Lightning's
 view of it (global, local and node rank, world size), the ranks its gloo group all-gathered, the
@@ -91,6 +92,18 @@ class TinyRegression(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
 
 
+class PrintSteps(Callback):
+    """The program's own log, as many Lightning scripts have one: rank 0 prints each optimizer
+    step with its loss and the time (``generation G step N loss L at T``)."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        if trainer.global_rank == 0:
+            loss = float(outputs["loss"] if isinstance(outputs, dict) else outputs)
+            print(f"generation {os.environ.get('SLURMKIT_GENERATION')} step {trainer.global_step} "
+                  f"loss {loss:.6f} at {time.time():.3f}", flush=True)
+
+
 class RecordPlacement(Callback):
     """Each rank's record of where Lightning put it, written once its group is up."""
 
@@ -135,7 +148,7 @@ def main() -> int:
         max_steps=max_steps, enable_progress_bar=False, enable_model_summary=False, logger=False,
         callbacks=[ModelCheckpoint(dirpath=ckpt_dir, filename="step-{step:06d}", auto_insert_metric_name=False,
                                    every_n_train_steps=every, save_top_k=-1),
-                   RecordPlacement(out_dir, resume)],
+                   RecordPlacement(out_dir, resume), PrintSteps()],
     )
     trainer.fit(TinyRegression(delay_s), train_dataloaders=data, ckpt_path=resume)
     if trainer.global_rank == 0:

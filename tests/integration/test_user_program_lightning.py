@@ -3,9 +3,14 @@
 lightning_user_program.py (Lightning from PyPI, DDP over gloo, ``SLURMEnvironment(auto_requeue=
 False)``, no slurmkit import) runs through ``job.command`` on 2 nodes x 2 ranks. Lightning must
 see the world slurmkit describes (world size 4, global ranks 0-3, node rank and local rank of
-each, one gloo group of all four). One rank is SIGKILLed after the program saved a Lightning
-checkpoint: the supervisor must record the crash and restart, the new generation must resume
-from the program's own checkpoint (not from step 0), and the job must complete.
+each, one gloo group of all four). With ``supervisor.max_restarts_without_progress=1``, a rank is
+SIGKILLed after the program saved a Lightning checkpoint, twice, in two generations: the saves
+reported by slurmkit's Lightning callback (which Lightning loads from slurmkit's entry point;
+the program does not name it) are the progress that keeps the run going, each new generation
+resumes from the program's own newest checkpoint, and the job completes. What status and the
+report show comes from the same callback: the step, the loss and the length of the fit, the steps
+each failure lost (as the program's own log shows them) and a goodput within 5 points of the one
+computed from the program's logged step times.
 """
 
 from __future__ import annotations
@@ -14,9 +19,14 @@ import json
 import os
 import re
 import signal
+from collections.abc import Callable
 
 import pytest
 
+from slurmkit.ledger.ledger import read_ledger
+from slurmkit.ledger.summary import summarize
+from slurmkit.runview import build_view
+from slurmkit.userapi import marker_path
 from tests.integration.faults import diagnose, events, finish, mark_fault, submit, wait_while_running
 from tests.integration.helpers import slurm_env
 
@@ -24,7 +34,7 @@ pytestmark = pytest.mark.integration
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lightning_user_program.py")
 OUT = "lightning"  # the program's directory, relative to its working directory (the run directory)
 STEPS, EVERY, DELAY_S = 60, 5, 0.1
-KILLED = 3  # a rank on the second node, not the one that writes the checkpoints
+KILLS = (3, 1)  # ranks, one per generation: more failures than max_restarts_without_progress=1
 CKPT_RE = re.compile(r"step-(\d{6})\.ckpt")
 
 
@@ -76,51 +86,110 @@ def _check_placement(ranks: dict[int, dict], run_dir: str) -> None:
     assert started == {rank: r["pid"] for rank, r in ranks.items()}, (started, ranks)
 
 
-def test_a_lightning_trainer_sees_its_world_survives_a_killed_rank_and_resumes(cluster_env, tmp_path) -> None:
+def _printed(run_dir: str) -> dict[tuple[int, int], tuple[float, float]]:
+    """(generation, step) -> (the loss rank 0 printed, when), from the program's own log."""
+    out = {}
+    with open(os.path.join(run_dir, "logs", "rank0.log"), errors="replace") as f:
+        for m in re.finditer(r"^generation (\d+) step (\d+) loss (\S+) at (\S+)$", f.read(), re.M):
+            out[int(m.group(1)), int(m.group(2))] = (float(m.group(3)), float(m.group(4)))
+    return out
+
+
+def test_a_lightning_trainer_sees_its_world_survives_kills_past_the_limit_and_is_accounted(
+        cluster_env, tmp_path) -> None:
     _require_lightning()
     env = slurm_env(cluster_env)
     job, run_dir = submit(["+exp=tiny", "job.name=lightning", "job.nodes=2", "job.ranks_per_node=2",
-                           f"job.command=[python,{PROGRAM},'{STEPS}','{EVERY}','{DELAY_S}',{OUT}]"],
+                           f"job.command=[python,{PROGRAM},'{STEPS}','{EVERY}','{DELAY_S}',{OUT}]",
+                           "supervisor.max_restarts_without_progress=1", "supervisor.heartbeat_ledger_interval_s=2"],
                           env, str(tmp_path))
 
-    def first_generation_checkpointed() -> tuple[int, dict[int, dict], int] | None:
-        gens = _by_generation(run_dir)
-        steps = _checkpoint_steps(run_dir)
-        if len(gens) > 1:  # a restart the test did not cause: no point waiting for the deadline
-            raise AssertionError(f"generations {sorted(gens)} before the kill\n{diagnose(run_dir, job, env)}")
-        if not gens or not steps:
-            return None
-        (gen, ranks), = gens.items()
-        return (gen, ranks, steps[-1]) if len(ranks) == 4 else None
-    # Generous: the job may queue behind other sessions' jobs on the shared cluster.
-    gen0, ranks0, ckpt_step = wait_while_running("all four ranks' records and a Lightning checkpoint",
-                                    first_generation_checkpointed, job, run_dir, env, timeout_s=300)
-    _check_placement(ranks0, run_dir)
-    assert all(r["start_step"] == 0 and r["resumed_from"] is None for r in ranks0.values()), ranks0
-    mark_fault(run_dir, "sigkill", rank=KILLED, step=ckpt_step)
-    os.kill(ranks0[KILLED]["pid"], signal.SIGKILL)
+    def checkpointed_in(generation: int) -> Callable[[], tuple[dict[int, dict], int] | None]:
+        """The generation's four rank records and a save the callback reported in it."""
+        def check() -> tuple[dict[int, dict], int] | None:
+            gens = _by_generation(run_dir)
+            if max(gens, default=generation) > generation:  # a restart the test did not cause
+                raise AssertionError(f"generations {sorted(gens)}\n{diagnose(run_dir, job, env)}")
+            ranks = gens.get(generation, {})
+            try:
+                with open(marker_path(run_dir)) as f:
+                    marker = json.load(f)
+            except (OSError, ValueError):
+                return None
+            if len(ranks) < 4 or marker.get("generation") != generation:
+                return None
+            return ranks, int(marker["step"])
+        return check
+    generations: dict[int, dict[int, dict]] = {}
+    for gen, rank in enumerate(KILLS):
+        # Generous: the job may queue behind other sessions' jobs on the shared cluster.
+        ranks, step = wait_while_running(f"generation {gen}'s ranks and a save reported in it",
+                                         checkpointed_in(gen), job, run_dir, env, timeout_s=300)
+        generations[gen] = ranks
+        mark_fault(run_dir, "sigkill", rank=rank, step=step)
+        os.kill(ranks[rank]["pid"], signal.SIGKILL)
 
     state = finish(job, env, timeout_s=240, run_dir=run_dir)
-    assert state == "COMPLETED", f"job {job} ended {state}\n{diagnose(run_dir, job, env)}"
+    story = diagnose(run_dir, job, env)
+    assert state == "COMPLETED", f"job {job} ended {state}\n{story}"
     failures = events(run_dir, "failure")
-    assert [(f["cls"], f["rank"]) for f in failures] == [("rank_crash", KILLED)], failures
-    assert [d["action"] for d in events(run_dir, "decision")] == ["restart"], events(run_dir, "decision")
+    assert [(f["cls"], f["rank"]) for f in failures] == [("rank_crash", r) for r in KILLS], story
+    assert [d["action"] for d in events(run_dir, "decision")] == ["restart"] * len(KILLS), story
     end = events(run_dir, "end")[-1]
     assert end["status"] == "completed" and end["exit_code"] == 0, end
 
     gens = _by_generation(run_dir)
-    assert sorted(gens)[0] == gen0 and len(gens) == 2, {g: sorted(r) for g, r in gens.items()}
-    ranks1 = gens[max(gens)]
-    _check_placement(ranks1, run_dir)
-    # Every rank of the new generation resumed from the same Lightning checkpoint, one saved no
-    # earlier than the one seen before the kill, and started from its step, not from 0.
-    resumed = {r["resumed_from"] for r in ranks1.values()}
-    assert len(resumed) == 1 and None not in resumed, ranks1
-    (path,) = resumed
-    m = CKPT_RE.fullmatch(os.path.basename(path))
-    assert m and os.path.dirname(path) == os.path.join(run_dir, OUT, "ckpt"), path
-    assert {r["start_step"] for r in ranks1.values()} == {int(m.group(1))}, ranks1
-    assert ckpt_step <= int(m.group(1)) < STEPS, (ckpt_step, path)
+    assert sorted(gens) == [0, 1, 2], {g: sorted(r) for g, r in gens.items()}
+    for g, ranks in gens.items():
+        _check_placement(ranks, run_dir)
+    assert all(r["start_step"] == 0 and r["resumed_from"] is None for r in gens[0].values()), gens[0]
+    # Every rank of each later generation resumed from the same Lightning checkpoint, the
+    # program's newest, and started from its step, not from 0.
+    starts = {}
+    for g in (1, 2):
+        resumed = {r["resumed_from"] for r in gens[g].values()}
+        assert len(resumed) == 1 and None not in resumed, gens[g]
+        (path,) = resumed
+        m = CKPT_RE.fullmatch(os.path.basename(path))
+        assert m and os.path.dirname(path) == os.path.join(run_dir, OUT, "ckpt"), path
+        starts[g] = int(m.group(1))
+        assert {r["start_step"] for r in gens[g].values()} == {starts[g]}, gens[g]
+    assert 0 < starts[1] < starts[2] < STEPS, starts
     with open(os.path.join(run_dir, OUT, "final.json")) as f:
         final = json.load(f)
-    assert final == {"global_step": STEPS, "resumed_from": path, "world_size": 4}, final
+    assert final["global_step"] == STEPS and final["world_size"] == 4, final
+
+    # The callback's reports: the saves (rank 0, the program's tier) and the starts.
+    saved = [e for e in events(run_dir, "ckpt_saved") if e.get("tier") == "user"]
+    assert {e["step"] for e in saved} == set(_checkpoint_steps(run_dir)), (saved, _checkpoint_steps(run_dir))
+    assert all(e["source"] == "rank0" and e["uri"].endswith(f"step-{e['step']:06d}.ckpt") for e in saved), saved
+    assert [(e["generation"], e["step"]) for e in events(run_dir, "train_started")] == \
+        [(0, 0), (1, starts[1]), (2, starts[2])], events(run_dir, "train_started")
+    # The report: the steps each failure lost are what the program's log shows (the last step
+    # rank 0 printed in that generation less the step the next resumed from), and the goodput
+    # is within 5 points of the one computed from the logged step times.
+    printed = _printed(run_dir)
+    last_of = {g: max(s for gg, s in printed if gg == g) for g, _ in printed}
+    first_of = {g: min(s for gg, s in printed if gg == g) for g, _ in printed}
+    assert sorted(last_of) == [0, 1, 2], (sorted(last_of), story)
+    report = summarize(read_ledger(os.path.join(run_dir, "ledger.jsonl")))
+    assert [f.steps_lost for f in report.failures] == [last_of[0] - starts[1], last_of[1] - starts[2]], \
+        (report.failures, last_of, starts)
+    kept = [min(last_of[0], starts[1]), min(last_of[1], starts[2]), last_of[2]]
+    productive = sum(printed.get((g, kept[g]), printed[g, first_of[g]])[1] - printed[g, first_of[g]][1]
+                     for g in range(3))
+    assert report.goodput is not None and abs(report.goodput - productive / report.wall_s) <= 0.05, \
+        (report.goodput, productive, report.wall_s)
+    # status: the fit's length (max_steps, not +exp=tiny's train.steps), the step, and a loss
+    # rank 0 printed: the callback reads the loss at most once a second (a GPU's would wait for
+    # the device), so the newest sample's loss is that of one of the steps of its last second.
+    view = build_view(run_dir, list(read_ledger(os.path.join(run_dir, "ledger.jsonl"))), full=True)
+    assert view.total_steps == STEPS and view.step == STEPS, view
+    sampled = [e for e in events(run_dir, "heartbeat") if e.get("metrics")]
+    assert sampled and all(e["total_steps"] == STEPS for e in sampled), sampled[-3:]
+    last = sampled[-1]
+    assert view.loss == last["metrics"]["loss"], (view.loss, last)
+    g, at = last["generation"], last["steps"]["0"]
+    recent = [loss for (gg, step), (loss, t) in printed.items()
+              if gg == g and step <= at and t >= printed[g, at][1] - 1.5]
+    assert any(abs(view.loss - loss) < 1e-5 for loss in recent), (view.loss, last, recent)

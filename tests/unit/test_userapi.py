@@ -201,3 +201,32 @@ def test_the_module_functions_report_metrics_and_the_total(tmp_path, monkeypatch
     assert userapi.report_metrics(3, loss=1.25)
     beat = read_heartbeat(env["SLURMKIT_HEARTBEAT_FILE"])
     assert beat is not None and (beat["step"], beat["metrics"], beat["total_steps"]) == (3, {"loss": 1.25}, 40)
+
+
+def test_train_start_beats_every_rank_and_hands_rank_zeros_event_to_the_agent(tmp_path) -> None:
+    env0, env1 = agent_env(tmp_path), agent_env(tmp_path, rank=1)
+    assert Reporter(env0, clock=lambda: 99.0).train_start(12)
+    assert not Reporter(env1).train_start(12)  # only rank 0's start is an event
+    assert read_heartbeat(env1["SLURMKIT_HEARTBEAT_FILE"])["step"] == 12
+    (event,) = SpoolReader(env0["SLURMKIT_EVENTS_FILE"]).read_new()
+    assert {k: event[k] for k in ("event", "step", "generation", "node", "by", "t")} == {
+        "event": "train_started", "step": 12, "generation": 2, "node": "node1", "by": "userapi", "t": 99.0}
+    assert not os.path.exists(env1["SLURMKIT_EVENTS_FILE"])
+    with pytest.raises(ReportError):
+        Reporter(env0).train_start(-1)
+
+
+def test_a_phase_beat_keeps_the_step_and_the_last_figures_and_names_the_phase(tmp_path) -> None:
+    env = agent_env(tmp_path)
+    r = Reporter(env)
+    r.total_steps(100)
+    assert r.metrics(30, {"loss": 2.5}) and r.phase(30, "validation")
+    beat = read_heartbeat(env["SLURMKIT_HEARTBEAT_FILE"])
+    assert (beat["step"], beat["phase"], beat["metrics"], beat["total_steps"]) == (30, "validation", {"loss": 2.5}, 100)
+    assert r.step(31) and "phase" not in read_heartbeat(env["SLURMKIT_HEARTBEAT_FILE"])
+
+
+@pytest.mark.parametrize("bad", ["", "two words", "x" * 33, None, 3])
+def test_a_phase_that_is_not_a_short_name_is_the_callers_bug(tmp_path, bad: object) -> None:
+    with pytest.raises(ReportError, match="report_phase"):
+        Reporter(agent_env(tmp_path)).phase(1, bad)  # type: ignore[arg-type]
