@@ -206,3 +206,13 @@ def start_workers(fn, args: tuple, nprocs: int) -> None:
 
     multiprocessing.set_forkserver_preload(WORKER_MODULES)  # before the forkserver's first start
     mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+
+
+def printed_steps(run_dir: str) -> dict[tuple[int, int], tuple[float, float]]:
+    """(generation, step) -> (loss, time) from the lines ``generation G step N loss L at T`` that
+    the user programs of these tests print on rank 0: their own log of their progress."""
+    out = {}
+    with open(os.path.join(run_dir, "logs", "rank0.log"), errors="replace") as f:
+        for m in re.finditer(r"^generation (\d+) step (\d+) loss (\S+) at (\S+)$", f.read(), re.M):
+            out[int(m.group(1)), int(m.group(2))] = (float(m.group(3)), float(m.group(4)))
+    return out

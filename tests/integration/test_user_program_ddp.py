@@ -32,7 +32,7 @@ from slurmkit.slurm.runner import SubprocessRunner
 from slurmkit.train.heartbeat import local_heartbeat_path
 from slurmkit.userapi import marker_path
 from tests.integration.faults import diagnose, events, finish, mark_fault, rank_pid, submit, wait_while_running
-from tests.integration.helpers import slurm_env, submitter_uid
+from tests.integration.helpers import printed_steps, slurm_env, submitter_uid
 
 pytestmark = pytest.mark.integration
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ddp_user_program.py")
@@ -160,18 +160,9 @@ def test_the_same_program_without_reports_is_stopped_as_a_crash_loop(cluster_env
     assert view.total_steps is None and view.loss is None and view.step is not None, view
 
 
-def _printed(run_dir: str) -> dict[tuple[int, int], tuple[float, float]]:
-    """(generation, step) -> (the loss rank 0 printed, when it printed it)."""
-    out = {}
-    with open(os.path.join(run_dir, "logs", "rank0.log"), errors="replace") as f:
-        for m in re.finditer(r"^generation (\d+) step (\d+) loss (\S+) at (\S+)$", f.read(), re.M):
-            out[int(m.group(1)), int(m.group(2))] = (float(m.group(3)), float(m.group(4)))
-    return out
-
-
 def _printed_losses(run_dir: str) -> dict[tuple[int, int], float]:
     """(generation, step) -> the loss rank 0 printed."""
-    return {k: loss for k, (loss, _) in _printed(run_dir).items()}
+    return {k: loss for k, (loss, _) in printed_steps(run_dir).items()}
 
 
 def test_the_program_read_through_a_pattern_and_a_glob_survives_a_kill_and_a_hang_without_reports(
@@ -218,7 +209,7 @@ def test_the_program_read_through_a_pattern_and_a_glob_survives_a_kill_and_a_han
     # than three of its gaps between lines) after rank 0's last line, long before the program's
     # own 60 s gloo timeout would have ended it as a crash
     assert "not inside a collective" in failures[1]["evidence"], failures[1]
-    printed = _printed(run_dir)
+    printed = printed_steps(run_dir)
     last_line_t = max(t for (g, _), (_, t) in printed.items() if g == 1)
     (stopping,) = [e for e in events(run_dir, "state") if e["new"] == "stopping" and e["why"] == "generation 1"]
     assert 20.0 <= stopping["t"] - last_line_t < 40.0, (stopping, last_line_t)

@@ -28,7 +28,7 @@ from slurmkit.ledger.summary import summarize
 from slurmkit.runview import build_view
 from slurmkit.userapi import marker_path
 from tests.integration.faults import diagnose, events, finish, mark_fault, submit, wait_while_running
-from tests.integration.helpers import slurm_env
+from tests.integration.helpers import printed_steps, slurm_env
 
 pytestmark = pytest.mark.integration
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lightning_user_program.py")
@@ -84,15 +84,6 @@ def _check_placement(ranks: dict[int, dict], run_dir: str) -> None:
     started = {rank: pid for e in events(run_dir, "ranks_started") if {str(e["generation"])} == gen
                for rank, pid in zip(e["ranks"], e["pids"], strict=True)}
     assert started == {rank: r["pid"] for rank, r in ranks.items()}, (started, ranks)
-
-
-def _printed(run_dir: str) -> dict[tuple[int, int], tuple[float, float]]:
-    """(generation, step) -> (the loss rank 0 printed, when), from the program's own log."""
-    out = {}
-    with open(os.path.join(run_dir, "logs", "rank0.log"), errors="replace") as f:
-        for m in re.finditer(r"^generation (\d+) step (\d+) loss (\S+) at (\S+)$", f.read(), re.M):
-            out[int(m.group(1)), int(m.group(2))] = (float(m.group(3)), float(m.group(4)))
-    return out
 
 
 def test_a_lightning_trainer_sees_its_world_survives_kills_past_the_limit_and_is_accounted(
@@ -168,7 +159,7 @@ def test_a_lightning_trainer_sees_its_world_survives_kills_past_the_limit_and_is
     # The report: the steps each failure lost are what the program's log shows (the last step
     # rank 0 printed in that generation less the step the next resumed from), and the goodput
     # is within 5 points of the one computed from the logged step times.
-    printed = _printed(run_dir)
+    printed = printed_steps(run_dir)
     last_of = {g: max(s for gg, s in printed if gg == g) for g, _ in printed}
     first_of = {g: min(s for gg, s in printed if gg == g) for g, _ in printed}
     assert sorted(last_of) == [0, 1, 2], (sorted(last_of), story)
@@ -188,7 +179,7 @@ def test_a_lightning_trainer_sees_its_world_survives_kills_past_the_limit_and_is
     sampled = [e for e in events(run_dir, "heartbeat") if e.get("metrics")]
     assert sampled and all(e["total_steps"] == STEPS for e in sampled), sampled[-3:]
     last = sampled[-1]
-    assert view.loss == last["metrics"]["loss"], (view.loss, last)
+    assert view.loss is not None and view.loss == last["metrics"]["loss"], (view.loss, last)
     g, at = last["generation"], last["steps"]["0"]
     recent = [loss for (gg, step), (loss, t) in printed.items()
               if gg == g and step <= at and t >= printed[g, at][1] - 1.5]

@@ -227,66 +227,46 @@ def test_file_beats_come_first_and_a_stopped_rank_is_named(tmp_path, clock: Cloc
 
 
 # ------------------------------------------------------------------ beats outside the steps
+def _poll_at(mon: RankMonitor, clock: Clock, t: float, beat=None, step: int = 40, **fields: object):  # noqa: ANN001, ANN202
+    """Move the clock to ``t``, beat ``step`` with ``fields`` when ``beat`` is given, poll; what triggered."""
+    clock.t = t
+    if beat is not None:
+        beat.beat(step, **fields)
+    mon.poll()
+    return mon.triggered
+
+
 def test_phase_beats_keep_an_evaluating_rank_alive_until_they_stop(tmp_path, clock: Clock) -> None:
     """A rank in a long evaluation beats the same step with a phase (userapi.report_phase): each
     new one restarts the clock; when they stop (stuck in the loop), the timeout applies again."""
     mon = monitor(clock, {}, require=False)
     add(mon, tmp_path, 0)
     hb = beater(tmp_path, clock, 0)
-    clock.t = 10.0
-    hb.beat(40)
-    mon.poll()
-    for t in range(40, 400, 30):  # six minutes of evaluation, a beat every 30 s, step still 40
-        clock.t = float(t)
-        hb.beat(40, phase="validation")
-        mon.poll()
-    assert mon.triggered is None
-    clock.t = 370.0 + 59.0
-    mon.poll()
-    assert mon.triggered is None
-    clock.t = 370.0 + 61.0
-    mon.poll()
-    assert mon.triggered is not None and "after step 40" in mon.triggered.detail
+    assert _poll_at(mon, clock, 10.0, hb) is None
+    # six minutes of evaluation, a beat every 30 s, the step still 40
+    assert all(_poll_at(mon, clock, float(t), hb, phase="validation") is None for t in range(40, 400, 30))
+    assert _poll_at(mon, clock, 370.0 + 59.0) is None
+    hang = _poll_at(mon, clock, 370.0 + 61.0)
+    assert hang is not None and "after step 40" in hang.detail
 
 
-def test_without_a_phase_the_same_step_beaten_again_is_no_sign_of_progress(tmp_path, clock: Clock) -> None:
+@pytest.mark.parametrize("fields", [{}, {"phase": ""}, {"phase": "two words"}, {"phase": "x" * 33}, {"phase": 7}],
+                         ids=["no-phase", "empty", "words", "long", "number"])
+def test_the_same_step_beaten_again_without_a_named_phase_is_no_sign_of_life(tmp_path, clock: Clock,
+                                                                             fields: dict) -> None:
     mon = monitor(clock, {}, require=False)
     add(mon, tmp_path, 0)
     hb = beater(tmp_path, clock, 0)
-    for t in (10.0, 40.0, 69.0, 71.0):
-        clock.t = t
-        hb.beat(40)
-        mon.poll()
-    assert mon.triggered is not None and mon.triggered.cls == FailureClass.HANG
-
-
-@pytest.mark.parametrize("phase", ["", "two words", "x" * 33, 7])
-def test_a_phase_that_is_no_name_is_no_sign_of_life(tmp_path, clock: Clock, phase: object) -> None:
-    mon = monitor(clock, {}, require=False)
-    add(mon, tmp_path, 0)
-    hb = beater(tmp_path, clock, 0)
-    for t in (10.0, 40.0, 69.0, 71.0):
-        clock.t = t
-        hb.beat(40, phase=phase)
-        mon.poll()
-    assert mon.triggered is not None
+    assert [_poll_at(mon, clock, t, hb, **fields) is None for t in (10.0, 40.0, 69.0, 71.0)] == [True] * 3 + [False]
 
 
 def test_a_save_stops_the_clock_until_the_next_beat(tmp_path, clock: Clock) -> None:
     mon = monitor(clock, {}, require=False)
     add(mon, tmp_path, 0)
     hb = beater(tmp_path, clock, 0)
-    clock.t = 10.0
-    hb.beat(40)
-    mon.poll()
-    clock.t = 20.0
-    hb.beat(40, phase="saving")  # then nothing for ten minutes: the write of a large checkpoint
-    for t in range(20, 620, 15):
-        clock.t = float(t)
-        mon.poll()
-    assert mon.triggered is None
-    hb.beat(41)  # the save is over, a step came; the clock runs from here
-    mon.poll()
-    clock.t = 620.0 + 61.0
-    mon.poll()
-    assert mon.triggered is not None and "after step 41" in mon.triggered.detail
+    _poll_at(mon, clock, 10.0, hb)
+    _poll_at(mon, clock, 20.0, hb, phase="saving")  # then nothing for ten minutes: a large checkpoint's write
+    assert all(_poll_at(mon, clock, float(t)) is None for t in range(35, 620, 15))
+    assert _poll_at(mon, clock, 620.0, hb, step=41) is None  # the save is over, a step came: the clock runs
+    hang = _poll_at(mon, clock, 620.0 + 61.0)
+    assert hang is not None and "after step 41" in hang.detail
