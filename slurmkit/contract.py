@@ -66,8 +66,8 @@ NODE = "SLURMKIT_NODE"
 ATTEMPT = "SLURMKIT_ATTEMPT"  # <job id>-<requeue count>
 HEARTBEAT_FILE = "SLURMKIT_HEARTBEAT_FILE"
 DEVICE = "SLURMKIT_DEVICE"  # "cpu" or "cuda:<index>", index among the rank's visible devices
-#: The program adapter the agent resolved from job.program (slurmkit.adapters: "lightning",
-#: "torchtitan", "torchrun", "none", ...). "none" also turns off slurmkit's Lightning callback.
+#: The job's ``job.program`` setting as given ("auto", "lightning", "none", ...): "none" keeps
+#: slurmkit's Lightning callback out of the program's Trainer (slurmkit.integrations.lightning).
 PROGRAM = "SLURMKIT_PROGRAM"
 #: Set on an agents' srun step of several nodes (sbatch_templates/launch_agents.sh.j2, and node 0
 #: when it relaunches several agents in one step): the directory where each of its agents writes

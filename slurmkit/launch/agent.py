@@ -49,7 +49,7 @@ from slurmkit.supervise.loop import Supervisor, Where
 from slurmkit.failures.programs import expects_heartbeats, is_reference_trainer
 from slurmkit.launch.monitor import RankMonitor
 from slurmkit.adapters.command import LIGHTNING
-from slurmkit.launch.programwatch import ProgramWatch, program_of
+from slurmkit.launch.programwatch import ProgramWatch
 from slurmkit.supervise.relaunch import Relauncher, read_rejoin, srun_spawn, srun_spawn_many
 from slurmkit.slurm.capabilities import read_run_dir_copy
 from slurmkit.supervise.stepsended import STEPS_ENDED_ENV, StepsEnded
@@ -151,7 +151,6 @@ class NodeAgent:
         # A third-party program's progress (rank 0's lines) and finished saves (its folder),
         # read where rank 0 runs (slurmkit.launch.programwatch); None for the reference trainer.
         self.program = ProgramWatch.for_job(cfg.job, run_dir)
-        self.program_name = program_of(cfg.job)
 
     def _sink(self, monitor: RankMonitor) -> Callable[[int, str], None]:
         """Where a rank's output lines go: the monitor, and the program's adapter when it reads them."""
@@ -197,7 +196,7 @@ class NodeAgent:
             "SLURMKIT_ATTEMPT": self.ctx.attempt,
             "SLURMKIT_HEARTBEAT_FILE": os.path.join(self.local_dir, "heartbeat", f"rank{rank}.json"),
             "SLURMKIT_EVENTS_FILE": os.path.join(self.local_dir, "events", f"{self.ctx.attempt}.rank{rank}.jsonl"),
-            contract.PROGRAM: self.program_name,
+            contract.PROGRAM: self.cfg.job.program,
             STACK_FILE_ENV: self._stack_file(rank),
             flightrec.PIPE_ENV: self._fr_stem(gen, rank) + ".pipe",
             flightrec.FILE_ENV: self._fr_stem(gen, rank) + ".json",

@@ -56,12 +56,6 @@ class Heard(NamedTuple):
     saving: bool | None
 
 
-def program_of(job: JobSettings) -> str:
-    """The adapter ``job.program`` names, ``auto`` resolved from the command."""
-    command = [str(a) for a in job.command]
-    return adapters.resolve(job.program, command, reference_trainer=is_reference_trainer(command))
-
-
 class ProgramWatch:
     """The adapter of one job's program, fed rank 0's lines, asked for what it learned."""
 
@@ -89,7 +83,7 @@ class ProgramWatch:
         """None where there is nothing to read: the reference trainer (it reports itself) and
         ``job.program=none`` without a pattern or a glob."""
         command = [str(a) for a in job.command]
-        adapter = program_of(job)
+        adapter = adapters.resolve(job.program, command, reference_trainer=is_reference_trainer(command))
         if adapter == REFERENCE or (adapter not in (TORCHTITAN, LIGHTNING) and not job.progress_pattern
                                     and not job.checkpoint_glob):
             return None

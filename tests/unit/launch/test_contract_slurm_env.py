@@ -140,3 +140,12 @@ def test_flight_recorder_fifo_under_both_torch_names(tmp_path) -> None:
     env = mine.rank_env(3, 1, 1, 29600, "10.0.0.9")
     assert env["TORCH_FR_DEBUG_INFO_PIPE_FILE"] == env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == "/scratch/p_"
     assert mine._nccl_stems()[0] == "/scratch/p_"
+
+
+@pytest.mark.parametrize("extra, program", [([], "auto"), (["job.program=none"], "none"),
+                                            (["job.program=lightning"], "lightning")])
+def test_the_rank_is_told_its_jobs_program_setting(tmp_path, extra: list[str], program: str) -> None:
+    """What slurmkit's Lightning callback reads to stay out (job.program=none) of a Trainer: the
+    setting as given (auto takes most scripts for "none", a Lightning one included)."""
+    env = agent(tmp_path, 1, extra).rank_env(3, 1, 1, 29600, "10.0.0.9")
+    assert env[contract.PROGRAM] == program
