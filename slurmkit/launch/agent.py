@@ -572,10 +572,15 @@ class NodeAgent:
         self._sample_last_step()  # the step the program ended at
 
     def _sample_last_step(self) -> None:
-        """A program read through its lines: the newest step rank 0 printed, which the last
-        periodic sample may not hold, once its generation has ended."""
-        step = self.program.step if self.program is not None else None
-        if step is not None and self.monitor is not None and any(p.rank == 0 for p in self.procs):
+        """A user program's newest step once its generation has ended, which the last periodic
+        sample may not hold (the report's steps lost): what rank 0 beat last (slurmkit.userapi,
+        Lightning's callback), else the step it printed last (read through its lines)."""
+        if self.monitor is None or not any(p.rank == 0 for p in self.procs):
+            return
+        step = None if is_reference_trainer(self.cfg.job.command) else self.monitor.final_step(0)
+        if step is None and self.program is not None:
+            step = self.program.step
+        if step is not None:
             self.ledger.append("heartbeat", generation=self.monitor.generation, node=self.ctx.node_name,
                                steps={"0": step})
 

@@ -218,6 +218,18 @@ class RankMonitor:
             self._check_hang(w, now)
         return beats
 
+    def final_step(self, rank: int) -> int | None:
+        """The newest step ``rank`` beat, read once more from its file (a rank that exited
+        after the last poll); None when it never beat."""
+        w = self._ranks.get(rank)
+        if w is None:
+            return None
+        try:
+            got = self._current_beat(w)
+        except Exception:  # noqa: BLE001 - as in poll: a reader's bug must never end the agent
+            got = None
+        return got[1] if got is not None else w.last_step
+
     def _current_beat(self, w: _RankWatch) -> tuple[dict[str, object], int, float] | None:
         """The rank's beat (with its step and time) if this process wrote it. A requeued job
         starts again at generation 0, and its heartbeat files still hold the last beats of the

@@ -270,3 +270,16 @@ def test_a_save_stops_the_clock_until_the_next_beat(tmp_path, clock: Clock) -> N
     assert _poll_at(mon, clock, 620.0, hb, step=41) is None  # the save is over, a step came: the clock runs
     hang = _poll_at(mon, clock, 620.0 + 61.0)
     assert hang is not None and "after step 41" in hang.detail
+
+
+def test_the_final_step_is_read_from_the_beat_the_rank_left(tmp_path, clock: Clock) -> None:
+    """A rank that beat after the last poll and then died: its file still says how far it got
+    (the agent's last sample of the generation, the report's steps lost)."""
+    mon = monitor(clock, {}, require=False)
+    add(mon, tmp_path, 0)
+    add(mon, tmp_path, 1)
+    hb = beater(tmp_path, clock, 0)
+    _poll_at(mon, clock, 10.0, hb, step=5)
+    clock.t = 11.0
+    hb.beat(6)  # no poll after it
+    assert mon.final_step(0) == 6 and mon.final_step(1) is None and mon.final_step(7) is None
