@@ -117,7 +117,8 @@ class JobConfig:
     command: list[str] = field(default_factory=lambda: ["python", "-m", "slurmkit.examples.allreduce"])
     env: dict[str, str] = field(default_factory=dict)
     # What slurmkit reads from a third-party program (slurmkit.adapters): auto (recognised from
-    # the command), reference, torchtitan, lightning, torchrun or none. progress_pattern: a regex
+    # the command), reference, torchtitan, lightning, torchrun or none (none also keeps slurmkit's
+    # Lightning callback out of the program's Trainer). progress_pattern: a regex
     # with a named group ``step`` (and loss, tokens_per_s, mfu, mfu_pct, tflops) for rank 0's
     # lines; checkpoint_glob: where its finished saves are, with one {step}, e.g.
     # ckpt/snapshot-{step}.pt (relative to the run directory, the ranks' working directory).
