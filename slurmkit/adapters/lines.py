@@ -29,7 +29,9 @@ Formats, from the programs' own source:
 torchtitan also announces its saves (``CheckpointManager.save``, 0.1.0 to 0.3.0): ``Saving the
 checkpoint (or staging if async is enabled).`` (0.3.0: ``Saving the checkpoint.``), ``Saving a full
 checkpoint at last step, step N.`` or ``Saving a model ... checkpoint``, then ``Finished saving the
-checkpoint ...`` (:func:`save_phase`: the node agent does not time a save as a gap between steps).
+checkpoint ...`` (0.3.0: ``Staging``/``Finished staging`` with async checkpointing, and ``Last step
+checkpoint completed in ...`` after the last step's save) (:func:`save_phase`: the node agent does
+not time a save as a gap between steps).
 
 A line is untrusted text: bytes that are not UTF-8 are replaced, a line over
 :data:`MAX_LINE_BYTES` is read only for its last ``\\r``/``\\n``-led states within that length
@@ -111,7 +113,8 @@ def _lightning(state: str) -> Progress | None:
 
 
 _READERS = {TORCHTITAN: _torchtitan, LIGHTNING: _lightning}
-_TITAN_SAVE = re.compile(r"- INFO - (?:\x1b\[[0-9;]{0,32}m)?(?P<what>Saving (?:the|a full|a model)\b|Finished saving the checkpoint\b)")
+_TITAN_SAVE = re.compile(r"- INFO - (?:\x1b\[[0-9;]{0,32}m)?(?P<what>(?:Saving|Staging) (?:the|a full|a model)\b"
+                         r"|Finished (?:saving|staging) the checkpoint\b|Last step checkpoint completed\b)")
 
 
 def save_phase(adapter: str, line: str | bytes) -> bool | None:
@@ -120,12 +123,12 @@ def save_phase(adapter: str, line: str | bytes) -> bool | None:
     if adapter != TORCHTITAN:
         return None
     text = _text(line)
-    if text is None or "aving" not in text:
+    if text is None or not ("aving" in text or "taging" in text or "checkpoint completed" in text):
         return None
     found = _TITAN_SAVE.search(_CSI.sub("", text))
     if found is None:
         return None
-    return not found.group("what").startswith("Finished")
+    return not found.group("what").startswith(("Finished", "Last step"))
 
 
 def parse_line(adapter: str, line: str | bytes, pattern: re.Pattern[str] | None = None) -> Progress | None:

@@ -12,6 +12,8 @@ its checkpoint was ``epoch=1-step=10.ckpt`` while the bar counted 10/10 batches 
 
 from __future__ import annotations
 
+import os
+import re
 import time
 
 import pytest
@@ -109,6 +111,10 @@ SAVE_LINES = [
     (TITAN + "Saving a model only checkpoint in torch.float32 at last step, step 60.", True),
     (TITAN + "Finished saving the checkpoint (or staging if async is enabled)in 0.26 seconds.", False),
     (TITAN + "Finished saving the checkpoint in 0.26 seconds", False),
+    # 0.3.0 (components/checkpointer/dcp.py): async staging, and the last step's own end
+    (TITAN + "Staging the checkpoint.", True),
+    (TITAN + "Finished staging the checkpoint in 0.11 seconds.", False),
+    (TITAN + "Last step checkpoint completed in 0.38s", False),
     ("[rank0]:" + TITAN + f"{GREEN}Saving the checkpoint.{RESET}", True),  # a launcher's prefix, colour
     # anything else is neither: a metric line, loading, a user's print, a WARNING
     (TITAN + "step:  5  loss:  5.19840  grad_norm:  2.4822", None),
@@ -248,3 +254,19 @@ def test_a_users_pattern_reads_any_program() -> None:
     assert parse_line("torchtitan", _titan(), pattern) == Progress(5, 1.0, 375.0, 0.0, 0.01)
     # the last state that either reads wins
     assert parse_line("torchrun", "it 1\repoch 1 it 7 loss 0.5\rjunk\n", pattern) == Progress(7, 0.5)
+
+
+def test_a_real_torchtitan_0_3_0_cpu_log_with_a_kill_and_a_resume() -> None:
+    """Rank 0's lines as torchtitan 0.3.0 printed them on CPU (tests/data, captured through
+    tests/integration/titan_launcher.py, ANSI colours kept): every metric line gives its step and
+    loss, the saves are announced and ended, nothing else reads as progress."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "data", "torchtitan_0.3.0_cpu.log")
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    got = [(p.step, p.loss) for p in (parse_line("torchtitan", ln) for ln in lines) if p is not None]
+    printed = [(int(m.group(1)), float(m.group(2))) for m in
+               (re.search(r"step:\s+(\d+)\s+\S*loss:\s+([0-9.]+)", re.sub(r"\x1b\[[0-9;]*m", "", ln)) for ln in lines) if m]
+    assert got == printed and [s for s, _ in got] == [*range(1, 9), *range(9, 13)], got
+    phases = [save_phase("torchtitan", ln) for ln in lines]
+    # four starts (steps 4, 8 and 12, the last announced twice) and two ends: the kill cut step 8's
+    assert phases.count(True) == 4 and phases.count(False) == 2, phases

@@ -1,0 +1,174 @@
+"""torchtitan from PyPI, unmodified, on the real local Slurm cluster: 2 nodes x 2 ranks as the
+ordinary user, on CPU.
+
+torchtitan 0.3.0 (``tools/setup --cluster`` installs it into an environment of its own,
+``.venv-titan``, beside the project's) trains its ``llama3_debugmodel`` through
+``titan_launcher.py``: a test-only launcher that patches three things in memory for a CPU-only
+torch and runs ``torchtitan.train`` as ``-m`` would (its docstring says what and why; no
+torchtitan file is changed). Its tokenizer and dataset are made here (``titan_assets.py``): the
+wheel ships none and CI reaches nothing beyond PyPI.
+
+With ``supervisor.max_restarts_without_progress=1``, a rank is SIGKILLed twice, each time after
+torchtitan saved a DCP checkpoint in that generation: the saves its adapter finds in
+``<dump folder>/checkpoint/step-N`` are the progress that keeps the run going, every new
+generation resumes from torchtitan's own newest checkpoint ("Loading the checkpoint from
+.../step-N", "Training starts at step N+1"), and the job completes. What status and the report
+show comes from torchtitan's own lines: its step, loss and length (``--training.steps``), the
+steps each failure lost as its log shows them, and a goodput within 5 points of the one computed
+from its logged step times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+from collections.abc import Callable
+from datetime import datetime
+
+import pytest
+
+from slurmkit.ledger.ledger import read_ledger
+from slurmkit.ledger.summary import summarize
+from slurmkit.runview import build_view
+from slurmkit.userapi import marker_path
+from tests.integration.faults import diagnose, events, finish, mark_fault, rank_pid, submit, wait_while_running
+from tests.integration.helpers import slurm_env
+from tests.integration.titan_assets import write_assets
+
+pytestmark = pytest.mark.integration
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+LAUNCHER = os.path.join(HERE, "titan_launcher.py")
+#: The torchtitan environment's interpreter (tools/setup --cluster makes it).
+TITAN_PYTHON = os.environ.get("SLURMKIT_TITAN_PYTHON") or os.path.join(REPO, ".venv-titan", "bin", "python")
+STEPS, EVERY = 24, 2
+KILLS = (3, 1)  # ranks, one per generation: more failures than max_restarts_without_progress=1
+OUT = "titan"  # --dump-folder, relative to the ranks' working directory (the run directory)
+# torchtitan's logger: "[titan] 2026-12-07 17:43:02,178 - root - INFO - " before each line
+_STAMP = r"^\[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) - root - INFO - "
+_STEP_LINE = re.compile(_STAMP + r"(?:\x1b\[[0-9;]*m)?step:\s+(\d+)\s+(?:\x1b\[[0-9;]*m)?loss:\s+(\S+)", re.M)
+_STARTS = re.compile(_STAMP + r"Training starts at step (\d+)", re.M)
+_LOADS = re.compile(_STAMP + r"Loading the checkpoint from (\S+?)\.?$", re.M)
+
+
+def _require_torchtitan() -> None:
+    found = subprocess.run([TITAN_PYTHON, "-c", "import importlib.metadata as m; print(m.version('torchtitan'))"],
+                           capture_output=True, text=True) if os.path.exists(TITAN_PYTHON) else None
+    if found is None or found.returncode != 0 or found.stdout.strip() != "0.3.0":
+        pytest.fail(f"Detected: no torchtitan 0.3.0 at {TITAN_PYTHON} "
+                    f"({found.stderr.strip()[-300:] if found is not None else 'no such interpreter'}). "
+                    "Requirement: this test runs torchtitan from PyPI in an environment of its own. "
+                    "Fix: tools/setup --cluster (or set SLURMKIT_TITAN_PYTHON to an interpreter that has it)")
+
+
+def _command(assets: dict) -> str:
+    args = [TITAN_PYTHON, LAUNCHER, "--module", "llama3", "--config", "llama3_debugmodel",
+            "--training.steps", str(STEPS), "--training.seq-len", "32", "--training.local-batch-size", "1",
+            "--parallelism.spmd-backend", "partial_dtensor", "--parallelism.data-parallel-replicate-degree", "4",
+            "--parallelism.data-parallel-shard-degree", "1", "--loss.num-chunks", "1", "--debug.seed", "42",
+            "--checkpoint.enable", "--checkpoint.interval", str(EVERY), "--checkpoint.keep-latest-k", "3",
+            "--metrics.log-freq", "1", "--dump-folder", OUT, "--hf-assets-path", assets["hf_assets_path"],
+            "--dataloader.dataset-path", assets["dataset_path"], "activation-checkpoint:none"]
+    return "job.command=[" + ",".join(f"'{a}'" for a in args) + "]"
+
+
+def _stamp(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").timestamp()  # the node's local time
+
+
+def _log(run_dir: str) -> str:
+    with open(os.path.join(run_dir, "logs", "rank0.log"), errors="replace") as f:
+        return f.read()
+
+
+def _generations(run_dir: str) -> list[dict]:
+    """Rank 0's log cut at each start: per start, the step it resumed from, the checkpoint it
+    loaded, and {step: (loss, time)} of its metric lines."""
+    text = _log(run_dir)
+    starts = list(_STARTS.finditer(text))
+    out = []
+    for i, m in enumerate(starts):
+        end = starts[i + 1].start() if i + 1 < len(starts) else len(text)
+        before = text[starts[i - 1].end() if i else 0:m.start()]
+        loaded = [x.group(2) for x in _LOADS.finditer(before)]
+        steps = {int(s.group(2)): (float(s.group(3)), _stamp(s.group(1))) for s in _STEP_LINE.finditer(text, m.end(), end)}
+        out.append({"resumed": int(m.group(2)) - 1, "loaded": loaded[-1] if loaded else None, "steps": steps})
+    return out
+
+
+def test_torchtitan_from_pypi_survives_kills_past_the_limit_and_is_accounted(cluster_env, tmp_path) -> None:
+    _require_torchtitan()
+    assets = write_assets(str(tmp_path / "assets"))
+    env = slurm_env(cluster_env)
+    job, run_dir = submit(["+exp=tiny", "job.name=titan", "job.nodes=2", "job.ranks_per_node=2",
+                           "job.program=torchtitan", _command(assets), "+job.env.HF_HOME=hf",
+                           "supervisor.max_restarts_without_progress=1", "supervisor.heartbeat_ledger_interval_s=2"],
+                          env, str(tmp_path))
+
+    def credited_in(generation: int) -> Callable[[], int | None]:
+        """A save torchtitan finished in ``generation``, recorded by its adapter: its step."""
+        def check() -> int | None:
+            try:
+                with open(marker_path(run_dir)) as f:
+                    m = json.load(f)
+            except (OSError, ValueError):
+                return None
+            ok = m.get("by") == "adapter:torchtitan" and m.get("generation") == generation
+            return int(m["step"]) if ok else None
+        return check
+    for gen, rank in enumerate(KILLS):
+        # Generous: the job may queue behind other jobs, and four ranks start on two cores.
+        wait_while_running(f"a torchtitan save recorded in generation {gen}", credited_in(gen), job, run_dir, env,
+                           timeout_s=300)
+        mark_fault(run_dir, "sigkill", rank=rank)
+        os.kill(rank_pid(run_dir, rank), signal.SIGKILL)
+
+    state = finish(job, env, timeout_s=300, run_dir=run_dir)
+    story = diagnose(run_dir, job, env)
+    assert state == "COMPLETED", f"job {job} ended {state}\n{story}"
+    failures = events(run_dir, "failure")
+    assert [(f["cls"], f["rank"]) for f in failures] == [("rank_crash", r) for r in KILLS], story
+    assert [d["action"] for d in events(run_dir, "decision")] == ["restart"] * len(KILLS), story
+    end = events(run_dir, "end")[-1]
+    assert end["status"] == "completed" and end["exit_code"] == 0, end
+
+    # torchtitan resumed from its own newest checkpoint at each restart, never from step 0.
+    gens = _generations(run_dir)
+    assert len(gens) == 3 and gens[0]["resumed"] == 0 and gens[0]["loaded"] is None, (gens, story)
+    folder = os.path.join(run_dir, OUT, "checkpoint")
+    for g in (1, 2):
+        loaded = os.path.join(run_dir, gens[g]["loaded"])  # it says it relative to its working directory
+        assert os.path.normpath(loaded) == os.path.join(folder, f"step-{gens[g]['resumed']}"), gens[g]["loaded"]
+    assert 0 < gens[1]["resumed"] < gens[2]["resumed"] < STEPS and max(gens[2]["steps"]) == STEPS, gens
+    # The adapter's records: torchtitan's saves as the program's tier, and each start's step.
+    saved = [e for e in events(run_dir, "ckpt_saved") if e.get("tier") == "user"]
+    assert saved and all(e["uri"] == os.path.join(folder, f"step-{e['step']}") for e in saved), saved
+    assert {gens[1]["resumed"], gens[2]["resumed"]} <= {e["step"] for e in saved}, saved
+    assert [(e["generation"], e["step"]) for e in events(run_dir, "train_started")] == \
+        [(g, gens[g]["resumed"]) for g in range(3)], events(run_dir, "train_started")
+    # The report: steps lost per failure as the log shows them (the last step printed in that
+    # generation less the step the next one resumed from), and goodput within 5 points of the
+    # one computed from torchtitan's own timestamps.
+    report = summarize(read_ledger(os.path.join(run_dir, "ledger.jsonl")))
+    last = [max(g["steps"]) for g in gens]
+    assert [f.steps_lost for f in report.failures] == [last[0] - gens[1]["resumed"], last[1] - gens[2]["resumed"]], \
+        (report.failures, last, [g["resumed"] for g in gens])
+    kept = [min(last[0], gens[1]["resumed"]), min(last[1], gens[2]["resumed"]), last[2]]
+    productive = 0.0
+    for g, k in zip(gens, kept, strict=True):
+        first = min(g["steps"])
+        productive += g["steps"][max(k, first)][1] - g["steps"][first][1]
+    assert report.goodput is not None and abs(report.goodput - productive / report.wall_s) <= 0.05, \
+        (report.goodput, productive, report.wall_s)
+    # status: torchtitan's length, its last step, and the loss it printed at the newest sample's step
+    view = build_view(run_dir, list(read_ledger(os.path.join(run_dir, "ledger.jsonl"))), full=True)
+    assert view.total_steps == STEPS and view.step == STEPS, view
+    sampled = [e for e in events(run_dir, "heartbeat") if e.get("metrics")]
+    assert sampled, story
+    newest = sampled[-1]
+    printed = gens[-1]["steps"] if newest["generation"] == 2 else {}
+    assert view.loss is not None and view.loss == newest["metrics"]["loss"], (view.loss, newest)
+    assert abs(view.loss - printed[newest["steps"]["0"]][0]) < 1e-5, (view.loss, newest)
