@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from tests.integration.helpers import parse_submitted, read_ledger, submit_cli, submitter_uid, wait_terminal
@@ -66,6 +66,22 @@ def submit(args: list[str], env: Mapping[str, str], cwd: str) -> tuple[str, str]
     if res.returncode != 0:
         raise AssertionError(res.stdout + res.stderr)
     return parse_submitted(res.stdout)
+
+
+def completed_after_restarts(job: str, env: Mapping[str, str], run_dir: str, killed: Sequence[int],
+                             timeout_s: float) -> str:
+    """Wait for the run's end and check it: COMPLETED, one ``rank_crash`` per rank in ``killed``
+    (in order), each answered by a restart in the allocation, and a completed ``end``. Returns
+    the diagnosis, for the caller's later assertions."""
+    state = finish(job, env, timeout_s=timeout_s, run_dir=run_dir)
+    story = diagnose(run_dir, job, env)
+    assert state == "COMPLETED", f"job {job} ended {state}\n{story}"
+    failures = events(run_dir, "failure")
+    assert [(f["cls"], f["rank"]) for f in failures] == [("rank_crash", r) for r in killed], story
+    assert [d["action"] for d in events(run_dir, "decision")] == ["restart"] * len(killed), story
+    end = events(run_dir, "end")[-1]
+    assert end["status"] == "completed" and end["exit_code"] == 0, end
+    return story
 
 
 def mark_fault(run_dir: str, kind: str, **fields: object) -> None:

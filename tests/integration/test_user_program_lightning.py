@@ -27,7 +27,8 @@ from slurmkit.ledger.ledger import read_ledger
 from slurmkit.ledger.summary import summarize
 from slurmkit.runview import build_view
 from slurmkit.userapi import marker_path
-from tests.integration.faults import diagnose, events, finish, mark_fault, submit, wait_while_running
+from tests.integration.faults import (completed_after_restarts, diagnose, events, mark_fault, submit,
+                                      wait_while_running)
 from tests.integration.helpers import printed_steps, slurm_env
 
 pytestmark = pytest.mark.integration
@@ -120,14 +121,7 @@ def test_a_lightning_trainer_sees_its_world_survives_kills_past_the_limit_and_is
         mark_fault(run_dir, "sigkill", rank=rank)  # the step reached is the agents' to tell
         os.kill(ranks[rank]["pid"], signal.SIGKILL)
 
-    state = finish(job, env, timeout_s=240, run_dir=run_dir)
-    story = diagnose(run_dir, job, env)
-    assert state == "COMPLETED", f"job {job} ended {state}\n{story}"
-    failures = events(run_dir, "failure")
-    assert [(f["cls"], f["rank"]) for f in failures] == [("rank_crash", r) for r in KILLS], story
-    assert [d["action"] for d in events(run_dir, "decision")] == ["restart"] * len(KILLS), story
-    end = events(run_dir, "end")[-1]
-    assert end["status"] == "completed" and end["exit_code"] == 0, end
+    story = completed_after_restarts(job, env, run_dir, KILLS, timeout_s=240)
 
     gens = _by_generation(run_dir)
     assert sorted(gens) == [0, 1, 2], {g: sorted(r) for g, r in gens.items()}

@@ -27,6 +27,7 @@ import signal
 import subprocess
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 import pytest
 
@@ -34,7 +35,8 @@ from slurmkit.ledger.ledger import read_ledger
 from slurmkit.ledger.summary import summarize
 from slurmkit.runview import build_view
 from slurmkit.userapi import marker_path
-from tests.integration.faults import diagnose, events, finish, mark_fault, rank_pid, submit, wait_while_running
+from tests.integration.faults import (completed_after_restarts, diagnose, events, mark_fault, rank_pid, submit,
+                                      wait_while_running)
 from tests.integration.helpers import slurm_env
 from tests.integration.titan_assets import write_assets
 
@@ -84,7 +86,7 @@ def _log(run_dir: str) -> str:
         return f.read()
 
 
-def _generations(run_dir: str) -> list[dict]:
+def _generations(run_dir: str) -> list[dict[str, Any]]:
     """Rank 0's log cut at each start: per start, the step it resumed from, the checkpoint it
     loaded, and {step: (loss, time)} of its metric lines."""
     text = _log(run_dir)
@@ -95,7 +97,9 @@ def _generations(run_dir: str) -> list[dict]:
         before = text[starts[i - 1].end() if i else 0:m.start()]
         loaded = [x.group(2) for x in _LOADS.finditer(before)]
         steps = {int(s.group(2)): (float(s.group(3)), _stamp(s.group(1))) for s in _STEP_LINE.finditer(text, m.end(), end)}
-        out.append({"resumed": int(m.group(2)) - 1, "loaded": loaded[-1] if loaded else None, "steps": steps})
+        gen: dict[str, Any] = {"resumed": int(m.group(2)) - 1, "loaded": loaded[-1] if loaded else None,
+                               "steps": steps}
+        out.append(gen)
     return out
 
 
@@ -126,14 +130,7 @@ def test_torchtitan_from_pypi_survives_kills_past_the_limit_and_is_accounted(clu
         mark_fault(run_dir, "sigkill", rank=rank)
         os.kill(rank_pid(run_dir, rank), signal.SIGKILL)
 
-    state = finish(job, env, timeout_s=300, run_dir=run_dir)
-    story = diagnose(run_dir, job, env)
-    assert state == "COMPLETED", f"job {job} ended {state}\n{story}"
-    failures = events(run_dir, "failure")
-    assert [(f["cls"], f["rank"]) for f in failures] == [("rank_crash", r) for r in KILLS], story
-    assert [d["action"] for d in events(run_dir, "decision")] == ["restart"] * len(KILLS), story
-    end = events(run_dir, "end")[-1]
-    assert end["status"] == "completed" and end["exit_code"] == 0, end
+    story = completed_after_restarts(job, env, run_dir, KILLS, timeout_s=300)
 
     # torchtitan resumed from its own newest checkpoint at each restart, never from step 0.
     gens = _generations(run_dir)
@@ -158,9 +155,9 @@ def test_torchtitan_from_pypi_survives_kills_past_the_limit_and_is_accounted(clu
         (report.failures, last, [g["resumed"] for g in gens])
     kept = [min(last[0], gens[1]["resumed"]), min(last[1], gens[2]["resumed"]), last[2]]
     productive = 0.0
-    for g, k in zip(gens, kept, strict=True):
-        first = min(g["steps"])
-        productive += g["steps"][max(k, first)][1] - g["steps"][first][1]
+    for each, k in zip(gens, kept, strict=True):
+        first = min(each["steps"])
+        productive += each["steps"][max(k, first)][1] - each["steps"][first][1]
     assert report.goodput is not None and abs(report.goodput - productive / report.wall_s) <= 0.05, \
         (report.goodput, productive, report.wall_s)
     # status: torchtitan's length, its last step, and the loss it printed at the newest sample's step

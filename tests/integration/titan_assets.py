@@ -62,7 +62,7 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 def _documents(rng: random.Random) -> list[str]:
     """Pseudo-English documents: sentences of syllable words from a fixed lexicon, some numbers."""
-    lexicon = []
+    lexicon: list[str] = []
     while len(lexicon) < 400:
         word = "".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) for _ in range(rng.randint(1, 3)))
         if rng.random() < 0.3:
