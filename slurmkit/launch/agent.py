@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
@@ -50,6 +51,9 @@ from slurmkit.failures.programs import expects_heartbeats, is_reference_trainer
 from slurmkit.launch.monitor import RankMonitor
 from slurmkit.adapters.command import LIGHTNING
 from slurmkit.launch.programwatch import ProgramWatch
+
+if TYPE_CHECKING:
+    from slurmkit.launch.adoption import Adopter
 from slurmkit.supervise.relaunch import Relauncher, read_rejoin, srun_spawn, srun_spawn_many
 from slurmkit.slurm.capabilities import read_run_dir_copy
 from slurmkit.supervise.stepsended import STEPS_ENDED_ENV, StepsEnded
@@ -151,6 +155,9 @@ class NodeAgent:
         # A third-party program's progress (rank 0's lines) and finished saves (its folder),
         # read where rank 0 runs (slurmkit.launch.programwatch); None for the reference trainer.
         self.program = ProgramWatch.for_job(cfg.job, run_dir)
+        # store.adopt: the program's saves copied into the tiers and put back (launch/adoption.py);
+        # made by agent_main, which has the agents' store.
+        self.adopter: Adopter | None = None
 
     def _sink(self, monitor: RankMonitor) -> Callable[[int, str], None]:
         """Where a rank's output lines go: the monitor, and the program's adapter when it reads them."""
@@ -276,6 +283,8 @@ class NodeAgent:
             monitor.report(failed)
             self.procs = []
             return
+        if self.adopter is not None:  # before any rank reads the program's folder
+            self.adopter.put_back(gen, slot)
         plans = self._plans()
         argv = rank_command(self.cfg.job.command)
         procs, warm = [], []
@@ -502,6 +511,8 @@ class NodeAgent:
                 continue
             self.ledger.append("ckpt_saved", step=step, tier=USER_TIER, rank=0, uri=path,
                                node=self.ctx.node_name, generation=gen)
+            if self.adopter is not None:
+                self.adopter.saved(step, path)
 
     def _watch_kernel_log(self, gen: int) -> None:
         """Every KERNEL_LOG_WATCH_S while the ranks run, the pre-flight's kernel-log check again
@@ -615,6 +626,41 @@ def start_alive_thread(ctx: NodeContext, channel: Channel, port: int, interval_s
 
     return Beater(lambda store, tick: channel.beat(ctx.node_rank, tick, store), connect,
                   interval_s=interval_s).start()
+
+
+def make_adopter(cfg: SlurmkitConfig, ctx: NodeContext, node: NodeAgent, channel: Channel, port: int,
+                 env: Mapping[str, str]) -> Adopter | None:
+    """The adoption of the program's saves (``store.adopt``), on its own connection; None
+    when off, or (said in the ledger) where the program's saves cannot be adopted."""
+    if not cfg.store.adopt or node.program is None:
+        if cfg.store.adopt and not is_reference_trainer(cfg.job.command):
+            _adopt_warning(node, "store.adopt=true, but slurmkit does not know where this program saves "
+                                 "(set job.program=torchtitan or job.checkpoint_glob)")
+        return None
+    from slurmkit.launch.adoption import Adopter, step_namer  # (fsspec and the store: only when on)
+
+    program = node.program
+    namer = step_namer(program.adapter, program.glob)
+    if namer is None or len(program.folders) != 1 or not (cfg.store.lustre_uri or cfg.store.object_uri):
+        _adopt_warning(node, "store.adopt=true needs DCP saves in one folder (job.program=torchtitan, or "
+                             "job.checkpoint_glob ending in {step}/.metadata) and a shared or object tier "
+                             "(store.lustre_uri, store.object_uri): this job's saves are not adopted")
+        return None
+
+    def connect() -> Channel:
+        return channel.on(dist.TCPStore(ctx.master_addr, port, ctx.num_nodes, False,
+                                        timeout=timedelta(seconds=30), use_libuv=True))
+
+    return Adopter(cfg.store, {**env, "SLURMKIT_RUN_DIR": node.run_dir}, node=ctx.node_name,
+                   node_rank=ctx.node_rank, ranks_per_node=node.ranks_per_node, train_nodes=node.train_nodes,
+                   adapter=program.adapter, folder=program.folders[0], step_name=namer, glob=program.glob,
+                   connect=connect, append=node.ledger.append).start()
+
+
+def _adopt_warning(node: NodeAgent, message: str) -> None:
+    if node.ctx.node_rank == 0:
+        log.warning("%s", message)
+        node.ledger.append("config_warning", message=message)
 
 
 def end_watch(ctx: NodeContext, channel: Channel, port: int) -> EndWatch:
@@ -731,6 +777,7 @@ def agent_main(run_dir: str, env: Mapping[str, str] | None = None) -> int:
     except (LocalDirError, LayoutError) as exc:
         return refuse_start(ledger, exc)
     node.install_signal_handlers()
+    node.adopter = make_adopter(cfg, ctx, node, channel, store.port, env)
     node.warm_up()  # generation 0's ranks import while the agents meet
     beater = start_alive_thread(ctx, channel, store.port,
                                 beat_interval_s(ctx.num_nodes, cfg.supervisor.poll_interval_s))

@@ -127,6 +127,10 @@ EVENTS: dict[str, EventSpec] = {
     names.CKPT_FETCHED: _spec("step:int", "tier:str " + _STORE_COMMON, open=True),
     names.CKPT_RESTORED: _spec("step:int", "tier:str " + _STORE_COMMON, open=True),
     names.STORE_EVENT: _spec("", _STORE_COMMON, open=True),  # a store event without a name
+    # --- a program's saves adopted by the agents (slurmkit.launch.adoption)
+    names.CKPT_ADOPTED: _spec("step:int tier:str", "node:str files:int bytes:int seconds:num origin:str", open=True),
+    names.CKPT_PUT_BACK: _spec("step:int tier:str", "generation:int node:str slot:int bytes:int seconds:num",
+                               open=True),
     # --- tests and benchmarks that inject faults
     names.FAULT_INJECTED: _spec("kind:str", "time:num rank:int step:int node:str", open=True),
 }

@@ -62,6 +62,9 @@ CKPT_SKIPPED: Final = "ckpt_skipped"
 CKPT_WAITED: Final = "ckpt_waited"
 CKPT_FETCHED: Final = "ckpt_fetched"
 CKPT_RESTORED: Final = "ckpt_restored"
+# --- a program's own saves adopted into the store by the node agents (slurmkit.store.adopt)
+CKPT_ADOPTED: Final = "ckpt_adopted"
+CKPT_PUT_BACK: Final = "ckpt_put_back"
 STORE_EVENT: Final = "store_event"
 
 # --- tests and benchmarks that inject faults

@@ -167,6 +167,8 @@ def check_metadata(tier: Tier, step: int, m: Manifest) -> str | None:
     """
     from slurmkit.store.safe_reader import UnsafeMetadataError, check_storage, load_metadata
 
+    if m.origin:  # an adopted program save (slurmkit.store.adopt): the program reads its index
+        return None  # with its own loader; slurmkit never loads it (restore skips it)
     rel = f"{step_dir(step)}/{METADATA}"
     size = next((f.size for f in m.files if f.name == METADATA), 0)
     try:

@@ -93,6 +93,14 @@ class StoreConfig:
     s3_profile: str = ""
     # Local directory used when no tier is a local path ("" = the system temp directory).
     scratch_dir: str = ""
+    # A third-party program's own DCP saves (torchtitan's checkpoint/step-N, or job.checkpoint_glob
+    # pointing at a .metadata) taken into this store by the node agents: each finished save is
+    # copied to the shared tier (every save) and the object tier (object_every_saves,
+    # object_every_min), verified there, kept by keep_lustre/keep_object, and put back where
+    # the program looks for it when its own copy is missing or damaged at a restart
+    # (slurmkit.store.adopt). The program's ranks are not touched; the reference trainer
+    # saves through the store itself and ignores it.
+    adopt: bool = False
 
     def __post_init__(self) -> None:
         if not (self.nvme_uri or self.lustre_uri or self.object_uri):

@@ -157,6 +157,9 @@ class Manifest:
     tier: str = ""
     promote_to: list[str] = field(default_factory=list)
     format: str = FORMAT
+    # "" for slurmkit's own saves; "program:<adapter>" for a program's save the agents adopted
+    # (slurmkit.store.adopt): the program loads it itself, slurmkit's restore never does.
+    origin: str = ""
 
     @property
     def total_bytes(self) -> int:
@@ -201,7 +204,8 @@ class Manifest:
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "step": (int,), "world_size": (int,), "checksum_algo": (str,), "config_hash": (str,),
-    "created_unix": (int, float), "tier": (str,), "promote_to": (list,), "files": (list,)}
+    "created_unix": (int, float), "tier": (str,), "promote_to": (list,), "files": (list,),
+    "origin": (str,)}
 
 
 def _check_types(body: dict[str, Any]) -> None:

@@ -213,12 +213,13 @@ def read_acks(dest: Tier, m: Manifest) -> dict[int, str | None]:
     return acks
 
 
-def commit_promotion(dest: Tier, m: Manifest) -> None:
+def commit_promotion(dest: Tier, m: Manifest, sid: str | None = None) -> None:
     """Rank 0: make the staged save the committed step, manifest last, then latest.json.
 
     An older save of the step on ``dest`` is made invisible (manifest first) before its
-    files are replaced."""
-    step, sid = m.step, save_id(m)
+    files are replaced. ``sid``: the save's staging id where it is not the manifest's own
+    (an adopted save is staged before its manifest exists: slurmkit.store.adopt)."""
+    step, sid = m.step, sid or save_id(m)
     final, stage = step_dir(step), staging_dir(step, sid)
     present = dest.sizes(stage)
     missing = [f.name for f in m.files if present.get(f.name) != f.size]

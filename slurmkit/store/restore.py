@@ -282,6 +282,9 @@ def _pick(tiers: Sequence[Tier], step: int, scratch: str, template: dict[Any, An
         except Exception as exc:  # (ManifestError, TierError, anything a hostile step raises)
             problems.append(f"{t.name}: {_say(exc)}")
             continue
+        if m.origin:  # a program's save the agents adopted: the program loads it, never slurmkit
+            problems.append(f"{t.name}: step {step} is a save of {m.origin!r}, not slurmkit's own")
+            continue
         saves.setdefault(_save_identity(m), (m, []))[1].append(t)
     for m, holders in saves.values():
         try:

@@ -89,6 +89,21 @@ class Channel(ChannelCore):
                                "check the agent log of that node")
         return raw
 
+    # -------------------------------------------------------------- adopted program saves
+    def post_adopt(self, notice: dict[str, Any]) -> None:
+        """Node 0: the program's newest finished save, to be adopted (slurmkit.store.adopt);
+        each notice replaces the one before."""
+        key = self._key(self.KEY_ADOPT)
+        self.store.set(key, self._seal(key, notice))
+
+    def adopt_notice(self) -> dict[str, Any] | None:
+        """The newest adopt notice node 0 posted (None: none yet); checked by its reader."""
+        raw = self._get(self._key(self.KEY_ADOPT))
+        if raw is not None and not isinstance(raw, dict):
+            raise ChannelError(f"store key {self._key(self.KEY_ADOPT)} holds {type(raw).__name__}",
+                               "an adopt notice (an object)", "look for a stranger writing to the agents' store")
+        return raw
+
     # -------------------------------------------------------------- failure of a generation
     def post_failure(self, gen: int, node: str, rank: int, cls: FailureClass) -> None:
         """The first failure wins; later ones only add evidence."""

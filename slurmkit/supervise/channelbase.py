@@ -51,6 +51,7 @@ class ChannelCore:
     KEY_CLOCK_TICK = "clock/{tick}"    # node 0's ticker -> every agent's clock pre-flight; sealed
     KEY_CLOCK_SEQ = "clock/seq"        # node 0's ticker, after each tick -> every clock pre-flight; counter
     KEY_EXIT = "exit"                  # every agent as it leaves -> node 0 (keeps the store up); counter
+    KEY_ADOPT = "adopt"                # node 0, at each program save it adopts -> every agent's Adopter; sealed
     KEY_GENERATION = "g{gen}"          # the scope of the families below
     KEY_PORT = "port"                  # the agent of train slot 0 -> every train node's agent; sealed
     KEY_FAIL = "fail"                  # the first agent to see a failure (set once) -> every agent; sealed
