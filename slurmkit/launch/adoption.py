@@ -7,7 +7,8 @@ agents' store), and says what happened in the ledger:
 * the folder scan of rank 0's agent (slurmkit.launch.programwatch) hands every save the
   program finished to :meth:`Adopter.saved`; its thread names the newest one in an adopt
   notice on the agents' store (``Channel.post_adopt``: a save id, the tiers it goes to);
-* every agent's thread reads the notice (one get a second) and copies its ranks' files to
+* every agent's thread reads the notice (one get a second; every nodes/500 s from 500 nodes
+  on, so that node 0's store answers at most 500 a second) and copies its ranks' files to
   those tiers; rank 0's agent then commits each tier once every training slot acknowledged
   (``ckpt_adopted``; ``ckpt_failed`` with ``by: adopt`` when one could not), and applies the
   tiers' retention;
@@ -39,7 +40,8 @@ from slurmkit.store.promote import acks_dir
 from slurmkit.store.tier import Tier, TierError, make_tier
 
 log = logging.getLogger(__name__)
-POLL_S = 1.0  # how often an agent reads the adopt notice
+POLL_S = 1.0  # how often an agent reads the adopt notice, at most
+NOTICE_READS_PER_S = 500.0  # the job's agents together read it at most this often (node 0's store)
 Append = Callable[..., Any]
 
 
@@ -59,11 +61,12 @@ def step_namer(adapter: str, glob: str | None) -> Callable[[int], str] | None:
 class Adopter:
     """One agent's adoption of the program's saves (see the module)."""
 
-    def __init__(self, cfg: StoreConfig, env: Mapping[str, str], *, node: str, node_rank: int,
+    def __init__(self, cfg: StoreConfig, env: Mapping[str, str], *, node: str, node_rank: int, nodes: int,
                  ranks_per_node: int, train_nodes: int, adapter: str, folder: str,
                  step_name: Callable[[int], str], glob: str | None, connect: Callable[[], Any],
                  append: Append, clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg, self.node, self.node_rank = cfg, node, node_rank
+        self.poll_s = max(POLL_S, nodes / NOTICE_READS_PER_S)
         self.ranks_per_node, self.train_nodes = ranks_per_node, train_nodes
         self.adapter, self.folder, self.step_name, self.glob = adapter, folder, step_name, glob
         self._connect, self._append, self._clock = connect, append, clock
@@ -134,7 +137,7 @@ class Adopter:
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:
         channel = None
-        while not self._stop.wait(POLL_S):
+        while not self._stop.wait(self.poll_s):
             try:
                 if channel is None:
                     channel = self._connect()

@@ -652,7 +652,8 @@ def make_adopter(cfg: SlurmkitConfig, ctx: NodeContext, node: NodeAgent, channel
                                         timeout=timedelta(seconds=30), use_libuv=True))
 
     return Adopter(cfg.store, {**env, "SLURMKIT_RUN_DIR": node.run_dir}, node=ctx.node_name,
-                   node_rank=ctx.node_rank, ranks_per_node=node.ranks_per_node, train_nodes=node.train_nodes,
+                   node_rank=ctx.node_rank, nodes=ctx.num_nodes, ranks_per_node=node.ranks_per_node,
+                   train_nodes=node.train_nodes,
                    adapter=program.adapter, folder=program.folders[0], step_name=namer, glob=program.glob,
                    connect=connect, append=node.ledger.append).start()
 

@@ -20,7 +20,9 @@ lines, ``job.checkpoint_glob`` where its saves are.
   (bounded, untrusted: slurmkit.adapters.checkpoints). A finished save newer than the last one
   is recorded exactly as ``userapi.report_checkpoint`` records it: the progress marker node 0's
   crash-loop rule reads, and a ``ckpt_saved`` event of the ``user`` tier. One listing per 10 s
-  on one node, whatever the job's size.
+  on one node, whatever the job's size, and one more when a line says a save ended
+  (torchtitan's "Finished saving"), so that a save is credited (and adopted: ``store.adopt``)
+  within a poll of its end.
 
 What the program does not print or save stays unknown: never a 0.
 """
@@ -100,6 +102,8 @@ class ProgramWatch:
         if rank != 0 or not self.reads_lines:
             return None
         saving = adapters.save_phase(self.adapter, line)
+        if saving is False:  # a save the program announces ended: its folder is listed at the next look
+            self._scan_at = float("-inf")
         got = adapters.parse_line(self.adapter if self.pattern is None else NONE, line, self.pattern)
         if got is None:
             return None if saving is None else Heard(None, saving)

@@ -35,8 +35,8 @@ from slurmkit.ledger.ledger import read_ledger
 from slurmkit.ledger.summary import summarize
 from slurmkit.runview import build_view
 from slurmkit.userapi import marker_path
-from tests.integration.faults import (completed_after_restarts, diagnose, events, mark_fault, rank_pid, submit,
-                                      wait_while_running)
+from tests.integration.faults import (completed_after_restarts, diagnose, events, finish, kill_node, mark_fault,
+                                      rank_pid, restore_node, submit, wait_while_running)
 from tests.integration.helpers import slurm_env
 from tests.integration.titan_assets import write_assets
 
@@ -169,3 +169,105 @@ def test_torchtitan_from_pypi_survives_kills_past_the_limit_and_is_accounted(clu
     printed = gens[-1]["steps"] if newest["generation"] == 2 else {}
     assert view.loss is not None and view.loss == newest["metrics"]["loss"], (view.loss, newest)
     assert abs(view.loss - printed[newest["steps"]["0"]][0]) < 1e-5, (view.loss, newest)
+
+
+ADOPT_STEPS, ADOPT_EVERY = 20, 4
+
+
+def _newest_save(folder: str) -> int | None:
+    """The newest step torchtitan finished in ``folder`` (its mark: DCP's .metadata)."""
+    steps = [int(n[5:]) for n in os.listdir(folder) if re.fullmatch(r"step-\d+", n)] if os.path.isdir(folder) else []
+    return max((s for s in steps if os.path.exists(os.path.join(folder, f"step-{s}", ".metadata"))), default=None)
+
+
+def _printed(run_dir: str) -> int:
+    steps = [int(m.group(2)) for m in _STEP_LINE.finditer(_log(run_dir))]
+    return max(steps, default=0)
+
+
+def test_torchtitan_saves_adopted_into_both_tiers_are_put_back_on_a_spare_after_a_node_loss(cluster_env,
+                                                                                           tmp_path) -> None:
+    """store.adopt=true: each save torchtitan finishes reaches the shared tier and the object store
+    (S3), copied by each node's agent and committed with a manifest; then one of its shards is
+    damaged in torchtitan's own folder (a flipped byte: what a bad disk or a stray write leaves)
+    while the node holding those ranks is lost. The spare that takes the node's slot finds its
+    ranks' file no longer the adopted bytes and puts the verified copy back before its ranks start;
+    torchtitan resumes from that step and prints, step for step, the losses it printed before."""
+    from slurmkit.store.catalog import check_step, read_latest, read_manifest
+    from slurmkit.store.tier import make_tier
+
+    _require_torchtitan()
+    assets = write_assets(str(tmp_path / "assets"))
+    env = slurm_env(cluster_env)
+    object_uri = f"s3://{env['SLURMKIT_S3_BUCKET']}/adopt-{os.path.basename(str(tmp_path))}-{os.getpid()}"
+    command = _command(assets).replace(f"'{STEPS}'", f"'{ADOPT_STEPS}'", 1).replace(
+        f"'--checkpoint.interval','{EVERY}'", f"'--checkpoint.interval','{ADOPT_EVERY}'")
+    assert f"'{ADOPT_STEPS}'" in command and f"'--checkpoint.interval','{ADOPT_EVERY}'" in command, command
+    job, run_dir = submit(["+exp=tiny", "job.name=titan-adopt", "job.nodes=2", "job.ranks_per_node=2",
+                           "supervisor.spare_nodes=1", "health=off", "job.program=torchtitan", command,
+                           "+job.env.HF_HOME=hf", "store.adopt=true", "store.lustre_uri=$SLURMKIT_RUN_DIR/ckpt/shared",
+                           f"store.object_uri={object_uri}", "store.object_every_saves=1", "store.object_every_min=0",
+                           "supervisor.heartbeat_ledger_interval_s=2"], env, str(tmp_path))
+    folder = os.path.join(run_dir, OUT, "checkpoint")
+
+    def adopted(tier: str) -> set[int]:
+        return {int(e["step"]) for e in events(run_dir, "ckpt_adopted") if e.get("tier") == tier}
+
+    # A moment where torchtitan's newest finished save is adopted on both tiers and it printed a
+    # step past it: rank 0 is stopped there (no further save can finish without it), checked,
+    # and released again when the moment was missed.
+    pid0, saved = 0, None
+    for _ in range(4):
+        want = wait_while_running("a save adopted on both tiers and a step printed past it", lambda: (
+            (lambda s: s if s is not None and s in adopted("lustre") & adopted("object") and _printed(run_dir) > s
+             else None)(_newest_save(folder))), job, run_dir, env, timeout_s=300)
+        pid0 = rank_pid(run_dir, 0)
+        os.kill(pid0, signal.SIGSTOP)
+        if _newest_save(folder) == want and _printed(run_dir) < want + ADOPT_EVERY:
+            saved = want
+            break
+        os.kill(pid0, signal.SIGCONT)
+    assert saved is not None, diagnose(run_dir, job, env)
+    printed_before = _printed(run_dir)
+    (start,) = events(run_dir, "allocation_start")
+    lost, spare = str(start["train_nodes"][1]), str(start["spares"][0])
+    shards = [os.path.join(folder, f"step-{saved}", f"__{r}_0.distcp") for r in (2, 3)]
+    damaged = max(shards, key=os.path.getsize)
+    with open(damaged, "r+b") as f:
+        f.seek(os.path.getsize(damaged) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x5A]))
+    mark_fault(run_dir, "node_loss", node=lost, step=printed_before)
+    try:
+        kill_node(env, lost)
+        os.kill(pid0, signal.SIGCONT)
+        state = finish(job, env, run_dir=run_dir)
+        assert state == "COMPLETED", f"job {job} ended {state}\n{diagnose(run_dir, job, env)}"
+    finally:
+        restore_node(env, lost)
+    story = diagnose(run_dir, job, env)
+
+    # Both tiers hold committed, checksum-verified copies of torchtitan's saves.
+    for kind, uri in (("lustre", os.path.join(run_dir, "ckpt", "shared")), ("object", object_uri)):
+        tier = make_tier(kind, uri, env)
+        newest = read_latest(tier)
+        assert newest is not None and newest >= saved, (kind, newest, story)
+        m = read_manifest(tier, newest)
+        assert m.origin == "program:torchtitan" and {e.name for e in m.files} >= {".metadata", "__0_0.distcp"}, m
+        assert check_step(tier, newest, deep=True).ok, (kind, newest)
+    # The spare, in the lost node's slot, put the damaged shard back from the shared tier.
+    back = [e for e in events(run_dir, "ckpt_put_back") if e["node"] == spare]
+    assert back and back[0]["step"] == saved and back[0]["damaged"] == [os.path.basename(damaged)] \
+        and back[0]["files"] == back[0]["damaged"] and back[0]["tier"] == "lustre", (back, story)
+    assert not [e for e in events(run_dir, "ckpt_put_back") if e["node"] != spare], story
+    # torchtitan resumed from that save and trained the same steps to the same losses.
+    gens = _generations(run_dir)
+    assert len(gens) == 2 and gens[1]["resumed"] == saved, (gens, story)
+    assert os.path.normpath(os.path.join(run_dir, gens[1]["loaded"])) == os.path.join(folder, f"step-{saved}")
+    again = sorted(set(gens[0]["steps"]) & set(gens[1]["steps"]))
+    assert again and again[0] == saved + 1, (again, saved)
+    assert [gens[1]["steps"][s][0] for s in again] == [gens[0]["steps"][s][0] for s in again], (gens, story)
+    assert max(gens[1]["steps"]) == ADOPT_STEPS
+    ran = {e["node"] for e in events(run_dir, "ranks_started") if e["generation"] == 1}
+    assert spare in ran and lost not in ran, story
