@@ -68,6 +68,42 @@ def check_store_backends(store: StoreConfig) -> None:
                                   f"store.{key} to a path or a supported URI")
 
 
+def check_adopt(cfg: SlurmkitConfig, reference_trainer: bool) -> None:
+    """``store.adopt=true`` where the agents could not act on it: no tier to copy to, or a
+    program whose DCP saves slurmkit cannot find and name (the job would run without it)."""
+    store, job = cfg.store, cfg.job
+    if not store.adopt or reference_trainer:  # (the reference trainer saves through the store)
+        return
+    if not (store.lustre_uri or store.object_uri):
+        raise ConfigError("store.adopt=true with neither store.lustre_uri nor store.object_uri set",
+                          "adopted saves are copied to a shared or an object tier",
+                          "set store.lustre_uri (a shared file system path) and/or store.object_uri "
+                          "(s3://bucket/prefix), or store=tiered")
+    from slurmkit import adapters
+    from slurmkit.adapters.command import TORCHTITAN
+
+    command = [str(a) for a in job.command]
+    adapter = adapters.resolve(job.program, command, reference_trainer=False)
+    glob = job.checkpoint_glob.rstrip("/")
+    named = (glob.endswith("{step}/.metadata") or glob.endswith("{step}")) and not any(w in glob for w in "*?")
+    if glob and not named:
+        raise ConfigError(f"store.adopt=true with job.checkpoint_glob={job.checkpoint_glob!r}",
+                          "adopted saves are DCP step directories the glob names exactly: "
+                          "one {step}, no * or ?, ending in {step}/.metadata (or the directory {step})",
+                          "set job.checkpoint_glob to e.g. 'ckpt/step_{step}/.metadata'")
+    if not glob and adapter != TORCHTITAN:
+        raise ConfigError(f"store.adopt=true for a program read as {adapter!r}, without job.checkpoint_glob",
+                          "slurmkit knows where the program's DCP saves are: job.program=torchtitan "
+                          "(its checkpoint/step-N) or job.checkpoint_glob",
+                          "set job.checkpoint_glob to the .metadata of the program's step directories, "
+                          "e.g. 'ckpt/step_{step}/.metadata', or store.adopt=false")
+    if not glob and not adapters.checkpoint_dirs(adapter, command, os.getcwd()):
+        raise ConfigError("store.adopt=true, but the torchtitan command does not say where it saves "
+                          "(--checkpoint.folder on a remote URI?)",
+                          "a checkpoint folder on a file system every node reads",
+                          "save to a path (the default: <dump folder>/checkpoint) or set store.adopt=false")
+
+
 def _unwritable(run_root: str, why: str) -> ConfigError:
     return ConfigError(f"submit.run_root={run_root!r}: {why}",
                        "a directory this user can create run directories in, on a file system "

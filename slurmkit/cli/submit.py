@@ -38,7 +38,7 @@ from slurmkit.layout import FROZEN_FILE_MODE, Layout, config_digest, resolve_lay
 from slurmkit.rundir import RUN_DIR_MODE, make_submitit_dir, seal_pickles
 from slurmkit.render import JobSpec, build_jobspec, make_executor, render_standalone, render_submitit_script
 from slurmkit.runfiles import CONFIG_NAME, LOGS_DIR, SCRIPT_NAME, SUBMITIT_DIR
-from slurmkit.submit_checks import (check_run_root, check_store_backends, make_run_dir, remove_created,
+from slurmkit.submit_checks import (check_adopt, check_run_root, check_store_backends, make_run_dir, remove_created,
                                     with_command_resolved)
 from slurmkit.ledger.ledger import LEDGER_NAME, Ledger
 
@@ -80,6 +80,7 @@ def validate(cfg: SlurmkitConfig, layout: Layout | None = None) -> None:
     check_auto_site(cfg, layout)
     check_timeouts(cfg)
     check_store_backends(cfg.store)
+    check_adopt(cfg, is_reference_trainer(cfg.job.command))
     if is_reference_trainer(cfg.job.command):  # the trainer's memory plan: nothing for another program
         from slurmkit.train.planner import check_config
 

@@ -153,3 +153,21 @@ def test_a_container_job_keeps_its_paths(tmp_path) -> None:
     """Its paths name files inside the image, which this machine cannot see."""
     cfg = compose(["job.command=[python,train.py]", "cluster.container_image='nvcr.io#nvidia/pytorch:24.01'"])
     assert with_command_resolved(cfg, str(tmp_path)).job.command == ["python", "train.py"]
+
+
+@pytest.mark.parametrize("overrides,found", [
+    (["store.lustre_uri=", "store.object_uri="], "neither store.lustre_uri nor store.object_uri"),
+    (["job.command=[python,train.py]"], "a program read as 'none'"),
+    (["job.command=[python,train.py]", "job.checkpoint_glob='snapshot-{step}.pt'"], "job.checkpoint_glob="),
+])
+def test_store_adopt_that_the_agents_could_not_act_on_is_refused_at_submit(overrides, found) -> None:
+    from slurmkit.submit_checks import check_adopt
+
+    cfg = compose(["store.adopt=true", "job.program=auto", *overrides])
+    with pytest.raises(ConfigError) as err:
+        check_adopt(cfg, reference_trainer=False)
+    assert found in str(err.value), str(err.value)
+    for good in (["job.command=[python,-m,torchtitan.train]"],
+                 ["job.command=[python,train.py]", "job.checkpoint_glob='ckpt/step_{step}/.metadata'"]):
+        check_adopt(compose(["store.adopt=true", *good]), reference_trainer=False)
+    check_adopt(cfg, reference_trainer=True)  # the reference trainer saves through the store: nothing to adopt
