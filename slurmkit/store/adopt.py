@@ -263,13 +263,13 @@ def commit(dest: Tier, notice: Notice, acks: Acks) -> Manifest:
     return m
 
 
-def newest(tiers: Sequence[Tier]) -> tuple[Manifest, list[Tier]] | None:
-    """The newest adopted step any tier committed, and the tiers whose manifest of it is the
-    same save (fastest first); None when there is none."""
-    best: Manifest | None = None
+def newest(tiers: Sequence[Tier]) -> Manifest | None:
+    """The newest adopted save of the fastest tier that has one (the shared tier takes every
+    save, so a slower one is read only when it has none: two small reads per node and
+    generation, none on the object store in the common case); None when no tier has one."""
     for t in tiers:
         step = read_latest(t)
-        if step is None or (best is not None and step <= best.step):
+        if step is None:
             continue
         try:
             m = read_manifest(t, step)
@@ -277,18 +277,8 @@ def newest(tiers: Sequence[Tier]) -> tuple[Manifest, list[Tier]] | None:
             log.warning("adopted step %d on %s unreadable: %s", step, t.uri, exc)
             continue
         if m.origin.startswith(ORIGIN):
-            best = m
-    if best is None:
-        return None
-    holders = []
-    for t in tiers:
-        try:
-            other = read_manifest(t, best.step)
-        except (ManifestError, TierError, OSError):
-            continue
-        if other.files == best.files:
-            holders.append(t)
-    return best, holders
+            return m
+    return None
 
 
 @dataclass
@@ -328,16 +318,13 @@ def put_back(tiers: Sequence[Tier], folder: str, step_name: Callable[[int], str]
     """Make this node's part of the newest adopted save whole in the program's ``folder``
     (``step_name(step)`` the save's directory there). Nothing is done where the program
     already has a newer finished save of its own (it resumes from that one)."""
-    found = newest(tiers)
-    if found is None:
+    m = newest(tiers)
+    if m is None:
         return PutBack(skipped="no adopted save on any tier")
-    m, holders = found
     out = PutBack(step=m.step)
     if program_newest is not None and program_newest > m.step:
         out.skipped = f"the program's own save of step {program_newest} is newer"
         return out
-    if not holders:
-        raise AdoptError(f"adopted step {m.step}: no tier holds its manifest whole")
     step_path = os.path.join(folder, step_name(m.step))
     mine = [e for e in m.files if (e.name == METADATA and metadata) or (e.name != METADATA and e.rank in ranks)]
     # .metadata last: the save counts as finished for the program once it is there
@@ -357,21 +344,22 @@ def put_back(tiers: Sequence[Tier], folder: str, step_name: Callable[[int], str]
         except OSError as exc:  # a link, a FIFO, an unreadable file: replaced all the same
             out.damaged.append(e.name)
             log.warning("the program's %s: %s", path, exc)
-        out.bytes += _fetch(holders, m, e, folder, step_name(m.step), out)
+        out.bytes += _fetch(tiers, m, e, folder, step_name(m.step), out)
         _remember(verified, path, e)
         out.fetched.append(e.name)
     return out
 
 
-def _fetch(holders: Sequence[Tier], m: Manifest, e: FileEntry, folder: str, step_rel: str, out: PutBack) -> int:
-    """One file of the adopted save from the fastest tier whose copy verifies, into place
-    (a temporary name first, checked, then renamed over the program's copy)."""
+def _fetch(tiers: Sequence[Tier], m: Manifest, e: FileEntry, folder: str, step_rel: str, out: PutBack) -> int:
+    """One file of the adopted save from the fastest tier whose copy is the manifest's bytes
+    (checksum and size, checked while it is received), into place: a temporary name first,
+    then renamed over the program's copy."""
     from slurmkit.store.manifest import step_dir
 
     problems = []
     nofollow.make_dirs(folder, step_rel)
     tmp = f"{step_rel}/.{e.name}.slurmkit-put-back"
-    for t in holders:
+    for t in tiers:
         local = os.path.join(folder, tmp)
         try:
             digest, size = t.get_file_hashed(f"{step_dir(m.step)}/{e.name}", local, m.checksum_algo, e.size)
@@ -379,7 +367,7 @@ def _fetch(holders: Sequence[Tier], m: Manifest, e: FileEntry, folder: str, step
             problems.append(f"{t.name}: {exc}")
             continue
         if (digest, size) != (e.checksum, e.size):
-            problems.append(f"{t.name}: its copy is not the adopted bytes")
+            problems.append(f"{t.name}: its copy is not the adopted bytes (another save, or damaged)")
             nofollow.remove(folder, tmp)
             continue
         nofollow.rename(folder, tmp, f"{step_rel}/{e.name}")
