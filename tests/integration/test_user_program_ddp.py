@@ -40,9 +40,9 @@ STEPS, EVERY, DELAY_S = 80, 5, 0.05
 KILLS = (3, 1)  # ranks, one per generation: more than max_restarts_without_progress=1
 
 
-def _args(name: str, mode: str, delay_s: float = DELAY_S) -> list[str]:
+def _args(name: str, mode: str, delay_s: float = DELAY_S, steps: int = STEPS) -> list[str]:
     return ["+exp=tiny", f"job.name={name}", "job.nodes=2", "job.ranks_per_node=2",
-            f"job.command=[python,{PROGRAM},'{STEPS}','{EVERY}','{delay_s}',{mode}]",
+            f"job.command=[python,{PROGRAM},'{steps}','{EVERY}','{delay_s}',{mode}]",
             "supervisor.max_restarts_without_progress=1", "supervisor.heartbeat_timeout_s=20",
             "supervisor.heartbeat_ledger_interval_s=2"]
 
@@ -165,12 +165,15 @@ def _printed_losses(run_dir: str) -> dict[tuple[int, int], float]:
     return {k: loss for k, (loss, _) in printed_steps(run_dir).items()}
 
 
-def test_the_program_read_through_a_pattern_and_a_glob_survives_a_kill_and_a_hang_without_reports(
+LATER_KILLS = (1, 0, 3)  # ranks, in generations 2-4, after the kill and the hang: five faults in all
+
+
+def test_the_program_read_through_a_pattern_and_a_glob_survives_five_faults_without_reports(
         cluster_env, tmp_path) -> None:
     env = slurm_env(cluster_env)
     # 0.25 s steps: the agent lists the program's folder every 10 s, and each fault comes after
-    # it recorded a save in that generation, well before the program's 80 steps are done
-    args = [*_args("user-ddp-adapted", "silent", delay_s=0.25),
+    # it recorded a save in that generation, well before the program's 240 steps are done
+    args = [*_args("user-ddp-adapted", "silent", delay_s=0.25, steps=240),
             "job.progress_pattern='^generation \\d+ step (?P<step>\\d+) loss (?P<loss>[-+0-9.e]+) at '",
             "job.checkpoint_glob='user_ckpt/step_{step}.pt'"]
     job, run_dir = submit(args, env, str(tmp_path))
@@ -197,13 +200,19 @@ def test_the_program_read_through_a_pattern_and_a_glob_survives_a_kill_and_a_han
     mark_fault(run_dir, "hang", rank=2)
     with open(os.path.join(run_dir, "hang_rank2"), "w"):
         pass
+    for gen, rank in enumerate(LATER_KILLS, start=2):  # then three kills, each after a save of its generation
+        again = wait_while_running(f"generation {gen} training", resumed_in(gen), job, run_dir, env, timeout_s=180)
+        wait_while_running(f"a save in generation {gen}", credited(again), job, run_dir, env)
+        mark_fault(run_dir, "sigkill", rank=rank)
+        os.kill(rank_pid(run_dir, rank), signal.SIGKILL)
     state = finish(job, env, timeout_s=240, run_dir=run_dir)
     story = diagnose(run_dir, job, env)
     assert state == "COMPLETED", f"job {job} ended {state}\n{story}"
     assert os.path.exists(os.path.join(run_dir, "hang_rank2.taken")), story  # the rank did hang
     # max_restarts_without_progress=1 and no report: the saves the glob found were the progress
     failures = events(run_dir, "failure")
-    assert [(f["cls"], f["rank"], f["generation"]) for f in failures] == [("rank_crash", 3, 0), ("hang", 2, 1)], story
+    assert [(f["cls"], f["rank"], f["generation"]) for f in failures] == \
+        [("rank_crash", 3, 0), ("hang", 2, 1)] + [("rank_crash", r, g) for g, r in enumerate(LATER_KILLS, start=2)], story
     # the hang was named by the stacks (rank 2 outside any collective) and timed by rank 0's
     # printed steps, nothing else beating: generation 1 was stopped heartbeat_timeout_s (20 s, more
     # than three of its gaps between lines) after rank 0's last line, long before the program's
@@ -213,7 +222,7 @@ def test_the_program_read_through_a_pattern_and_a_glob_survives_a_kill_and_a_han
     last_line_t = max(t for (g, _), (_, t) in printed.items() if g == 1)
     (stopping,) = [e for e in events(run_dir, "state") if e["new"] == "stopping" and e["why"] == "generation 1"]
     assert 20.0 <= stopping["t"] - last_line_t < 40.0, (stopping, last_line_t)
-    assert [d["action"] for d in events(run_dir, "decision")] == ["restart", "restart"], story
+    assert [d["action"] for d in events(run_dir, "decision")] == ["restart"] * 5, story
     saved_events = [e for e in events(run_dir, "ckpt_saved") if e.get("tier") == "user"]
     assert all(e["uri"].endswith(f"step_{e['step']:08d}.pt") for e in saved_events), saved_events
     marker = _read(marker_path(run_dir))
@@ -227,12 +236,13 @@ def test_the_program_read_through_a_pattern_and_a_glob_survives_a_kill_and_a_han
     first_of = {g: min(s for gg, s in printed if gg == g) for g, _ in printed}
     with open(os.path.join(run_dir, "logs", "rank0.log"), errors="replace") as f:
         resumed = [0] + [int(x) for x in re.findall(r"^rank 0 \(local 0\): resumed at step (\d+) from ", f.read(), re.M)]
-    assert sorted(last_of) == [0, 1, 2] and len(resumed) >= 3, (last_of, resumed, story)
-    assert [f.steps_lost for f in report.failures] == [last_of[0] - resumed[1], last_of[1] - resumed[2]], \
+    n = 6
+    assert sorted(last_of) == list(range(n)) and len(resumed) >= n, (last_of, resumed, story)
+    assert [f.steps_lost for f in report.failures] == [last_of[g] - resumed[g + 1] for g in range(n - 1)], \
         (report.failures, last_of, resumed)
-    kept = [min(last_of[g], resumed[g + 1]) if g < 2 else last_of[g] for g in range(3)]
+    kept = [min(last_of[g], resumed[g + 1]) if g < n - 1 else last_of[g] for g in range(n)]
     productive = sum(printed.get((g, kept[g]), printed[g, first_of[g]])[1] - printed[g, first_of[g]][1]
-                     for g in range(3))
+                     for g in range(n))
     assert report.goodput is not None and abs(report.goodput - productive / report.wall_s) <= 0.05, \
         (report.goodput, productive, report.wall_s)
     # status: the step and loss rank 0 printed, from the agent's samples; no total (none said)

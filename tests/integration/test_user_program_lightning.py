@@ -4,7 +4,7 @@ lightning_user_program.py (Lightning from PyPI, DDP over gloo, ``SLURMEnvironmen
 False)``, no slurmkit import) runs through ``job.command`` on 2 nodes x 2 ranks. Lightning must
 see the world slurmkit describes (world size 4, global ranks 0-3, node rank and local rank of
 each, one gloo group of all four). With ``supervisor.max_restarts_without_progress=1``, a rank is
-SIGKILLed after the program saved a Lightning checkpoint, twice, in two generations: the saves
+SIGKILLed after the program saved a Lightning checkpoint, five times, in five generations: the saves
 reported by slurmkit's Lightning callback (which Lightning loads from slurmkit's entry point;
 the program does not name it) are the progress that keeps the run going, each new generation
 resumes from the program's own newest checkpoint, and the job completes. What status and the
@@ -34,8 +34,8 @@ from tests.integration.helpers import printed_steps, slurm_env
 pytestmark = pytest.mark.integration
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lightning_user_program.py")
 OUT = "lightning"  # the program's directory, relative to its working directory (the run directory)
-STEPS, EVERY, DELAY_S = 60, 5, 0.1
-KILLS = (3, 1)  # ranks, one per generation: more failures than max_restarts_without_progress=1
+STEPS, EVERY, DELAY_S = 100, 5, 0.1
+KILLS = (3, 1, 2, 0, 3)  # ranks, one per generation: five failures, max_restarts_without_progress=1
 CKPT_RE = re.compile(r"step-(\d{6})\.ckpt")
 
 
@@ -124,14 +124,15 @@ def test_a_lightning_trainer_sees_its_world_survives_kills_past_the_limit_and_is
     story = completed_after_restarts(job, env, run_dir, KILLS, timeout_s=240)
 
     gens = _by_generation(run_dir)
-    assert sorted(gens) == [0, 1, 2], {g: sorted(r) for g, r in gens.items()}
+    n = len(KILLS) + 1
+    assert sorted(gens) == list(range(n)), {g: sorted(r) for g, r in gens.items()}
     for g, ranks in gens.items():
         _check_placement(ranks, run_dir)
     assert all(r["start_step"] == 0 and r["resumed_from"] is None for r in gens[0].values()), gens[0]
     # Every rank of each later generation resumed from the same Lightning checkpoint, the
     # program's newest, and started from its step, not from 0.
-    starts = {}
-    for g in (1, 2):
+    starts = {0: 0}
+    for g in range(1, n):
         resumed = {r["resumed_from"] for r in gens[g].values()}
         assert len(resumed) == 1 and None not in resumed, gens[g]
         (path,) = resumed
@@ -139,7 +140,7 @@ def test_a_lightning_trainer_sees_its_world_survives_kills_past_the_limit_and_is
         assert m and os.path.dirname(path) == os.path.join(run_dir, OUT, "ckpt"), path
         starts[g] = int(m.group(1))
         assert {r["start_step"] for r in gens[g].values()} == {starts[g]}, gens[g]
-    assert 0 < starts[1] < starts[2] < STEPS, starts
+    assert [starts[g] for g in range(n)] == sorted(set(starts.values())) and starts[n - 1] < STEPS, starts
     with open(os.path.join(run_dir, OUT, "final.json")) as f:
         final = json.load(f)
     assert final["global_step"] == STEPS and final["world_size"] == 4, final
@@ -149,20 +150,20 @@ def test_a_lightning_trainer_sees_its_world_survives_kills_past_the_limit_and_is
     assert {e["step"] for e in saved} == set(_checkpoint_steps(run_dir)), (saved, _checkpoint_steps(run_dir))
     assert all(e["source"] == "rank0" and e["uri"].endswith(f"step-{e['step']:06d}.ckpt") for e in saved), saved
     assert [(e["generation"], e["step"]) for e in events(run_dir, "train_started")] == \
-        [(0, 0), (1, starts[1]), (2, starts[2])], events(run_dir, "train_started")
+        [(g, starts[g]) for g in range(n)], events(run_dir, "train_started")
     # The report: the steps each failure lost are what the program's log shows (the last step
     # rank 0 printed in that generation less the step the next resumed from), and the goodput
     # is within 5 points of the one computed from the logged step times.
     printed = printed_steps(run_dir)
     last_of = {g: max(s for gg, s in printed if gg == g) for g, _ in printed}
     first_of = {g: min(s for gg, s in printed if gg == g) for g, _ in printed}
-    assert sorted(last_of) == [0, 1, 2], (sorted(last_of), story)
+    assert sorted(last_of) == list(range(n)), (sorted(last_of), story)
     report = summarize(read_ledger(os.path.join(run_dir, "ledger.jsonl")))
-    assert [f.steps_lost for f in report.failures] == [last_of[0] - starts[1], last_of[1] - starts[2]], \
+    assert [f.steps_lost for f in report.failures] == [last_of[g] - starts[g + 1] for g in range(n - 1)], \
         (report.failures, last_of, starts)
-    kept = [min(last_of[0], starts[1]), min(last_of[1], starts[2]), last_of[2]]
+    kept = [min(last_of[g], starts[g + 1]) for g in range(n - 1)] + [last_of[n - 1]]
     productive = sum(printed.get((g, kept[g]), printed[g, first_of[g]])[1] - printed[g, first_of[g]][1]
-                     for g in range(3))
+                     for g in range(n))
     assert report.goodput is not None and abs(report.goodput - productive / report.wall_s) <= 0.05, \
         (report.goodput, productive, report.wall_s)
     # status: the fit's length (max_steps, not +exp=tiny's train.steps), the step, and a loss
