@@ -81,6 +81,8 @@ class Adopter:
         self._lock = threading.Lock()
         self._saved: tuple[int, str] | None = None  # node 0: the newest finished save not yet posted
         self._posted = 0  # node 0: saves posted by this process
+        self._last_posted = -1  # node 0: the newest step posted (a step is posted once)
+        self._ended: set[int] = set()  # rank 0's agent: steps whose every tier was committed or given up
         self._object_at: float | None = None  # node 0: when a save last went to the object tier
         self._done: set[tuple[int, str, int]] = set()  # (step, save id, slot) offered here
         self._stop = threading.Event()
@@ -134,6 +136,24 @@ class Adopter:
                          seconds=round(self._clock() - t0, 3))
         return got
 
+    def finish(self, timeout_s: float, sleep: Callable[[float], None] = time.sleep) -> bool:
+        """The program completed: its last save adopted before the agent leaves (node-local
+        disks and a scratch folder may not outlive the job), waiting at most ``timeout_s``.
+        Rank 0's agent names the save if its folder scan had not yet; every agent copies its
+        part; rank 0's commits. True when this agent's part is done."""
+        slot, last = self.slot, self.program_newest()
+        if slot is None or last is None:
+            return True
+        if slot == 0:
+            self.saved(last, os.path.join(self.folder, self.step_name(last)))
+        deadline = self._clock() + timeout_s
+        while self._clock() < deadline:
+            if (last in self._ended) if slot == 0 else any(s >= last and k == slot for s, _, k in set(self._done)):
+                return True
+            sleep(0.2)
+        log.warning("the program's last save (step %d) was not adopted within %.0f s", last, timeout_s)
+        return False
+
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:
         channel = None
@@ -155,6 +175,8 @@ class Adopter:
         if saved is None:
             return
         step, path = saved
+        if step <= self._last_posted:
+            return
         step_path = path if os.path.isdir(path) else os.path.dirname(path)
         try:
             adopt.step_files(step_path)  # only a DCP save the program finished
@@ -169,6 +191,7 @@ class Adopter:
         if not tiers:
             return
         self._posted += 1
+        self._last_posted = step
         if "object" in tiers:
             self._object_at = self._clock()
         notice = adopt.Notice(step=step, sid=adopt.save_id(step, digest, created), created=created, tiers=tiers,
@@ -218,6 +241,7 @@ class Adopter:
         if slot == 0:  # the holder of rank 0 (and .metadata) commits
             for name in notice.tiers:
                 self._commit(name, notice, t0)
+            self._ended.add(notice.step)
 
     def _refuse(self, name: str, notice: adopt.Notice, slot: int, problem: str) -> None:
         tier = self.tiers.get(name)

@@ -78,6 +78,7 @@ LEDGER_SAMPLES_PER_S = 10.0  # heartbeat samples of all nodes together (2,048 no
 #: How long node 0's agent, leaving, lets the agents it relaunched end by themselves before it ends them.
 RELAUNCHED_EXIT_WAIT_S = 10.0
 KERNEL_LOG_WATCH_S = 5.0  # how often the kernel log is read while the ranks run (node-local, non-blocking)
+ADOPT_FINISH_S = 120.0  # store.adopt: how long a node whose ranks completed waits for their last save to be adopted
 
 
 def free_port() -> int:
@@ -158,6 +159,7 @@ class NodeAgent:
         # store.adopt: the program's saves copied into the tiers and put back (launch/adoption.py);
         # made by agent_main, which has the agents' store.
         self.adopter: Adopter | None = None
+        self._adopt_drained = False  # this generation's completed ranks' last save adopted (or given up)
 
     def _sink(self, monitor: RankMonitor) -> Callable[[int, str], None]:
         """Where a rank's output lines go: the monitor, and the program's adapter when it reads them."""
@@ -284,6 +286,7 @@ class NodeAgent:
             self.procs = []
             return
         if self.adopter is not None:  # before any rank reads the program's folder
+            self._adopt_drained = False
             self.adopter.put_back(gen, slot)
         plans = self._plans()
         argv = rank_command(self.cfg.job.command)
@@ -464,6 +467,12 @@ class NodeAgent:
         if self.monitor is None:
             return None
         beats = self.monitor.poll()
+        if self.adopter is not None and not self._adopt_drained and self.procs \
+                and all(p.poll() == 0 for p in self.procs):
+            # The program completed here: its last save reaches the tiers before this node says
+            # so (the agents leave together right after; a scratch folder may not outlive the job).
+            self._adopt_drained = True
+            self.adopter.finish(ADOPT_FINISH_S)
         self._keep_standbys(gen, beats)
         if self.step_times is not None:
             self.step_times.observe(beats)

@@ -6,6 +6,7 @@ local tiers; the whole path with torchtitan runs on the cluster)."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -71,24 +72,33 @@ def test_two_agents_adopt_each_save_then_a_spare_puts_its_slots_file_back(tmp_pa
         _until("step 2 adopted on the shared tier", lambda: adopted(2, "lustre"))
         a0.saved(4, _save(folder, 4))
         _until("step 4 adopted on both tiers", lambda: adopted(4, "lustre") and adopted(4, "object"))
+        # The program completes after a last save no folder scan saw: each agent, its ranks
+        # done, waits for its part; rank 0's names the save and commits it before leaving.
+        _save(folder, 6)
+        done: dict[int, bool] = {}
+        other = threading.Thread(target=lambda: done.__setitem__(1, a1.finish(30)))
+        other.start()
+        done[0] = a0.finish(30)
+        other.join()
+        assert done == {0: True, 1: True} and adopted(6, "lustre"), events
     finally:
         a0.stop(), a1.stop()
     shared, obj = make_tier("lustre", cfg.lustre_uri, {}), make_tier("object", cfg.object_uri, {})
     assert not adopted(2, "object")  # object_every_saves=2: the second save only
-    assert list_steps(shared) == [4] and read_latest(shared) == 4  # keep_lustre=1: step 2 gone
-    assert list_steps(obj) == [4]
+    assert list_steps(shared) == [6] and read_latest(shared) == 6  # keep_lustre=1: steps 2 and 4 gone
+    assert list_steps(obj) == [4]  # (step 6 was the third save)
     m = read_manifest(obj, 4)
     assert sorted(e.name for e in m.files) == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp",
                                                 "__3_0.distcp"] and m.world_size == 4, m
     assert not [n for n, _ in events if n == "ckpt_failed"], events
 
     # The node of slot 1 is lost and rank 3's file damaged (cut short); the spare takes slot 1.
-    with open(os.path.join(folder, "step-4", "__3_0.distcp"), "r+b") as f:
+    with open(os.path.join(folder, "step-6", "__3_0.distcp"), "r+b") as f:
         f.truncate(100)
     spare = agent(2)
     got = spare.put_back(1, 1)
     assert got is not None and got.fetched == ["__3_0.distcp"] and got.damaged == ["__3_0.distcp"], got
     (back,) = [f for n, f in events if n == "ckpt_put_back"]
-    assert back["step"] == 4 and back["node"] == "n2" and back["slot"] == 1 and back["tier"] == "lustre", back
-    assert os.path.getsize(os.path.join(folder, "step-4", "__3_0.distcp")) == 2048 + 3
+    assert back["step"] == 6 and back["node"] == "n2" and back["slot"] == 1 and back["tier"] == "lustre", back
+    assert os.path.getsize(os.path.join(folder, "step-6", "__3_0.distcp")) == 2048 + 3
     assert a0.put_back(1, 0) is not None and len([n for n, _ in events if n == "ckpt_put_back"]) == 1
