@@ -361,6 +361,7 @@ def _fetch(tiers: Sequence[Tier], m: Manifest, e: FileEntry, folder: str, step_r
     tmp = f"{step_rel}/.{e.name}.slurmkit-put-back"
     for t in tiers:
         local = os.path.join(folder, tmp)
+        nofollow.remove(folder, tmp)  # a leftover, or a link planted there: removed, never written through
         try:
             digest, size = t.get_file_hashed(f"{step_dir(m.step)}/{e.name}", local, m.checksum_algo, e.size)
         except (TierError, OSError) as exc:
