@@ -19,7 +19,7 @@ lines, ``job.checkpoint_glob`` where its saves are.
 - **Checkpoint credit**: every ``CKPT_SCAN_S`` the program's checkpoint folder is listed
   (bounded, untrusted: slurmkit.adapters.checkpoints). A finished save newer than the last one
   is recorded exactly as ``userapi.report_checkpoint`` records it: the progress marker node 0's
-  crash-loop rule reads, and a ``ckpt_saved`` event of the ``user`` tier. One listing per 10 s
+  crash-loop rule reads, and a ``ckpt_saved`` event of the ``user`` tier. One listing per 5 s
   on one node, whatever the job's size, and one more when a line says a save ended
   (torchtitan's "Finished saving"), so that a save is credited (and adopted: ``store.adopt``)
   within a poll of its end.
@@ -40,7 +40,7 @@ from slurmkit.adapters.command import LIGHTNING, NONE, REFERENCE, TORCHTITAN
 from slurmkit.failures.programs import is_reference_trainer
 
 log = logging.getLogger(__name__)
-CKPT_SCAN_S = 10.0  # how often rank 0's node lists the program's checkpoint folder
+CKPT_SCAN_S = 5.0  # how often rank 0's node lists the program's checkpoint folder
 
 
 class JobSettings(Protocol):

@@ -171,9 +171,9 @@ LATER_KILLS = (1, 0, 3)  # ranks, in generations 2-4, after the kill and the han
 def test_the_program_read_through_a_pattern_and_a_glob_survives_five_faults_without_reports(
         cluster_env, tmp_path) -> None:
     env = slurm_env(cluster_env)
-    # 0.25 s steps: the agent lists the program's folder every 10 s, and each fault comes after
-    # it recorded a save in that generation, well before the program's 240 steps are done
-    args = [*_args("user-ddp-adapted", "silent", delay_s=0.25, steps=240),
+    # 0.25 s steps: the agent lists the program's folder every 5 s, and each fault comes after
+    # it recorded a save in that generation, well before the program's 200 steps are done
+    args = [*_args("user-ddp-adapted", "silent", delay_s=0.25, steps=200),
             "job.progress_pattern='^generation \\d+ step (?P<step>\\d+) loss (?P<loss>[-+0-9.e]+) at '",
             "job.checkpoint_glob='user_ckpt/step_{step}.pt'"]
     job, run_dir = submit(args, env, str(tmp_path))
