@@ -36,8 +36,8 @@ from rich.text import Text
 
 from slurmkit.errors import ConfigError
 from slurmkit.ledger.ledger import LEDGER_NAME, LINE_BYTES, parse_record
-from slurmkit.ledger.names import (ALLOCATION_START, CANCEL_REQUESTED, CHECKPOINTED_ON_SIGNAL, CKPT_DURABLE,
-                                   CKPT_SAVED, END, FAILURE, HEARTBEAT, RANKS_STARTED, REQUEUE, STRAGGLER,
+from slurmkit.ledger.names import (ALLOCATION_START, CANCEL_REQUESTED, CHECKPOINTED_ON_SIGNAL, CKPT_ADOPTED,
+                                   CKPT_DURABLE, CKPT_SAVED, END, FAILURE, HEARTBEAT, RANKS_STARTED, REQUEUE, STRAGGLER,
                                    SUBMITTED, SUCCESSOR, TRAIN_FINISHED, TRAIN_RESUMED, TRAIN_STARTED,
                                    TRAIN_STOPPED)
 from slurmkit.ledger.summary import RunReport, summarize
@@ -294,7 +294,8 @@ def checkpoints_by_tier(events: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     out: dict[str, int] = {}
     for e in events:
         step = _int(e.get("step"))
-        if e.get("event") in (CKPT_SAVED, CKPT_DURABLE) and step is not None and e.get("tier"):
+        # (a program's save the agents adopted into a tier counts there: store.adopt)
+        if e.get("event") in (CKPT_SAVED, CKPT_DURABLE, CKPT_ADOPTED) and step is not None and e.get("tier"):
             tier = str(e["tier"])
             out[tier] = max(out.get(tier, step), step)
     return out

@@ -235,3 +235,13 @@ def test_the_watcher_keeps_node0s_figures_when_another_nodes_sample_is_newer(tmp
     ledger.append("heartbeat", generation=0, node="n2", steps={"2": 6})
     assert w.refresh() and w.view is not None
     assert (w.view.step, w.view.loss, w.view.total_steps) == (6, 3.5, 80)
+
+
+def test_a_programs_saves_adopted_into_the_tiers_show_per_tier() -> None:
+    from slurmkit.runview import checkpoints_by_tier
+
+    events = [{"event": "ckpt_saved", "tier": "user", "step": 8},
+              {"event": "ckpt_adopted", "tier": "lustre", "step": 8},
+              {"event": "ckpt_adopted", "tier": "object", "step": 4},
+              {"event": "ckpt_failed", "tier": "user", "step": 12, "by": "adopt"}]
+    assert checkpoints_by_tier(events) == {"user": 8, "lustre": 8, "object": 4}
