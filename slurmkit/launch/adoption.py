@@ -185,10 +185,12 @@ class Adopter:
             log.warning("the program's save of step %d is not adopted: %s", step, exc)
             self._append("ckpt_failed", tier="user", by="adopt", step=step, node=self.node, error=str(exc)[:500],
                          pending=False)
+            self._ended.add(step)  # (given up: finish() does not wait for it)
             return
         created = round(time.time(), 6)
         tiers: list[str] = [name for name in ("lustre", "object") if name in self.tiers and self._due(name)]
         if not tiers:
+            self._ended.add(step)
             return
         self._posted += 1
         self._last_posted = step
