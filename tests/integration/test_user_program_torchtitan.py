@@ -209,26 +209,31 @@ def test_torchtitan_saves_adopted_into_both_tiers_are_put_back_on_a_spare_after_
                            "supervisor.spare_nodes=1", "health=off", "job.program=torchtitan", command,
                            "+job.env.HF_HOME=hf", "store.adopt=true", "store.lustre_uri=$SLURMKIT_RUN_DIR/ckpt/shared",
                            f"store.object_uri={object_uri}", "store.object_every_saves=1", "store.object_every_min=0",
-                           "supervisor.heartbeat_ledger_interval_s=2"], env, str(tmp_path))
+                           # (rank 0 stays stopped while the agents adopt the save: not a hang)
+                           "supervisor.heartbeat_timeout_s=120", "supervisor.heartbeat_ledger_interval_s=2"],
+                          env, str(tmp_path))
     folder = os.path.join(run_dir, OUT, "checkpoint")
 
     def adopted(tier: str) -> set[int]:
         return {int(e["step"]) for e in events(run_dir, "ckpt_adopted") if e.get("tier") == tier}
 
-    # A moment where torchtitan's newest finished save is adopted on both tiers and it printed a
-    # step past it: rank 0 is stopped there (no further save can finish without it), checked,
-    # and released again when the moment was missed.
+    # A save torchtitan finished and a step it printed past it: rank 0 is stopped there (no further
+    # save can finish without it; released and tried again where the moment was missed), and the
+    # save is adopted on both tiers meanwhile (by the agents, not the ranks).
     pid0, saved = 0, None
     for _ in range(4):
-        want = wait_while_running("a save adopted on both tiers and a step printed past it", lambda: (
-            (lambda s: s if s is not None and s in adopted("lustre") & adopted("object") and _printed(run_dir) > s
-             else None)(_newest_save(folder))), job, run_dir, env, timeout_s=300)
+        want = wait_while_running("a save and a step printed past it", lambda: (
+            (lambda s: s if s is not None and s < _printed(run_dir) < s + ADOPT_EVERY else None)(_newest_save(folder))),
+            job, run_dir, env, timeout_s=300)
         pid0 = rank_pid(run_dir, 0)
         os.kill(pid0, signal.SIGSTOP)
         if _newest_save(folder) == want and _printed(run_dir) < want + ADOPT_EVERY:
             saved = want
             break
         os.kill(pid0, signal.SIGCONT)
+    assert saved is not None, diagnose(run_dir, job, env)
+    wait_while_running(f"step {saved} adopted on both tiers", lambda: saved in adopted("lustre") & adopted("object")
+                       or None, job, run_dir, env, timeout_s=120)
     assert saved is not None, diagnose(run_dir, job, env)
     printed_before = _printed(run_dir)
     (start,) = events(run_dir, "allocation_start")
