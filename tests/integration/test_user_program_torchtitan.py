@@ -173,7 +173,7 @@ def test_torchtitan_from_pypi_survives_kills_past_the_limit_and_is_accounted(clu
     assert abs(view.loss - printed[newest["steps"]["0"]][0]) < 1e-5, (view.loss, newest)
 
 
-ADOPT_STEPS, ADOPT_EVERY = 20, 4
+ADOPT_STEPS, ADOPT_EVERY = 12, 4
 
 
 def _newest_save(folder: str) -> int | None:
@@ -259,7 +259,7 @@ def test_torchtitan_saves_adopted_into_both_tiers_are_put_back_on_a_spare_after_
     for kind, uri in (("lustre", os.path.join(run_dir, "ckpt", "shared")), ("object", object_uri)):
         tier = make_tier(kind, uri, env)
         newest = read_latest(tier)
-        # torchtitan's last save (step 20) too: adopted before the agents left
+        # torchtitan's last save (step ADOPT_STEPS) too: adopted before the agents left
         assert newest == ADOPT_STEPS, (kind, newest, story)
         m = read_manifest(tier, newest)
         assert m.origin == "program:torchtitan" and {e.name for e in m.files} >= {".metadata", "__0_0.distcp"}, m
