@@ -84,7 +84,8 @@ class Adopter:
         self._last_posted = -1  # node 0: the newest step posted (a step is posted once)
         self._ended: set[int] = set()  # rank 0's agent: steps whose every tier was committed or given up
         self._object_at: float | None = None  # node 0: when a save last went to the object tier
-        self._done: set[tuple[int, str, int]] = set()  # (step, save id, slot) offered here
+        self._done: set[tuple[int, str, int]] = set()  # (step, save id, slot) taken up here
+        self._offered: set[tuple[int, int]] = set()  # (step, slot) whose every copy ended, well or not
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -123,8 +124,8 @@ class Adopter:
         try:
             got = adopt.put_back(list(self.tiers.values()), self.folder, self.step_name, self.program_newest(),
                                  self.ranks(slot), metadata=slot == 0, verified=self.verified)
-        except (adopt.AdoptError, TierError, OSError) as exc:
-            log.warning("generation %d: the adopted save could not be put back: %s", gen, exc)
+        except Exception as exc:  # noqa: BLE001 - the put-back never stops a generation's start
+            log.warning("generation %d: the adopted save could not be put back: %r", gen, exc)
             self._append("ckpt_failed", tier="user", by="adopt", generation=gen, node=self.node,
                          error=str(exc)[:500], pending=False, put_back=True)
             return None
@@ -148,7 +149,7 @@ class Adopter:
             self.saved(last, os.path.join(self.folder, self.step_name(last)))
         deadline = self._clock() + timeout_s
         while self._clock() < deadline:
-            if (last in self._ended) if slot == 0 else any(s >= last and k == slot for s, _, k in set(self._done)):
+            if (last in self._ended) if slot == 0 else any(s >= last and k == slot for s, k in set(self._offered)):
                 return True
             sleep(0.2)
         log.warning("the program's last save (step %d) was not adopted within %.0f s", last, timeout_s)
@@ -231,6 +232,7 @@ class Adopter:
             log.warning("step %d: %s", notice.step, problem)
             for name in notice.tiers:
                 self._refuse(name, notice, slot, problem)
+            self._offered.add((notice.step, slot))
             return
         for name in notice.tiers:
             tier = self.tiers.get(name)
@@ -240,6 +242,7 @@ class Adopter:
                 adopt.offer(tier, step_path, notice, entries, slot)
             except (adopt.AdoptError, TierError, OSError) as exc:
                 log.warning("step %d to the %s tier: %s", notice.step, name, exc)
+        self._offered.add((notice.step, slot))  # (finish() waits for this, not for the notice taken up)
         if slot == 0:  # the holder of rank 0 (and .metadata) commits
             for name in notice.tiers:
                 self._commit(name, notice, t0)
