@@ -185,31 +185,6 @@ def node_processes(node: str, spool_dir: str, roots: Iterable[int] = (), *,
     return [procs[pid] for pid in sorted(chosen)]
 
 
-def freeze(find: Callable[[], list[NodeProcess]], rounds: int = 8,
-           proc_root: str = "/proc") -> list[NodeProcess]:
-    """The node's processes, every one of them stopped (SIGSTOP): listed, stopped, listed again
-    until a listing finds none that is not stopped. A process one of them forked between a
-    listing and the kill would otherwise outlive the node, holding whatever its parent held
-    open (the agents' store's sockets: the other nodes then wait on a store nobody serves)."""
-    stopped: dict[int, int] = {}
-    procs = find()
-    for _ in range(rounds):
-        new = [p for p in procs if stopped.get(p.pid) != p.start_ticks]
-        if not new:
-            break
-        for p in new:
-            now = read_process(p.pid, proc_root)
-            if now is None or now.start_ticks != p.start_ticks:
-                continue
-            try:
-                os.kill(p.pid, signal.SIGSTOP)
-                stopped[p.pid] = p.start_ticks
-            except ProcessLookupError:
-                pass
-        procs = find()
-    return procs
-
-
 def kill(procs: Iterable[NodeProcess], proc_root: str = "/proc") -> list[int]:
     """SIGKILL each process still running under the start time it was chosen with."""
     killed = []
