@@ -33,7 +33,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 
@@ -44,6 +43,7 @@ sys.path.insert(0, HERE)
 from ckpt import s3_env  # noqa: E402  (the S3 server the checkpoint bench uses)
 
 from slurmkit.store import adopt  # noqa: E402
+from tests.unit.store.rank_threads import run_ranks  # noqa: E402
 from slurmkit.store.manifest import METADATA  # noqa: E402
 from slurmkit.store.tier import FsspecTier, make_tier  # noqa: E402
 
@@ -66,23 +66,12 @@ def adopt_save(path: str, step: int, ranks: int, nodes: int, tiers: dict[str, Fs
     per = ranks // nodes
     notice = adopt.Notice(step=step, sid=uuid.uuid4().hex[:16], created=time.time(), tiers=list(tiers),
                           world_size=ranks, slots=nodes, algo="crc32", origin="program:torchtitan")
-    errors: list[BaseException] = []
-
     def node(slot: int) -> None:
-        try:
-            names = adopt.own(adopt.step_files(path), {slot * per + i for i in range(per)}, metadata=slot == 0)
-            entries = adopt.hash_entries(path, names, "crc32")
-            for t in tiers.values():
-                adopt.offer(t, path, notice, entries, slot)
-        except BaseException as exc:  # noqa: BLE001 - raised below, in the main thread
-            errors.append(exc)
-    threads = [threading.Thread(target=node, args=(s,)) for s in range(nodes)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+        names = adopt.own(adopt.step_files(path), {slot * per + i for i in range(per)}, metadata=slot == 0)
+        entries = adopt.hash_entries(path, names, "crc32")
+        for t in tiers.values():
+            adopt.offer(t, path, notice, entries, slot)
+    run_ranks(nodes, node)  # one thread per node, at once; the first error raised here
     for t in tiers.values():
         adopt.commit(t, notice, adopt.wait_acks(t, notice, 60, poll_s=0.05))
 
