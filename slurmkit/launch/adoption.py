@@ -22,7 +22,6 @@ files itself (they are in the program's folder, which every node reads).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -36,7 +35,6 @@ from slurmkit.runtoken import ChannelError
 from slurmkit.store import adopt
 from slurmkit.store.config import StoreConfig, store_env
 from slurmkit.store.manifest import METADATA, hash_file
-from slurmkit.store.promote import acks_dir
 from slurmkit.store.tier import Tier, TierError, make_tier
 
 log = logging.getLogger(__name__)
@@ -253,8 +251,7 @@ class Adopter:
         if tier is None:
             return
         try:
-            tier.write_atomic(f"{acks_dir(notice.step, notice.sid)}/slot_{slot}.json",
-                              json.dumps({"slot": slot, "ok": False, "problem": problem[:500]}).encode())
+            adopt.refuse(tier, notice, slot, problem)
         except TierError as exc:
             log.warning("cannot acknowledge step %d on %s: %s", notice.step, name, exc)
 

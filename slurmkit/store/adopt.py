@@ -161,6 +161,13 @@ def _ack_name(slot: int) -> str:
     return f"slot_{slot}.json"
 
 
+def refuse(dest: Tier, notice: Notice, slot: int, problem: str) -> None:
+    """This slot's acknowledgement that it cannot deliver its files (rank 0's agent then gives
+    the save up on ``dest``, by name, instead of waiting out the timeout)."""
+    body = {"slot": slot, "ok": False, "problem": problem[:500]}
+    dest.write_atomic(f"{acks_dir(notice.step, notice.sid)}/{_ack_name(slot)}", json.dumps(body).encode())
+
+
 def offer(dest: Tier, step_path: str, notice: Notice, entries: Sequence[FileEntry], slot: int) -> int:
     """This node's files of the save into ``dest``'s staging prefix, each checked there
     after the copy; then its acknowledgement. Returns the bytes copied. A failure is
@@ -184,8 +191,7 @@ def offer(dest: Tier, step_path: str, notice: Notice, entries: Sequence[FileEntr
                 raise AdoptError(f"step {notice.step}: {bad} (the program rewrote it while it was copied?)")
             copied += e.size
     except (OSError, TierError) as exc:
-        body = {"slot": slot, "ok": False, "problem": str(exc)[:500]}
-        dest.write_atomic(ack, json.dumps(body).encode())
+        refuse(dest, notice, slot, str(exc))
         raise AdoptError(f"slot {slot}'s files of step {notice.step} did not reach {dest.name}: {exc}") from exc
     body = {"slot": slot, "ok": True, "files": [asdict(e) for e in entries]}
     dest.write_atomic(ack, json.dumps(body).encode())
@@ -388,4 +394,4 @@ def retain(dest: Tier, keep: int) -> list[int]:
 
 
 __all__ = ["AdoptError", "Acks", "Notice", "PutBack", "commit", "hash_entries", "newest", "offer", "own",
-           "put_back", "read_acks", "retain", "save_id", "step_files", "wait_acks", "writer_rank"]
+           "put_back", "read_acks", "refuse", "retain", "save_id", "step_files", "wait_acks", "writer_rank"]
